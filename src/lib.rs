@@ -1,0 +1,12 @@
+//! device-numa-extender: a kube-scheduler HTTP extender that gives a stock kube-scheduler
+//! koordinator-compatible GPU/device sharing and NUMA-aware CPU placement.
+//!
+//! Layout (dependency direction is downwards only):
+//! - [`extender`]: HTTP surface (axum router, wire types, probes, handlers).
+//! - [`bind`]: commits an allocation (lock node, allocate, assume, patch pod, bind).
+//! - [`sync`]: force-synced bootstrap: watchers or a cluster file feeding buffer-and-diff per kind.
+//! - [`placement`]: pure placement logic; no I/O.
+//! - [`cluster`]: the caches (per-node state behind per-node locks); never touches the network.
+//! - [`model`]: the slim API object types we decode, and quantity parsing.
+
+pub mod model;
