@@ -1,0 +1,10 @@
+//! The caches: per-node state (Node, topology, pods, device ledger) behind per-node locks.
+//!
+//! Everything here is in-memory bookkeeping. It must never call the network or decide where
+//! a pod goes; sync writes into it and placement reads views of it.
+
+pub mod pod;
+pub mod state;
+
+pub use pod::PodRecord;
+pub use state::{ClusterState, NodeEntry, NodeRecord, NodeState, TopologyRecord};

@@ -1,0 +1,57 @@
+//! The compact pod record the caches keep instead of whole Pod objects.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::model::annotations::{DEVICE_ALLOCATED, RESOURCE_STATUS};
+use crate::model::ids::{ObjectKey, PodUid};
+use crate::model::pod::Pod;
+
+/// Everything the caches need to know about one pod: identity, placement, and the raw
+/// allocation annotations it carries (parsed lazily by the ledgers that own their meaning).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PodRecord {
+    pub uid: PodUid,
+    pub key: ObjectKey,
+    #[serde(skip)]
+    pub resource_version: String,
+    /// `spec.nodeName`, if assigned.
+    pub node: Option<Arc<str>>,
+    pub phase: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_allocated: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource_status: Option<String>,
+}
+
+impl PodRecord {
+    pub fn from_pod(pod: &Pod) -> Option<Self> {
+        let meta = &pod.metadata;
+        let uid = meta.uid.as_deref().filter(|u| !u.is_empty())?;
+        let name = meta.name.as_deref()?;
+        let namespace = meta.namespace.as_deref().unwrap_or("default");
+        Some(PodRecord {
+            uid: PodUid::new(uid),
+            key: ObjectKey::namespaced(namespace, name),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            node: pod.node_name().map(Arc::from),
+            phase: pod.status.phase.clone(),
+            device_allocated: pod.annotation(DEVICE_ALLOCATED).map(str::to_owned),
+            resource_status: pod.annotation(RESOURCE_STATUS).map(str::to_owned),
+        })
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+
+    /// The node this pod holds resources on: assigned and not terminal.
+    pub fn holding_node(&self) -> Option<&Arc<str>> {
+        if self.is_terminal() {
+            None
+        } else {
+            self.node.as_ref()
+        }
+    }
+}

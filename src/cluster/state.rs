@@ -1,0 +1,202 @@
+//! Cluster state: one entry per node behind its own lock, created lazily by whichever object
+//! names the node first (a pod can arrive before its Node, Device or NRT).
+//!
+//! This module owns the per-node locks and the rule for moving a pod's recorded contribution
+//! between nodes. It never talks to the network and never decides placement.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use serde::Serialize;
+
+use super::pod::PodRecord;
+use crate::model::ids::PodUid;
+use crate::model::node::Node;
+use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
+use crate::model::pod::ResourceList;
+
+/// What the caches keep of a Node object.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct NodeRecord {
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub allocatable: ResourceList,
+}
+
+impl NodeRecord {
+    pub fn from_node(node: &Node) -> Self {
+        NodeRecord {
+            uid: node.metadata.uid.clone().unwrap_or_default(),
+            labels: node.labels(),
+            allocatable: node.status.allocatable.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// What the caches keep of a NodeResourceTopology: zones, policies and koordinator's CPU
+/// topology annotations (verbatim; NUMA placement parses them).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TopologyRecord {
+    pub zones: Vec<Zone>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attributes: Vec<Attribute>,
+    /// `node.koordinator.sh/*` and `kubelet.koordinator.sh/*` annotations.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub koordinator_annotations: BTreeMap<String, String>,
+}
+
+impl TopologyRecord {
+    pub fn from_nrt(nrt: &NodeResourceTopology) -> Self {
+        let koordinator_annotations = nrt
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| {
+                k.starts_with("node.koordinator.sh/") || k.starts_with("kubelet.koordinator.sh/")
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        TopologyRecord {
+            zones: nrt.zones.clone(),
+            policies: nrt.topology_policies.clone(),
+            attributes: nrt.attributes.clone(),
+            koordinator_annotations,
+        }
+    }
+}
+
+/// Everything known about one node. Guarded by the node's own lock.
+#[derive(Debug, Default, Serialize)]
+pub struct NodeState {
+    /// The Node object; `None` until it arrives or after it is deleted.
+    pub node: Option<NodeRecord>,
+    pub topology: Option<TopologyRecord>,
+    /// Assigned, non-terminal pods on this node, by UID.
+    pub pods: BTreeMap<PodUid, PodRecord>,
+}
+
+impl NodeState {
+    fn is_empty(&self) -> bool {
+        self.node.is_none() && self.topology.is_none() && self.pods.is_empty()
+    }
+}
+
+#[derive(Debug)]
+pub struct NodeEntry {
+    pub name: Arc<str>,
+    state: RwLock<NodeState>,
+}
+
+impl NodeEntry {
+    pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, NodeState> {
+        self.state.read()
+    }
+    pub fn write(&self) -> parking_lot::RwLockWriteGuard<'_, NodeState> {
+        self.state.write()
+    }
+}
+
+/// The shared cache. Cloning the `Arc<ClusterState>` is how every component sees it.
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    nodes: RwLock<HashMap<Arc<str>, Arc<NodeEntry>>>,
+}
+
+impl ClusterState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn node(&self, name: &str) -> Option<Arc<NodeEntry>> {
+        self.nodes.read().get(name).cloned()
+    }
+
+    /// Atomic get-or-create (koordinator #1182: two racing creators must not lose updates).
+    pub fn node_or_create(&self, name: &str) -> Arc<NodeEntry> {
+        if let Some(entry) = self.node(name) {
+            return entry;
+        }
+        let mut nodes = self.nodes.write();
+        nodes
+            .entry(Arc::from(name))
+            .or_insert_with(|| {
+                Arc::new(NodeEntry {
+                    name: Arc::from(name),
+                    state: RwLock::new(NodeState::default()),
+                })
+            })
+            .clone()
+    }
+
+    pub fn node_names(&self) -> Vec<Arc<str>> {
+        let mut names: Vec<_> = self.nodes.read().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.read().len()
+    }
+
+    /// Drops a node entry once nothing refers to it any more.
+    fn gc(&self, name: &str) {
+        let mut nodes = self.nodes.write();
+        if let Some(entry) = nodes.get(name)
+            && entry.read().is_empty()
+        {
+            nodes.remove(name);
+        }
+    }
+
+    pub fn set_node(&self, name: &str, node: Option<NodeRecord>) {
+        let removed = node.is_none();
+        self.with_node(name, |s| s.node = node);
+        if removed {
+            self.gc(name);
+        }
+    }
+
+    pub fn set_topology(&self, name: &str, topology: Option<TopologyRecord>) {
+        let removed = topology.is_none();
+        self.with_node(name, |s| s.topology = topology);
+        if removed {
+            self.gc(name);
+        }
+    }
+
+    fn with_node<R>(&self, name: &str, f: impl FnOnce(&mut NodeState) -> R) -> R {
+        let entry = self.node_or_create(name);
+        let mut state = entry.write();
+        f(&mut state)
+    }
+
+    /// Applies a pod add or update. `old` is the record the pod sync recorded for this key,
+    /// which is what gets undone: never the pod's current annotations.
+    pub fn upsert_pod(&self, old: Option<&PodRecord>, new: &PodRecord) {
+        if let Some(old) = old {
+            let same_holder = old.uid == new.uid && old.holding_node() == new.holding_node();
+            if !same_holder {
+                self.remove_pod(old);
+            }
+        }
+        if let Some(node) = new.holding_node() {
+            self.with_node(node, |s| {
+                s.pods.insert(new.uid.clone(), new.clone());
+            });
+        }
+    }
+
+    /// Undoes exactly what was recorded for `old`.
+    pub fn remove_pod(&self, old: &PodRecord) {
+        if let Some(node) = old.holding_node() {
+            if let Some(entry) = self.node(node) {
+                entry.write().pods.remove(&old.uid);
+            }
+            self.gc(node);
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! Readiness: the fixed set of required kinds, each kind's sync phase, and the other reasons
+//! `/readyz` fails (shutdown, staleness, not the leader).
+//!
+//! The set of kinds is decided once at startup and never grows, so "all synced" can never be
+//! true over an empty or partial set (koordinator #3125's gate hazard). A kind becomes synced
+//! when its handler has *applied* its first `InitDone`, and stays synced across relists.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use super::kind::Kind;
+use crate::metrics::Metrics;
+
+/// How a kind takes part in readiness.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "requirement")]
+pub enum Requirement {
+    /// Watched and waited for.
+    Required,
+    /// CRD not served and not insisted on: not watched, features off.
+    Disabled { reason: String },
+    /// Insisted on (`--require-kinds`) but not served: readiness can never be reached.
+    Unavailable { reason: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Pending,
+    Listing,
+    Synced,
+}
+
+#[derive(Debug)]
+struct KindState {
+    requirement: Requirement,
+    phase: Phase,
+    /// Objects applied by the latest completed (re)list.
+    replayed: u64,
+    /// Objects buffered by the (re)list in progress.
+    listing: u64,
+    relists: u64,
+    cached: u64,
+    first_error_unhealthy: Option<Instant>,
+    last_error: Option<Instant>,
+    last_error_message: Option<String>,
+}
+
+/// Why `/readyz` is or is not 200, as JSON.
+#[derive(Debug, Serialize)]
+pub struct ReadinessReport {
+    pub ready: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    pub kinds: BTreeMap<Kind, KindReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KindReport {
+    #[serde(flatten)]
+    pub requirement: Requirement,
+    pub phase: Phase,
+    pub replayed: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub listing: u64,
+    pub relists: u64,
+    pub cached: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// A watch that errored and then kept quiet this long is assumed reconnected: kube's watcher
+/// backs off at most 30 s between attempts, so a still-failing watch errors more often.
+const ERROR_QUIET_PERIOD: Duration = Duration::from_secs(65);
+
+pub struct Readiness {
+    kinds: Mutex<BTreeMap<Kind, KindState>>,
+    shutting_down: AtomicBool,
+    leader: AtomicBool,
+    max_staleness: Option<Duration>,
+    started: Instant,
+    bootstrap_recorded: AtomicBool,
+    metrics: Metrics,
+}
+
+impl Readiness {
+    /// `kinds` is the fixed set decided at startup; kinds absent from it are not reported.
+    /// Nodes and pods are always required, whatever the caller passes.
+    pub fn new(
+        mut kinds: BTreeMap<Kind, Requirement>,
+        max_staleness: Option<Duration>,
+        metrics: Metrics,
+    ) -> Arc<Self> {
+        for always in [Kind::Nodes, Kind::Pods] {
+            kinds.insert(always, Requirement::Required);
+        }
+        let kinds = kinds
+            .into_iter()
+            .map(|(kind, requirement)| {
+                let gauge = if matches!(requirement, Requirement::Required) {
+                    0
+                } else {
+                    -1
+                };
+                metrics
+                    .sync_phase
+                    .with_label_values(&[kind.as_str()])
+                    .set(gauge);
+                (
+                    kind,
+                    KindState {
+                        requirement,
+                        phase: Phase::Pending,
+                        replayed: 0,
+                        listing: 0,
+                        relists: 0,
+                        cached: 0,
+                        first_error_unhealthy: None,
+                        last_error: None,
+                        last_error_message: None,
+                    },
+                )
+            })
+            .collect();
+        Arc::new(Readiness {
+            kinds: Mutex::new(kinds),
+            shutting_down: AtomicBool::new(false),
+            leader: AtomicBool::new(true),
+            max_staleness,
+            started: Instant::now(),
+            bootstrap_recorded: AtomicBool::new(false),
+            metrics,
+        })
+    }
+
+    pub fn requirement(&self, kind: Kind) -> Option<Requirement> {
+        self.kinds.lock().get(&kind).map(|k| k.requirement.clone())
+    }
+
+    pub fn is_enabled(&self, kind: Kind) -> bool {
+        matches!(self.requirement(kind), Some(Requirement::Required))
+    }
+
+    pub fn on_init(&self, kind: Kind) {
+        let mut kinds = self.kinds.lock();
+        if let Some(k) = kinds.get_mut(&kind) {
+            k.relists += 1;
+            k.listing = 0;
+            if k.phase == Phase::Pending {
+                k.phase = Phase::Listing;
+                self.metrics
+                    .sync_phase
+                    .with_label_values(&[kind.as_str()])
+                    .set(1);
+            }
+            k.first_error_unhealthy = None;
+        }
+        self.metrics
+            .relists
+            .with_label_values(&[kind.as_str()])
+            .inc();
+    }
+
+    pub fn on_init_apply(&self, kind: Kind) {
+        if let Some(k) = self.kinds.lock().get_mut(&kind) {
+            k.listing += 1;
+            k.first_error_unhealthy = None;
+        }
+    }
+
+    /// Called by the kind's handler *after* it applied the diff of a completed (re)list.
+    pub fn on_init_done(&self, kind: Kind, replayed: u64, cached: u64) {
+        {
+            let mut kinds = self.kinds.lock();
+            if let Some(k) = kinds.get_mut(&kind) {
+                k.phase = Phase::Synced;
+                k.replayed = replayed;
+                k.listing = 0;
+                k.cached = cached;
+                k.first_error_unhealthy = None;
+            }
+        }
+        self.metrics
+            .sync_phase
+            .with_label_values(&[kind.as_str()])
+            .set(2);
+        if self.all_synced() && !self.bootstrap_recorded.swap(true, Ordering::SeqCst) {
+            let secs = self.started.elapsed().as_secs_f64();
+            self.metrics.bootstrap_duration.set(secs);
+            tracing::info!(
+                seconds = secs,
+                "bootstrap complete: every required kind is synced"
+            );
+        }
+    }
+
+    pub fn on_applied(&self, kind: Kind, cached: u64) {
+        if let Some(k) = self.kinds.lock().get_mut(&kind) {
+            k.cached = cached;
+            k.first_error_unhealthy = None;
+        }
+    }
+
+    pub fn on_error(&self, kind: Kind, message: String) {
+        let now = Instant::now();
+        if let Some(k) = self.kinds.lock().get_mut(&kind) {
+            let quiet = k
+                .last_error
+                .is_none_or(|t| now.duration_since(t) > ERROR_QUIET_PERIOD);
+            if k.first_error_unhealthy.is_none() || quiet {
+                k.first_error_unhealthy = Some(now);
+            }
+            k.last_error = Some(now);
+            k.last_error_message = Some(message);
+        }
+        self.metrics
+            .watch_errors
+            .with_label_values(&[kind.as_str()])
+            .inc();
+    }
+
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::SeqCst);
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+
+    /// Every required kind has applied its first `InitDone` and no insisted-on kind is missing.
+    pub fn all_synced(&self) -> bool {
+        self.kinds.lock().values().all(|k| match k.requirement {
+            Requirement::Required => k.phase == Phase::Synced,
+            Requirement::Disabled { .. } => true,
+            Requirement::Unavailable { .. } => false,
+        })
+    }
+
+    /// Kinds the caches are still waiting for (for the verbs' `Error` text).
+    pub fn waiting_for(&self) -> Vec<Kind> {
+        self.kinds
+            .lock()
+            .iter()
+            .filter(|(_, k)| match k.requirement {
+                Requirement::Required => k.phase != Phase::Synced,
+                Requirement::Disabled { .. } => false,
+                Requirement::Unavailable { .. } => true,
+            })
+            .map(|(kind, _)| *kind)
+            .collect()
+    }
+
+    /// Ready to serve scheduling verbs: synced, not shutting down, leader.
+    pub fn is_ready(&self) -> bool {
+        self.report().ready
+    }
+
+    /// Why scheduling verbs must not decide now, or `None` when they may.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        let report = self.report();
+        if report.ready {
+            None
+        } else {
+            Some(format!("not ready: {}", report.reasons.join("; ")))
+        }
+    }
+
+    pub fn report(&self) -> ReadinessReport {
+        let now = Instant::now();
+        let mut reasons = Vec::new();
+        if self.shutting_down.load(Ordering::SeqCst) {
+            reasons.push("shutting down".to_string());
+        }
+        let kinds = self.kinds.lock();
+        let waiting: Vec<&str> = kinds
+            .iter()
+            .filter(|(_, k)| {
+                matches!(k.requirement, Requirement::Required) && k.phase != Phase::Synced
+            })
+            .map(|(kind, _)| kind.as_str())
+            .collect();
+        if !waiting.is_empty() {
+            reasons.push(format!("waiting for {}", waiting.join(", ")));
+        }
+        for (kind, k) in kinds.iter() {
+            if let Requirement::Unavailable { reason } = &k.requirement {
+                reasons.push(format!("{kind} required but unavailable: {reason}"));
+            }
+            if let (Some(bound), Some(since), Some(last)) =
+                (self.max_staleness, k.first_error_unhealthy, k.last_error)
+                && now.duration_since(last) <= ERROR_QUIET_PERIOD
+                && now.duration_since(since) > bound
+            {
+                reasons.push(format!(
+                    "{kind} watch unhealthy for {}s (max staleness {}s)",
+                    now.duration_since(since).as_secs(),
+                    bound.as_secs()
+                ));
+            }
+        }
+        if !self.leader.load(Ordering::SeqCst) {
+            reasons.push("not the leader".to_string());
+        }
+        let report_kinds = kinds
+            .iter()
+            .map(|(kind, k)| {
+                (
+                    *kind,
+                    KindReport {
+                        requirement: k.requirement.clone(),
+                        phase: k.phase,
+                        replayed: k.replayed,
+                        listing: k.listing,
+                        relists: k.relists,
+                        cached: k.cached,
+                        last_error: k.last_error_message.clone(),
+                    },
+                )
+            })
+            .collect();
+        ReadinessReport {
+            ready: reasons.is_empty(),
+            reasons,
+            kinds: report_kinds,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readiness(kinds: &[(Kind, Requirement)]) -> Arc<Readiness> {
+        Readiness::new(kinds.iter().cloned().collect(), None, Metrics::new())
+    }
+
+    #[test]
+    fn ready_only_after_every_required_kind_applied_init_done() {
+        let r = readiness(&[
+            (Kind::Nodes, Requirement::Required),
+            (Kind::Pods, Requirement::Required),
+            (
+                Kind::Devices,
+                Requirement::Disabled {
+                    reason: "CRD not served".into(),
+                },
+            ),
+        ]);
+        assert!(!r.is_ready());
+        r.on_init(Kind::Nodes);
+        r.on_init_done(Kind::Nodes, 3, 3);
+        assert!(!r.is_ready());
+        assert_eq!(r.waiting_for(), vec![Kind::Pods]);
+        r.on_init(Kind::Pods);
+        r.on_init_apply(Kind::Pods);
+        assert!(!r.is_ready(), "listing is not synced");
+        r.on_init_done(Kind::Pods, 1, 1);
+        assert!(r.is_ready());
+        // A later relist never flips readiness back.
+        r.on_init(Kind::Pods);
+        assert!(r.is_ready());
+        r.set_shutting_down();
+        assert!(!r.is_ready());
+        assert!(r.not_ready_reason().unwrap().contains("shutting down"));
+    }
+
+    #[test]
+    fn unavailable_required_kind_blocks_readiness_forever() {
+        let r = readiness(&[
+            (Kind::Nodes, Requirement::Required),
+            (
+                Kind::Devices,
+                Requirement::Unavailable {
+                    reason: "CRD not served".into(),
+                },
+            ),
+        ]);
+        for kind in [Kind::Nodes, Kind::Pods] {
+            r.on_init(kind);
+            r.on_init_done(kind, 0, 0);
+        }
+        assert!(!r.is_ready());
+        assert!(
+            r.not_ready_reason()
+                .unwrap()
+                .contains("devices required but unavailable")
+        );
+    }
+
+    #[test]
+    fn empty_kind_set_is_never_ready_by_accident() {
+        let r = readiness(&[]);
+        assert!(!r.is_ready());
+        assert_eq!(r.waiting_for(), vec![Kind::Nodes, Kind::Pods]);
+    }
+
+    #[test]
+    fn not_leader_is_not_ready() {
+        let r = readiness(&[]);
+        for kind in [Kind::Nodes, Kind::Pods] {
+            r.on_init(kind);
+            r.on_init_done(kind, 0, 0);
+        }
+        r.set_leader(false);
+        assert!(!r.is_ready());
+        r.set_leader(true);
+        assert!(r.is_ready());
+    }
+
+    #[test]
+    fn staleness_bound_fails_readiness_while_errors_continue() {
+        let r = Readiness::new(
+            [(Kind::Nodes, Requirement::Required)].into_iter().collect(),
+            Some(Duration::ZERO),
+            Metrics::new(),
+        );
+        for kind in [Kind::Nodes, Kind::Pods] {
+            r.on_init(kind);
+            r.on_init_done(kind, 0, 0);
+        }
+        r.on_error(Kind::Nodes, "connection refused".into());
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!r.is_ready());
+        r.on_applied(Kind::Nodes, 0);
+        assert!(r.is_ready(), "a healthy event clears staleness");
+    }
+}
