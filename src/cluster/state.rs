@@ -75,13 +75,18 @@ pub struct NodeState {
     /// The Node object; `None` until it arrives or after it is deleted.
     pub node: Option<NodeRecord>,
     pub topology: Option<TopologyRecord>,
+    /// The node's Device spec (placeholder until the device ledger lands).
+    pub device_spec: Option<serde_json::Value>,
     /// Assigned, non-terminal pods on this node, by UID.
     pub pods: BTreeMap<PodUid, PodRecord>,
 }
 
 impl NodeState {
     fn is_empty(&self) -> bool {
-        self.node.is_none() && self.topology.is_none() && self.pods.is_empty()
+        self.node.is_none()
+            && self.topology.is_none()
+            && self.device_spec.is_none()
+            && self.pods.is_empty()
     }
 }
 
@@ -163,6 +168,14 @@ impl ClusterState {
     pub fn set_topology(&self, name: &str, topology: Option<TopologyRecord>) {
         let removed = topology.is_none();
         self.with_node(name, |s| s.topology = topology);
+        if removed {
+            self.gc(name);
+        }
+    }
+
+    pub fn set_device_spec(&self, name: &str, spec: Option<serde_json::Value>) {
+        let removed = spec.is_none();
+        self.with_node(name, |s| s.device_spec = spec);
         if removed {
             self.gc(name);
         }

@@ -18,7 +18,11 @@ pub struct Node {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct NodeStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::pod::lenient::resource_list"
+    )]
     pub allocatable: Option<ResourceList>,
 }
 

@@ -63,11 +63,11 @@ pub struct Zone {
 pub struct ZoneResource {
     #[serde(default)]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::pod::lenient::string")]
     pub capacity: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::pod::lenient::string")]
     pub allocatable: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::pod::lenient::string")]
     pub available: String,
 }
 

@@ -32,7 +32,11 @@ pub struct PodSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub init_containers: Vec<Container>,
     /// Pod overhead (RuntimeClass); added to the pod's requests as Kubernetes does.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient::resource_list"
+    )]
     pub overhead: Option<ResourceList>,
 }
 
@@ -50,9 +54,17 @@ pub struct Container {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct ResourceRequirements {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient::resource_list"
+    )]
     pub requests: Option<ResourceList>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient::resource_list"
+    )]
     pub limits: Option<ResourceList>,
 }
 
@@ -99,5 +111,45 @@ impl kube::Resource for Pod {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+}
+
+/// Quantities in hand-written YAML are often bare numbers (`nvidia.com/gpu: 1`); the API
+/// server always sends strings. Accept both so a cluster file reads like `kubectl` output.
+pub mod lenient {
+    use serde::{Deserialize, Deserializer};
+    use std::collections::BTreeMap;
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum StrOrNum {
+        S(String),
+        I(i64),
+        U(u64),
+        F(f64),
+    }
+
+    impl StrOrNum {
+        fn into_string(self) -> String {
+            match self {
+                StrOrNum::S(s) => s,
+                StrOrNum::I(i) => i.to_string(),
+                StrOrNum::U(u) => u.to_string(),
+                StrOrNum::F(f) => f.to_string(),
+            }
+        }
+    }
+
+    pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Ok(Option::<StrOrNum>::deserialize(d)?
+            .map(StrOrNum::into_string)
+            .unwrap_or_default())
+    }
+
+    pub fn resource_list<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+        let m = Option::<BTreeMap<String, StrOrNum>>::deserialize(d)?;
+        Ok(m.map(|m| m.into_iter().map(|(k, v)| (k, v.into_string())).collect()))
     }
 }

@@ -98,3 +98,89 @@ impl Handler for TopologyHandler {
         self.0.set_topology(key, None);
     }
 }
+
+/// Temporary Device object until the device model lands: metadata plus the raw spec.
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+pub struct RawDevice {
+    #[serde(default)]
+    pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    #[serde(default)]
+    pub spec: serde_json::Value,
+}
+
+impl kube::Resource for RawDevice {
+    type DynamicType = ();
+    type Scope = kube::core::ClusterResourceScope;
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Device".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "scheduling.koordinator.sh".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1alpha1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "devices".into()
+    }
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+pub struct DeviceHandler {
+    cluster: Arc<ClusterState>,
+    metrics: crate::metrics::Metrics,
+}
+
+impl DeviceHandler {
+    pub fn new(cluster: Arc<ClusterState>, metrics: crate::metrics::Metrics) -> Self {
+        DeviceHandler { cluster, metrics }
+    }
+
+    /// Cluster-file Devices arrive as JSON values; undecodable ones are counted and skipped.
+    pub fn decode_values(&self, values: Vec<serde_json::Value>) -> Vec<RawDevice> {
+        values
+            .into_iter()
+            .filter_map(|v| match serde_json::from_value::<RawDevice>(v) {
+                Ok(mut d) => {
+                    super::file_source::fill_identity(&mut d.metadata, Kind::Devices);
+                    Some(d)
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "ignoring undecodable Device in cluster file");
+                    self.metrics
+                        .invalid_objects
+                        .with_label_values(&["devices", "undecodable"])
+                        .inc();
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+impl Handler for DeviceHandler {
+    type Object = RawDevice;
+    type Record = serde_json::Value;
+    const KIND: Kind = Kind::Devices;
+
+    fn decode(&self, d: &RawDevice) -> Result<Decoded<serde_json::Value>, Invalid> {
+        let (name, uid, rv) = identity(&d.metadata)?;
+        Ok(Decoded {
+            key: name,
+            uid,
+            resource_version: rv,
+            record: d.spec.clone(),
+        })
+    }
+    fn apply(&self, key: &str, _old: Option<&serde_json::Value>, new: &serde_json::Value) {
+        self.cluster.set_device_spec(key, Some(new.clone()));
+    }
+    fn remove(&self, key: &str, _old: &serde_json::Value) {
+        self.cluster.set_device_spec(key, None);
+    }
+}

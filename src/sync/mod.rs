@@ -2,10 +2,149 @@
 //! per kind into buffer-and-diff ([`store`]), whose handlers ([`handlers`]) apply to the
 //! caches, and [`readiness`] records when every required kind has applied its first list.
 
+pub mod file_source;
 pub mod handlers;
 pub mod kind;
+pub mod kube_source;
 pub mod readiness;
 pub mod store;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
 pub use kind::{Kind, SyncEvent};
 pub use readiness::{Readiness, Requirement};
+
+use crate::cluster::ClusterState;
+use crate::metrics::Metrics;
+use file_source::{ClusterFile, fill_identity};
+use handlers::{DeviceHandler, NodeHandler, PodHandler, TopologyHandler};
+use store::KindSync;
+
+/// The kinds declared at startup: all four, with the optional ones awaiting discovery.
+pub fn declared_kinds() -> BTreeMap<Kind, Requirement> {
+    Kind::ALL
+        .into_iter()
+        .map(|k| {
+            let r = if k.is_optional() {
+                Requirement::Discovering
+            } else {
+                Requirement::Required
+            };
+            (k, r)
+        })
+        .collect()
+}
+
+/// Everything a sync task needs.
+#[derive(Clone)]
+pub struct SyncContext {
+    pub cluster: Arc<ClusterState>,
+    pub readiness: Arc<Readiness>,
+    pub metrics: Metrics,
+}
+
+impl SyncContext {
+    fn sync<H: store::Handler>(&self, handler: H) -> KindSync<H> {
+        KindSync::new(handler, self.readiness.clone(), self.metrics.clone())
+    }
+}
+
+/// Discovers the optional CRDs, then runs one watcher task per required kind until shutdown.
+pub async fn run_kube(
+    ctx: SyncContext,
+    client: Client,
+    insisted: BTreeSet<Kind>,
+    shutdown: CancellationToken,
+) {
+    let Some(discovered) = kube_source::discover(&client, &insisted, &shutdown).await else {
+        return;
+    };
+    for (kind, requirement) in &discovered.requirements {
+        ctx.readiness.set_requirement(*kind, requirement.clone());
+    }
+    let enabled = |k: Kind| matches!(discovered.requirements.get(&k), Some(Requirement::Required));
+    let mut tasks = JoinSet::new();
+    tasks.spawn(kube_source::run_watcher(
+        ctx.sync(NodeHandler(ctx.cluster.clone())),
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(kube_source::run_watcher(
+        ctx.sync(PodHandler(ctx.cluster.clone())),
+        Api::all(client.clone()),
+        watcher::Config::default().fields(kube_source::ASSIGNED_POD_SELECTOR),
+        shutdown.clone(),
+    ));
+    if enabled(Kind::Devices) {
+        tasks.spawn(kube_source::run_watcher(
+            ctx.sync(DeviceHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            shutdown.clone(),
+        ));
+    }
+    if enabled(Kind::NodeResourceTopologies) {
+        tasks.spawn(kube_source::run_watcher(
+            ctx.sync(TopologyHandler(ctx.cluster.clone())),
+            Api::all_with(client.clone(), &discovered.nrt_version),
+            watcher::Config::default(),
+            shutdown.clone(),
+        ));
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Replays a cluster file through the same sync path. Every kind is required offline: the
+/// file *is* the cluster, and a kind with no objects is simply an empty list.
+pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
+    for kind in Kind::ALL {
+        ctx.readiness.set_requirement(kind, Requirement::Required);
+    }
+    fn replay<H: store::Handler>(mut sync: KindSync<H>, objects: Vec<H::Object>) {
+        sync.handle(SyncEvent::Init);
+        for o in objects {
+            sync.handle(SyncEvent::InitApply(o));
+        }
+        sync.handle(SyncEvent::InitDone);
+    }
+    let ClusterFile {
+        mut nodes,
+        mut pods,
+        devices,
+        mut topologies,
+        ignored,
+    } = file;
+    if ignored > 0 {
+        tracing::info!(
+            ignored,
+            "cluster file: ignoring documents of kinds this service does not watch"
+        );
+    }
+    for n in &mut nodes {
+        fill_identity(&mut n.metadata, Kind::Nodes);
+    }
+    for p in &mut pods {
+        fill_identity(&mut p.metadata, Kind::Pods);
+    }
+    for t in &mut topologies {
+        fill_identity(&mut t.metadata, Kind::NodeResourceTopologies);
+    }
+    // Only assigned, non-terminal pods go through the pod sync, as with the live selector.
+    let assigned: Vec<_> = pods
+        .into_iter()
+        .filter(|p| p.node_name().is_some() && !p.is_terminal())
+        .collect();
+    let device_handler = DeviceHandler::new(ctx.cluster.clone(), ctx.metrics.clone());
+    let devices = device_handler.decode_values(devices);
+    replay(ctx.sync(NodeHandler(ctx.cluster.clone())), nodes);
+    replay(ctx.sync(device_handler), devices);
+    replay(ctx.sync(TopologyHandler(ctx.cluster.clone())), topologies);
+    replay(ctx.sync(PodHandler(ctx.cluster.clone())), assigned);
+}

@@ -20,6 +20,8 @@ use crate::metrics::Metrics;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "requirement")]
 pub enum Requirement {
+    /// Not decided yet: API discovery for this kind's CRD has not answered.
+    Discovering,
     /// Watched and waited for.
     Required,
     /// CRD not served and not insisted on: not watched, features off.
@@ -106,10 +108,9 @@ impl Readiness {
         let kinds = kinds
             .into_iter()
             .map(|(kind, requirement)| {
-                let gauge = if matches!(requirement, Requirement::Required) {
-                    0
-                } else {
-                    -1
+                let gauge = match requirement {
+                    Requirement::Required | Requirement::Discovering => 0,
+                    _ => -1,
                 };
                 metrics
                     .sync_phase
@@ -140,6 +141,24 @@ impl Readiness {
             bootstrap_recorded: AtomicBool::new(false),
             metrics,
         })
+    }
+
+    /// Settles a kind's requirement once discovery has answered. Only kinds declared at
+    /// construction can be set: the set of kinds never grows.
+    pub fn set_requirement(&self, kind: Kind, requirement: Requirement) {
+        if let Some(k) = self.kinds.lock().get_mut(&kind) {
+            let gauge = match requirement {
+                Requirement::Required | Requirement::Discovering => 0,
+                _ => -1,
+            };
+            if k.phase == Phase::Pending {
+                self.metrics
+                    .sync_phase
+                    .with_label_values(&[kind.as_str()])
+                    .set(gauge);
+            }
+            k.requirement = requirement;
+        }
     }
 
     pub fn requirement(&self, kind: Kind) -> Option<Requirement> {
@@ -245,7 +264,7 @@ impl Readiness {
         self.kinds.lock().values().all(|k| match k.requirement {
             Requirement::Required => k.phase == Phase::Synced,
             Requirement::Disabled { .. } => true,
-            Requirement::Unavailable { .. } => false,
+            Requirement::Unavailable { .. } | Requirement::Discovering => false,
         })
     }
 
@@ -257,7 +276,7 @@ impl Readiness {
             .filter(|(_, k)| match k.requirement {
                 Requirement::Required => k.phase != Phase::Synced,
                 Requirement::Disabled { .. } => false,
-                Requirement::Unavailable { .. } => true,
+                Requirement::Unavailable { .. } | Requirement::Discovering => true,
             })
             .map(|(kind, _)| *kind)
             .collect()
@@ -288,7 +307,10 @@ impl Readiness {
         let waiting: Vec<&str> = kinds
             .iter()
             .filter(|(_, k)| {
-                matches!(k.requirement, Requirement::Required) && k.phase != Phase::Synced
+                matches!(
+                    k.requirement,
+                    Requirement::Required | Requirement::Discovering
+                ) && k.phase != Phase::Synced
             })
             .map(|(kind, _)| kind.as_str())
             .collect();

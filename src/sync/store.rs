@@ -58,6 +58,10 @@ impl<H: Handler> KindSync<H> {
         }
     }
 
+    pub fn readiness(&self) -> &Arc<Readiness> {
+        &self.readiness
+    }
+
     pub fn len(&self) -> usize {
         self.recorded.len()
     }

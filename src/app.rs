@@ -1,0 +1,168 @@
+//! Wires the service together for `serve`: caches, readiness, the sync source (kube or a
+//! cluster file), the binder, the HTTP server, and graceful shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::bind::{Binder, KubePodApi, OfflinePodApi, PodApi};
+use crate::cli::ServeArgs;
+use crate::cluster::ClusterState;
+use crate::extender::{self, AppState, HttpConfig};
+use crate::metrics::Metrics;
+use crate::sync::file_source::ClusterFile;
+use crate::sync::{self, Readiness, SyncContext};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    ClusterFile(#[from] sync::file_source::ClusterFileError),
+    #[error("cannot load kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("cannot create the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+async fn kube_client(args: &ServeArgs) -> Result<kube::Client, ServeError> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ServeError::Kubeconfig(e.to_string()))?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// A signal future: SIGTERM or SIGINT.
+pub async fn termination_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// Runs the service until a termination signal.
+pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
+    serve_until(args, termination_signal()).await
+}
+
+/// Runs the service until `stop` resolves: /readyz fails at once, the server keeps answering
+/// for `--shutdown-delay`, then stops accepting and drains.
+pub async fn serve_until(
+    args: ServeArgs,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let metrics = Metrics::new();
+    let cluster = Arc::new(ClusterState::new());
+    let readiness = Readiness::new(sync::declared_kinds(), args.max_staleness, metrics.clone());
+    let ctx = SyncContext {
+        cluster: cluster.clone(),
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
+    };
+    let shutdown = CancellationToken::new();
+
+    let (pod_api, offline_file): (Arc<dyn PodApi>, Option<ClusterFile>) = match &args.cluster_file {
+        Some(path) => {
+            let file = ClusterFile::load(path)?;
+            tracing::info!(
+                path = %path.display(),
+                nodes = file.nodes.len(),
+                pods = file.pods.len(),
+                devices = file.devices.len(),
+                topologies = file.topologies.len(),
+                "offline mode: serving from a cluster file"
+            );
+            (Arc::new(OfflinePodApi::new(file.pods.clone())), Some(file))
+        }
+        None => {
+            let client = kube_client(&args).await?;
+            tokio::spawn(sync::run_kube(
+                ctx.clone(),
+                client.clone(),
+                args.insisted_kinds(),
+                shutdown.clone(),
+            ));
+            (Arc::new(KubePodApi::new(client)), None)
+        }
+    };
+
+    let binder = Arc::new(Binder::new(pod_api, cluster.clone(), metrics.clone()));
+    let state = AppState {
+        cluster: cluster.clone(),
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
+        binder,
+        body_limit: args.body_limit_bytes,
+    };
+    let http = HttpConfig {
+        path_prefix: args.path_prefix.clone(),
+        body_limit: args.body_limit_bytes,
+        request_timeout: args.request_timeout,
+        max_concurrency: args.max_concurrency,
+    };
+    let app = extender::router(state, &http);
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: args.listen,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(ServeError::Serve)?;
+    tracing::info!(addr = %local, prefix = %extender::normalize_prefix(&args.path_prefix), "serving");
+
+    if let Some(file) = offline_file {
+        // The same sync path as the watchers, after the listener is up so /readyz is
+        // observable throughout.
+        sync::run_file(&ctx, file);
+    }
+
+    let delay = args.shutdown_delay;
+    let stopping = shutdown.clone();
+    let readiness_for_stop = readiness.clone();
+    tokio::spawn(async move {
+        stop.await;
+        tracing::info!(delay = ?delay, "termination requested: failing /readyz, then stopping");
+        readiness_for_stop.set_shutting_down();
+        tokio::time::sleep(delay).await;
+        stopping.cancel();
+    });
+
+    let graceful = shutdown.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { graceful.cancelled().await })
+        .await
+        .map_err(ServeError::Serve)?;
+    tracing::info!("stopped");
+    Ok(())
+}

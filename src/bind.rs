@@ -1,0 +1,425 @@
+//! Bind: the one place an allocation is decided and committed.
+//!
+//! kube-scheduler runs binds asynchronously and concurrently with later filters, so the
+//! allocation is computed here, not in filter: lock the node, allocate against committed +
+//! assumed entries, record the result as *assumed* under the pod UID, unlock, patch the pod's
+//! annotations, create the `pods/binding`. Any failure removes the assumed entry. The pod
+//! watch later replaces the assumed entry with the committed one.
+//!
+//! API writes go through [`PodApi`], so the same logic serves the kube client and the
+//! offline (cluster file) mode.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use parking_lot::Mutex;
+
+use crate::cluster::{ClusterState, PodRecord};
+use crate::extender::wire::ExtenderBindingArgs;
+use crate::metrics::Metrics;
+use crate::model::ids::PodUid;
+use crate::model::pod::Pod;
+
+/// An API call failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// HTTP status when the server answered, e.g. 409.
+    pub status: Option<u16>,
+    pub message: String,
+}
+
+impl From<kube::Error> for ApiError {
+    fn from(e: kube::Error) -> Self {
+        match &e {
+            kube::Error::Api(s) => ApiError {
+                status: Some(s.code),
+                message: s.message.clone(),
+            },
+            _ => ApiError {
+                status: None,
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// The API writes bind needs. Implemented for the kube client and for offline mode.
+pub trait PodApi: Send + Sync {
+    fn get_pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Pod>, ApiError>>;
+    /// Merge-patches annotations, with the pod UID as precondition.
+    fn patch_annotations<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        annotations: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<(), ApiError>>;
+    /// Creates `pods/binding` with the pod UID as precondition.
+    fn create_binding<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<(), ApiError>>;
+    /// True when a pod watch will confirm binds; false when bind must commit itself (offline).
+    fn confirmed_by_watch(&self) -> bool;
+}
+
+pub struct KubePodApi {
+    client: kube::Client,
+}
+
+impl KubePodApi {
+    pub fn new(client: kube::Client) -> Self {
+        KubePodApi { client }
+    }
+    fn api(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+}
+
+impl PodApi for KubePodApi {
+    fn get_pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Pod>, ApiError>> {
+        Box::pin(async move { Ok(self.api(namespace).get_opt(name).await?) })
+    }
+
+    fn patch_annotations<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        annotations: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async move {
+            let patch =
+                serde_json::json!({ "metadata": { "uid": uid, "annotations": annotations } });
+            self.api(namespace)
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn create_binding<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async move {
+            let binding = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": { "name": name, "namespace": namespace, "uid": uid },
+                "target": { "apiVersion": "v1", "kind": "Node", "name": node },
+            });
+            self.api(namespace)
+                .create_subresource::<_, serde_json::Value>(
+                    "binding",
+                    name,
+                    &PostParams::default(),
+                    &binding,
+                )
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn confirmed_by_watch(&self) -> bool {
+        true
+    }
+}
+
+/// Offline mode: the cluster file's pods (assigned or not) in memory; binds change only memory.
+pub struct OfflinePodApi {
+    pods: Mutex<BTreeMap<(String, String), Pod>>,
+}
+
+impl OfflinePodApi {
+    pub fn new(pods: impl IntoIterator<Item = Pod>) -> Self {
+        let pods = pods
+            .into_iter()
+            .filter_map(|p| {
+                let ns = p
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into());
+                let name = p.metadata.name.clone()?;
+                Some(((ns, name), p))
+            })
+            .collect();
+        OfflinePodApi {
+            pods: Mutex::new(pods),
+        }
+    }
+}
+
+impl PodApi for OfflinePodApi {
+    fn get_pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Pod>, ApiError>> {
+        let pod = self
+            .pods
+            .lock()
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned();
+        Box::pin(async move { Ok(pod) })
+    }
+
+    fn patch_annotations<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        annotations: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        let result = (|| {
+            let mut pods = self.pods.lock();
+            let pod = pods
+                .get_mut(&(namespace.to_string(), name.to_string()))
+                .ok_or_else(|| ApiError {
+                    status: Some(404),
+                    message: format!("pod {namespace}/{name} not found"),
+                })?;
+            if pod.metadata.uid.as_deref() != Some(uid) {
+                return Err(ApiError {
+                    status: Some(409),
+                    message: "uid precondition failed".into(),
+                });
+            }
+            let target = pod
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            target.extend(annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
+            Ok(())
+        })();
+        Box::pin(async move { result })
+    }
+
+    fn create_binding<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        let result = (|| {
+            let mut pods = self.pods.lock();
+            let pod = pods
+                .get_mut(&(namespace.to_string(), name.to_string()))
+                .ok_or_else(|| ApiError {
+                    status: Some(404),
+                    message: format!("pod {namespace}/{name} not found"),
+                })?;
+            if pod.metadata.uid.as_deref() != Some(uid) {
+                return Err(ApiError {
+                    status: Some(409),
+                    message: "uid precondition failed".into(),
+                });
+            }
+            if let Some(existing) = pod.node_name() {
+                return Err(ApiError {
+                    status: Some(409),
+                    message: format!("pod is already assigned to node {existing}"),
+                });
+            }
+            pod.spec.node_name = Some(node.to_string());
+            Ok(())
+        })();
+        Box::pin(async move { result })
+    }
+
+    fn confirmed_by_watch(&self) -> bool {
+        false
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindOutcome {
+    Bound,
+    /// A retry of a bind that already succeeded.
+    AlreadyBound,
+}
+
+impl BindOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BindOutcome::Bound => "bound",
+            BindOutcome::AlreadyBound => "already_bound",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("invalid bind request: {0}")]
+    InvalidRequest(String),
+    #[error("pod {pod} not found")]
+    PodNotFound { pod: String },
+    #[error("pod {pod} has uid {actual}, not {expected}: it was recreated")]
+    UidMismatch {
+        pod: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("pod {pod} is already bound to node {node}")]
+    BoundElsewhere { pod: String, node: String },
+    #[error("cannot place pod {pod} on node {node}: {reason}")]
+    DoesNotFit {
+        pod: String,
+        node: String,
+        reason: String,
+    },
+    #[error("failed to {step} for pod {pod}: {source}")]
+    Api {
+        step: &'static str,
+        pod: String,
+        #[source]
+        source: ApiError,
+    },
+}
+
+impl BindError {
+    /// Short label for metrics.
+    pub fn class(&self) -> &'static str {
+        match self {
+            BindError::InvalidRequest(_) => "invalid_request",
+            BindError::PodNotFound { .. } => "pod_not_found",
+            BindError::UidMismatch { .. } => "uid_mismatch",
+            BindError::BoundElsewhere { .. } => "bound_elsewhere",
+            BindError::DoesNotFit { .. } => "does_not_fit",
+            BindError::Api {
+                step: "read the pod",
+                ..
+            } => "api_get_error",
+            BindError::Api {
+                step: "patch annotations",
+                ..
+            } => "api_patch_error",
+            BindError::Api { .. } => "api_binding_error",
+        }
+    }
+}
+
+pub struct Binder {
+    api: Arc<dyn PodApi>,
+    cluster: Arc<ClusterState>,
+    #[allow(dead_code)]
+    metrics: Metrics,
+}
+
+impl Binder {
+    pub fn new(api: Arc<dyn PodApi>, cluster: Arc<ClusterState>, metrics: Metrics) -> Self {
+        Binder {
+            api,
+            cluster,
+            metrics,
+        }
+    }
+
+    pub async fn bind(&self, args: &ExtenderBindingArgs) -> Result<BindOutcome, BindError> {
+        for (field, value) in [
+            ("PodName", &args.pod_name),
+            ("PodNamespace", &args.pod_namespace),
+            ("PodUID", &args.pod_uid),
+            ("Node", &args.node),
+        ] {
+            if value.is_empty() {
+                return Err(BindError::InvalidRequest(format!("{field} is empty")));
+            }
+        }
+        let pod_key = format!("{}/{}", args.pod_namespace, args.pod_name);
+        let pod = self
+            .api
+            .get_pod(&args.pod_namespace, &args.pod_name)
+            .await
+            .map_err(|source| BindError::Api {
+                step: "read the pod",
+                pod: pod_key.clone(),
+                source,
+            })?
+            .ok_or_else(|| BindError::PodNotFound {
+                pod: pod_key.clone(),
+            })?;
+        let actual_uid = pod.metadata.uid.clone().unwrap_or_default();
+        if actual_uid != args.pod_uid {
+            return Err(BindError::UidMismatch {
+                pod: pod_key,
+                expected: args.pod_uid.clone(),
+                actual: actual_uid,
+            });
+        }
+        if let Some(bound) = pod.node_name() {
+            return if bound == args.node {
+                Ok(BindOutcome::AlreadyBound)
+            } else {
+                Err(BindError::BoundElsewhere {
+                    pod: pod_key,
+                    node: bound.to_string(),
+                })
+            };
+        }
+        let uid = PodUid::new(&args.pod_uid);
+        let annotations: BTreeMap<String, String> = BTreeMap::new();
+        let _ = &uid;
+        if !annotations.is_empty() {
+            self.api
+                .patch_annotations(
+                    &args.pod_namespace,
+                    &args.pod_name,
+                    &args.pod_uid,
+                    &annotations,
+                )
+                .await
+                .map_err(|source| BindError::Api {
+                    step: "patch annotations",
+                    pod: pod_key.clone(),
+                    source,
+                })?;
+        }
+        self.api
+            .create_binding(
+                &args.pod_namespace,
+                &args.pod_name,
+                &args.pod_uid,
+                &args.node,
+            )
+            .await
+            .map_err(|source| BindError::Api {
+                step: "create the binding",
+                pod: pod_key.clone(),
+                source,
+            })?;
+        if !self.api.confirmed_by_watch() {
+            let mut bound = pod.clone();
+            bound.spec.node_name = Some(args.node.clone());
+            let ann = bound
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            ann.extend(annotations);
+            if let Some(record) = PodRecord::from_pod(&bound) {
+                self.cluster.upsert_pod(None, &record);
+                tracing::info!(pod = %pod_key, node = %args.node, "offline mode: bind recorded in memory only");
+            }
+        }
+        Ok(BindOutcome::Bound)
+    }
+}

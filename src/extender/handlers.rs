@@ -1,0 +1,167 @@
+//! The four extender verbs: parse, gate on readiness, delegate, answer, and record metrics.
+//!
+//! Every logical failure is HTTP 200 with `Error` set (kube-scheduler discards non-200
+//! bodies); only malformed input gets a 4xx.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::AppState;
+use super::input::{BadRequest, read_json};
+use super::verbs;
+use super::wire::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+    ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority,
+};
+
+/// How a verb call ended, for the metric label.
+#[derive(Clone, Copy)]
+pub enum Outcome {
+    Ok,
+    Error,
+    NotReady,
+    BadRequest,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::NotReady => "not_ready",
+            Outcome::BadRequest => "bad_request",
+        }
+    }
+}
+
+fn record(state: &AppState, verb: &str, outcome: Outcome, started: Instant) {
+    let elapsed = started.elapsed().as_secs_f64();
+    state
+        .metrics
+        .requests
+        .with_label_values(&[verb, outcome.as_str()])
+        .inc();
+    state
+        .metrics
+        .request_duration
+        .with_label_values(&[verb, outcome.as_str()])
+        .observe(elapsed);
+}
+
+async fn run<Req, Res, F>(
+    state: AppState,
+    headers: HeaderMap,
+    body: Body,
+    verb: &'static str,
+    not_ready: impl FnOnce(String) -> Res,
+    handle: F,
+) -> Response
+where
+    Req: DeserializeOwned,
+    Res: Serialize,
+    F: AsyncFnOnce(&AppState, Req) -> (Res, Outcome),
+{
+    let started = Instant::now();
+    let request: Req = match read_json(&headers, body, state.body_limit).await {
+        Ok(r) => r,
+        Err(bad) => {
+            tracing::warn!(verb, class = bad.class, error = %bad.message, "rejected malformed request");
+            record(&state, verb, Outcome::BadRequest, started);
+            return reject(bad);
+        }
+    };
+    if let Some(reason) = state.readiness.not_ready_reason() {
+        record(&state, verb, Outcome::NotReady, started);
+        tracing::debug!(verb, reason, "answering not ready");
+        return axum::Json(not_ready(reason)).into_response();
+    }
+    let (response, outcome) = handle(&state, request).await;
+    record(&state, verb, outcome, started);
+    axum::Json(response).into_response()
+}
+
+fn reject(bad: BadRequest) -> Response {
+    bad.into_response()
+}
+
+pub async fn filter(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    run(
+        state,
+        headers,
+        body,
+        "filter",
+        ExtenderFilterResult::error,
+        async |s, args: ExtenderArgs| {
+            let result = verbs::filter(s, args);
+            let outcome = if result.error.is_empty() {
+                Outcome::Ok
+            } else {
+                Outcome::Error
+            };
+            (result, outcome)
+        },
+    )
+    .await
+}
+
+pub async fn prioritize(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    // A prioritize error is dropped silently by kube-scheduler; an empty list means "no
+    // opinion", so not-ready answers that rather than an error object of the wrong shape.
+    run(
+        state,
+        headers,
+        body,
+        "prioritize",
+        |_| Vec::<HostPriority>::new(),
+        async |s, args: ExtenderArgs| (verbs::prioritize(s, &args), Outcome::Ok),
+    )
+    .await
+}
+
+pub async fn bind(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    run(
+        state,
+        headers,
+        body,
+        "bind",
+        |error| ExtenderBindingResult { error },
+        async |s, args: ExtenderBindingArgs| {
+            let started = Instant::now();
+            let result = s.binder.bind(&args).await;
+            s.metrics.bind_duration.observe(started.elapsed().as_secs_f64());
+            match result {
+                Ok(outcome) => {
+                    s.metrics.binds.with_label_values(&[outcome.as_str()]).inc();
+                    (ExtenderBindingResult::default(), Outcome::Ok)
+                }
+                Err(e) => {
+                    s.metrics.binds.with_label_values(&[e.class()]).inc();
+                    tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, error = %e, "bind failed");
+                    (ExtenderBindingResult { error: e.to_string() }, Outcome::Error)
+                }
+            }
+        },
+    )
+    .await
+}
+
+pub async fn preempt(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    // The preemption result has no Error field: not ready means "no candidate node".
+    run(
+        state,
+        headers,
+        body,
+        "preempt",
+        |_| ExtenderPreemptionResult {
+            node_name_to_meta_victims: Some(Default::default()),
+        },
+        async |s, args: ExtenderPreemptionArgs| (verbs::preempt(s, args), Outcome::Ok),
+    )
+    .await
+}

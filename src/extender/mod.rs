@@ -1,0 +1,120 @@
+//! The HTTP surface: the axum router, its middleware (body limit, timeout, concurrency limit,
+//! per-request metrics and logs), the extender verbs and the probes.
+//!
+//! Handlers parse and answer; scheduling decisions live in [`verbs`] (reads only) and
+//! [`crate::bind`] (the one place that commits). Nothing here talks to the API server directly.
+
+pub mod handlers;
+pub mod input;
+pub mod probes;
+pub mod verbs;
+pub mod wire;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::bind::Binder;
+use crate::cluster::ClusterState;
+use crate::metrics::Metrics;
+use crate::sync::Readiness;
+
+/// Settings of the HTTP surface.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// Prefix for the verbs, e.g. `/gpu` (empty for none). Probes stay at the root.
+    pub path_prefix: String,
+    pub body_limit: usize,
+    pub request_timeout: Duration,
+    pub max_concurrency: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            path_prefix: String::new(),
+            body_limit: 16 * 1024 * 1024,
+            request_timeout: Duration::from_secs(10),
+            max_concurrency: 256,
+        }
+    }
+}
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    pub cluster: Arc<ClusterState>,
+    pub readiness: Arc<Readiness>,
+    pub metrics: Metrics,
+    pub binder: Arc<Binder>,
+    pub body_limit: usize,
+}
+
+/// Normalises a user-supplied prefix: `gpu/` → `/gpu`, `/` → ``.
+pub fn normalize_prefix(prefix: &str) -> String {
+    let trimmed = prefix.trim().trim_matches('/');
+    if trimmed.is_empty() {
+        String::new()
+    } else {
+        format!("/{trimmed}")
+    }
+}
+
+pub fn router(state: AppState, config: &HttpConfig) -> Router {
+    let prefix = normalize_prefix(&config.path_prefix);
+    let verbs = Router::new()
+        .route(&format!("{prefix}/filter"), post(handlers::filter))
+        .route(&format!("{prefix}/prioritize"), post(handlers::prioritize))
+        .route(&format!("{prefix}/bind"), post(handlers::bind))
+        .route(&format!("{prefix}/preempt"), post(handlers::preempt))
+        .route("/debug/nodes/{name}", get(probes::debug_node))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+            config.max_concurrency.max(1),
+        ))
+        .layer(middleware::from_fn_with_state(
+            config.request_timeout,
+            timeout,
+        ));
+    Router::new()
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::readyz))
+        .route("/metrics", get(probes::metrics))
+        .merge(verbs)
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Answers a JSON 503 when a request outlives `--request-timeout` (also while queued behind
+/// the concurrency limit), instead of tower's empty-bodied error.
+async fn timeout(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(path, timeout = ?limit, "request timed out");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(serde_json::json!({
+                    "error": format!("request to {path} timed out after {limit:?} (--request-timeout)")
+                })),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn not_found(request: Request) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(serde_json::json!({
+            "error": format!("no route for {} {}", request.method(), request.uri().path())
+        })),
+    )
+        .into_response()
+}

@@ -1,0 +1,52 @@
+//! `/healthz`, `/readyz`, `/metrics` and `/debug/nodes/{name}`.
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+
+/// Liveness: the process serves HTTP. Deliberately independent of sync state.
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// 200 once every required kind's initial list has been applied; 503 with a JSON body naming
+/// each kind's phase until then, during shutdown, when stale, or when not the leader.
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    let report = state.readiness.report();
+    let status = if report.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(report)).into_response()
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// What the caches hold for one node, as JSON.
+pub async fn debug_node(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    match state.cluster.node(&name) {
+        Some(entry) => {
+            let view = entry.read();
+            axum::Json(serde_json::json!({ "name": name, "state": &*view })).into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(
+                serde_json::json!({ "error": format!("node {name:?} is not in the cache") }),
+            ),
+        )
+            .into_response(),
+    }
+}

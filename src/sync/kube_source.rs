@@ -1,0 +1,173 @@
+//! The kube source: API discovery for the optional CRDs, then one kube-runtime watcher per
+//! kind, each consumed in order by one task that feeds that kind's [`KindSync`].
+//!
+//! Watch errors are logged, counted and retried with kube's default backoff; they never end
+//! the task. Only shutdown does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use super::kind::{Kind, SyncEvent};
+use super::readiness::Requirement;
+use super::store::{Handler, KindSync};
+use crate::model::nrt::NrtVersion;
+
+/// Field selector for the pods that hold resources: assigned and not terminal. It is the one
+/// kube-scheduler's own pod informer uses for assigned pods.
+pub const ASSIGNED_POD_SELECTOR: &str =
+    "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
+
+pub const DEVICE_API_VERSION: &str = "scheduling.koordinator.sh/v1alpha1";
+
+/// What discovery decided: each kind's requirement, and which NRT version to watch.
+#[derive(Debug, Clone)]
+pub struct Discovered {
+    pub requirements: BTreeMap<Kind, Requirement>,
+    pub nrt_version: NrtVersion,
+}
+
+async fn served(client: &Client, api_version: &str, plural: &str) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(api_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == plural)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Checks which optional CRDs are served; retries transient errors until shutdown.
+pub async fn discover(
+    client: &Client,
+    insisted: &BTreeSet<Kind>,
+    shutdown: &CancellationToken,
+) -> Option<Discovered> {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match try_discover(client, insisted).await {
+            Ok(d) => return Some(d),
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?delay, "API discovery failed");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+async fn try_discover(
+    client: &Client,
+    insisted: &BTreeSet<Kind>,
+) -> Result<Discovered, kube::Error> {
+    let mut requirements = BTreeMap::new();
+    requirements.insert(Kind::Nodes, Requirement::Required);
+    requirements.insert(Kind::Pods, Requirement::Required);
+
+    let devices = served(client, DEVICE_API_VERSION, "devices").await?;
+    requirements.insert(
+        Kind::Devices,
+        decide(
+            Kind::Devices,
+            devices,
+            insisted,
+            "devices.scheduling.koordinator.sh/v1alpha1 is not served",
+        ),
+    );
+
+    let mut nrt_version = NrtVersion::V1alpha2;
+    let mut nrt = served(
+        client,
+        &NrtVersion::V1alpha2.api_version(),
+        "noderesourcetopologies",
+    )
+    .await?;
+    if !nrt {
+        nrt = served(
+            client,
+            &NrtVersion::V1alpha1.api_version(),
+            "noderesourcetopologies",
+        )
+        .await?;
+        if nrt {
+            nrt_version = NrtVersion::V1alpha1;
+        }
+    }
+    requirements.insert(
+        Kind::NodeResourceTopologies,
+        decide(
+            Kind::NodeResourceTopologies,
+            nrt,
+            insisted,
+            "noderesourcetopologies.topology.node.k8s.io (v1alpha2 or v1alpha1) is not served",
+        ),
+    );
+    Ok(Discovered {
+        requirements,
+        nrt_version,
+    })
+}
+
+fn decide(kind: Kind, served: bool, insisted: &BTreeSet<Kind>, why: &str) -> Requirement {
+    if served {
+        Requirement::Required
+    } else if insisted.contains(&kind) {
+        tracing::error!(%kind, reason = why, "required kind is not served; /readyz will keep failing");
+        Requirement::Unavailable {
+            reason: why.to_string(),
+        }
+    } else {
+        tracing::warn!(%kind, reason = why, disabled = kind.features(), "optional kind disabled");
+        Requirement::Disabled {
+            reason: format!("{why}; disabled: {}", kind.features()),
+        }
+    }
+}
+
+fn convert<K>(event: watcher::Event<K>) -> SyncEvent<K> {
+    match event {
+        watcher::Event::Init => SyncEvent::Init,
+        watcher::Event::InitApply(o) => SyncEvent::InitApply(o),
+        watcher::Event::InitDone => SyncEvent::InitDone,
+        watcher::Event::Apply(o) => SyncEvent::Apply(o),
+        watcher::Event::Delete(o) => SyncEvent::Delete(o),
+    }
+}
+
+/// Runs one kind's watcher into its sync until shutdown.
+pub async fn run_watcher<H>(
+    mut sync: KindSync<H>,
+    api: Api<H::Object>,
+    config: watcher::Config,
+    shutdown: CancellationToken,
+) where
+    H: Handler,
+    H::Object: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    <H::Object as Resource>::DynamicType: Clone + Default + Eq + std::hash::Hash + Send + Sync,
+{
+    let readiness = sync.readiness().clone();
+    let stream = watcher(api, config).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let item = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            item = stream.next() => item,
+        };
+        match item {
+            Some(Ok(event)) => sync.handle(convert(event)),
+            Some(Err(error)) => {
+                tracing::warn!(kind = %H::KIND, %error, "watch error; retrying with backoff");
+                readiness.on_error(H::KIND, error.to_string());
+            }
+            None => break,
+        }
+    }
+    tracing::debug!(kind = %H::KIND, "watcher stopped");
+}
