@@ -1,0 +1,263 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "dne.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name; objects that add a suffix stay under 63 characters because of the trunc 50. */}}
+{{- define "dne.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "dne.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "dne.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dne.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "dne.labels" -}}
+helm.sh/chart: {{ include "dne.chart" . }}
+{{ include "dne.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: {{ .Values.mode }}
+{{- end }}
+
+{{- define "dne.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "dne.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create=false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "dne.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* "true" when the extender runs its own Lease (`--leader-elect`); only in standalone mode. */}}
+{{- define "dne.ownLeaderElection" -}}
+{{- if eq .Values.mode "standalone" }}
+{{- $le := .Values.extender.leaderElection.enabled }}
+{{- if kindIs "invalid" $le }}
+{{- if gt (int .Values.replicas) 1 }}true{{ end }}
+{{- else if $le }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the sidecar follows the kube-scheduler's Lease (`--follow-scheduler-lease`). */}}
+{{- define "dne.followLease" -}}
+{{- if and (eq .Values.mode "scheduler") .Values.extender.followSchedulerLease }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the binary makes the LEADER_ELECTION_API_CALLS (Lease RBAC needed). */}}
+{{- define "dne.needsLeases" -}}
+{{- if or (include "dne.ownLeaderElection" .) (include "dne.followLease" .) }}true{{ end }}
+{{- end }}
+
+{{/* The URL kube-scheduler calls: the sidecar on loopback, or the Service's cluster DNS name. */}}
+{{- define "dne.urlPrefix" -}}
+{{- if eq .Values.mode "scheduler" }}
+{{- printf "http://127.0.0.1:%d%s" (int .Values.extender.port) .Values.extender.pathPrefix }}
+{{- else }}
+{{- printf "http://%s.%s.svc:%d%s" (include "dne.fullname" .) .Release.Namespace (int .Values.extender.port) .Values.extender.pathPrefix }}
+{{- end }}
+{{- end }}
+
+{{/*
+The `extenders:` entry, as YAML (a list of one). Fields are exactly those of kube-scheduler's
+Extender config (kubescheduler.config.k8s.io/v1); nodeCacheCapable keeps requests to node names.
+*/}}
+{{- define "dne.extendersStanza" -}}
+extenders:
+  - urlPrefix: {{ include "dne.urlPrefix" . | quote }}
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    preemptVerb: preempt
+    bindVerb: bind
+    weight: {{ int64 .Values.extenderConfig.weight }}
+    enableHTTPS: false
+    httpTimeout: {{ .Values.extenderConfig.httpTimeout | quote }}
+    nodeCacheCapable: {{ .Values.extenderConfig.nodeCacheCapable }}
+    ignorable: {{ .Values.extenderConfig.ignorable }}
+    {{- if not (and (eq .Values.mode "scheduler") .Values.extenderConfig.routeAllPods) }}
+    {{- with .Values.extenderConfig.managedResources }}
+    managedResources:
+      {{- range . }}
+      - name: {{ .name | quote }}
+        ignoredByScheduler: {{ .ignoredByScheduler }}
+      {{- end }}
+    {{- end }}
+    {{- end }}
+{{- end }}
+
+{{/* Flags for `device-numa-extender serve`; each one is in the binary's documented flag set. */}}
+{{- define "dne.extenderArgs" -}}
+{{- $e := .Values.extender }}
+{{- $args := list "serve" (printf "--listen=0.0.0.0:%d" (int $e.port)) }}
+{{- with $e.pathPrefix }}{{ $args = append $args (printf "--path-prefix=%s" .) }}{{ end }}
+{{- with $e.requireKinds }}{{ $args = append $args (printf "--require-kinds=%s" (join "," .)) }}{{ end }}
+{{- with $e.maxStaleness }}{{ $args = append $args (printf "--max-staleness=%s" .) }}{{ end }}
+{{- $args = append $args (printf "--log-format=%s" $e.logFormat) }}
+{{- $args = append $args (printf "--log-level=%s" $e.logLevel) }}
+{{- $args = append $args (printf "--body-limit-bytes=%d" (int64 $e.bodyLimitBytes)) }}
+{{- $args = append $args (printf "--request-timeout=%s" $e.requestTimeout) }}
+{{- $args = append $args (printf "--max-concurrency=%d" (int64 $e.maxConcurrency)) }}
+{{- $args = append $args (printf "--assume-ttl=%s" $e.assumeTtl) }}
+{{- with $e.scoreStrategy }}{{ $args = append $args (printf "--score-strategy=%s" .) }}{{ end }}
+{{- with $e.scoreWeights }}
+{{- $pairs := list }}
+{{- range $k, $v := . }}{{ $pairs = append $pairs (printf "%s=%v" $k $v) }}{{ end }}
+{{- $args = append $args (printf "--score-weights=%s" (join "," $pairs)) }}
+{{- end }}
+{{- if include "dne.followLease" . }}
+{{- $args = append $args (printf "--follow-scheduler-lease=%s" .Values.scheduler.leaderElection.resourceName) }}
+{{- else if include "dne.ownLeaderElection" . }}
+{{- $le := $e.leaderElection }}
+{{- $args = append $args "--leader-elect" }}
+{{- $args = append $args (printf "--leader-elect-lease-name=%s" $le.leaseName) }}
+{{- $args = append $args (printf "--leader-elect-lease-duration=%s" $le.leaseDuration) }}
+{{- $args = append $args (printf "--leader-elect-renew-deadline=%s" $le.renewDeadline) }}
+{{- $args = append $args (printf "--leader-elect-retry-period=%s" $le.retryPeriod) }}
+{{- end }}
+{{- range $e.extraArgs }}{{ $args = append $args . }}{{ end }}
+{{- toYaml $args }}
+{{- end }}
+
+{{/* The extender container, shared by both modes. */}}
+{{- define "dne.extenderContainer" -}}
+- name: extender
+  image: {{ include "dne.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    {{- include "dne.extenderArgs" . | nindent 4 }}
+  env:
+    # Default lease namespace and identity for leader election (--leader-elect-lease-namespace,
+    # --leader-elect-identity); in scheduler mode POD_NAME is matched against the scheduler's
+    # `<hostname>_<uuid>` holder identity, and a pod's hostname is its name.
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    {{- with .Values.extender.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: http
+      containerPort: {{ .Values.extender.port }}
+      protocol: TCP
+  # Liveness only says the process answers; cache sync and leadership are readiness, so neither a
+  # slow bootstrap nor being the standby ever restarts the container.
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: http
+    periodSeconds: {{ .Values.extender.probes.startup.periodSeconds }}
+    failureThreshold: {{ .Values.extender.probes.startup.failureThreshold }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: http
+    periodSeconds: {{ .Values.extender.probes.liveness.periodSeconds }}
+    timeoutSeconds: {{ .Values.extender.probes.liveness.timeoutSeconds }}
+    failureThreshold: {{ .Values.extender.probes.liveness.failureThreshold }}
+  # 503 until every watched kind's initial list is replayed into the caches (and, under leader
+  # election, while this replica is not the leader).
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: http
+    periodSeconds: {{ .Values.extender.probes.readiness.periodSeconds }}
+    timeoutSeconds: {{ .Values.extender.probes.readiness.timeoutSeconds }}
+    failureThreshold: {{ .Values.extender.probes.readiness.failureThreshold }}
+  resources:
+    {{- toYaml .Values.extender.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+{{- end }}
+
+{{/* Pod-level settings shared by both modes. */}}
+{{- define "dne.podSpecCommon" -}}
+serviceAccountName: {{ include "dne.serviceAccountName" . }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "dne.podAnnotations" -}}
+{{- if .Values.prometheusScrapeAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.extender.port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- with .Values.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The secondary kube-scheduler's KubeSchedulerConfiguration. */}}
+{{- define "dne.schedulerConfig" -}}
+{{- $ignored := list }}
+{{- range .Values.extenderConfig.managedResources }}
+{{- if .ignoredByScheduler }}{{ $ignored = append $ignored .name }}{{ end }}
+{{- end -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: ""
+  qps: {{ .Values.scheduler.clientConnection.qps }}
+  burst: {{ .Values.scheduler.clientConnection.burst }}
+leaderElection:
+  leaderElect: true
+  resourceLock: leases
+  resourceNamespace: {{ .Release.Namespace }}
+  resourceName: {{ .Values.scheduler.leaderElection.resourceName }}
+profiles:
+  - schedulerName: {{ .Values.scheduler.schedulerName }}
+    # The extender sees only the nodes that survive in-tree filters and this sample; GPU nodes
+    # must never be sampled away.
+    percentageOfNodesToScore: 100
+    {{- if and .Values.extenderConfig.routeAllPods $ignored }}
+    pluginConfig:
+      # routeAllPods: the stanza has no managedResources, so the per-device dimensions are
+      # excluded from NodeResourcesFit here instead (ignoredByScheduler does exactly this).
+      - name: NodeResourcesFit
+        args:
+          ignoredResources:
+            {{- toYaml $ignored | nindent 12 }}
+    {{- end }}
+{{ include "dne.extendersStanza" . }}
+{{- end }}

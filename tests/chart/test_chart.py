@@ -1,0 +1,527 @@
+"""Chart tests: every render goes through the real Helm SDK (helm-python-sdk, Helm v4 Go code)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+import render as R
+
+K8S_VERSION = "1.33.0"
+
+# --- the binary's contract ------------------------------------------------------------------------
+
+# Flags of `device-numa-extender serve` (the contract the binary implements).
+SERVE_FLAGS = {
+    "--listen", "--path-prefix", "--kubeconfig", "--cluster-file", "--require-kinds",
+    "--max-staleness", "--log-format", "--log-level", "--body-limit-bytes", "--request-timeout",
+    "--max-concurrency", "--assume-ttl", "--score-strategy", "--score-weights", "--leader-elect",
+    "--leader-elect-lease-name", "--leader-elect-lease-namespace", "--leader-elect-identity",
+    "--leader-elect-lease-duration", "--leader-elect-renew-deadline", "--leader-elect-retry-period",
+    "--follow-scheduler-lease",
+}
+# Env vars the binary reads (each flag's env twin) plus the downward-API defaults.
+SERVE_ENV = {
+    "DNE_LISTEN", "DNE_PATH_PREFIX", "KUBECONFIG", "DNE_CLUSTER_FILE", "DNE_REQUIRE_KINDS",
+    "DNE_MAX_STALENESS", "DNE_LOG_FORMAT", "DNE_LOG_LEVEL", "DNE_BODY_LIMIT_BYTES",
+    "DNE_REQUEST_TIMEOUT", "DNE_MAX_CONCURRENCY", "DNE_ASSUME_TTL", "DNE_SCORE_STRATEGY",
+    "DNE_SCORE_WEIGHTS", "DNE_LEADER_ELECT", "DNE_LEADER_ELECT_LEASE_NAME", "POD_NAMESPACE",
+    "POD_NAME", "DNE_FOLLOW_SCHEDULER_LEASE",
+}
+# kube-scheduler's Extender config (kubescheduler.config.k8s.io/v1), all of its JSON fields.
+EXTENDER_FIELDS = {
+    "urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",
+    "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable",
+}
+KSC_TOP_FIELDS = {
+    "apiVersion", "kind", "parallelism", "leaderElection", "clientConnection", "healthzBindAddress",
+    "metricsBindAddress", "enableProfiling", "enableContentionProfiling", "percentageOfNodesToScore",
+    "podInitialBackoffSeconds", "podMaxBackoffSeconds", "profiles", "extenders", "delayCacheUntilActive",
+}
+PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
+
+API_CALLS_RS = R.ROOT / "src" / "api_calls.rs"
+
+
+def parse_api_calls() -> dict[str, set[tuple[str, str, str]]]:
+    """{const name: {(group, resource, verb)}} from src/api_calls.rs. Tolerates rustfmt's
+    multi-line layout; fails loudly when an entry does not parse rather than skipping it."""
+    src = API_CALLS_RS.read_text()
+    tables: dict[str, set[tuple[str, str, str]]] = {}
+    for m in re.finditer(r"pub const (\w+)\s*:\s*&\[ApiCall\]\s*=\s*&\[(.*?)\]\s*;", src, re.S):
+        name, body = m.group(1), m.group(2)
+        entries = re.findall(
+            r'ApiCall\s*\{\s*group:\s*"([^"]*)"\s*,\s*resource:\s*"([^"]*)"\s*,\s*'
+            r'verbs:\s*&\[([^\]]*)\]\s*,?\s*\}', body)
+        assert len(entries) == body.count("ApiCall {") + body.count("ApiCall{"), \
+            f"unparsed ApiCall entry in {name}"
+        rows = set()
+        for group, resource, verbs in entries:
+            for verb in re.findall(r'"([^"]+)"', verbs):
+                rows.add((group, resource, verb))
+        tables[name] = rows
+    assert {"API_CALLS", "LEADER_ELECTION_API_CALLS"} <= tables.keys(), tables.keys()
+    assert tables["API_CALLS"] and tables["LEADER_ELECTION_API_CALLS"]
+    return tables
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def chart():
+    c = R.load_chart()
+    yield c
+    c.close()
+
+
+def objs(chart, values=None, **kw) -> list[dict[str, Any]]:
+    return [o for _, _, o in R.documents(R.render(values, chart=chart, **kw))]
+
+
+def one(objects, kind, name=None):
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def containers(objects) -> dict[str, dict]:
+    dep = one(objects, "Deployment")
+    return {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+
+
+def scheduler_config(objects) -> dict:
+    cm = one(objects, "ConfigMap", f"{R.RELEASE}-scheduler-config")
+    return yaml.safe_load(cm["data"]["config.yaml"])
+
+
+def notes_extenders(chart, values) -> list[dict]:
+    text = R.notes(R.render(values, chart=chart))
+    block = text[text.index("extenders:"):]
+    block = block[: block.index("\n\n")]
+    return yaml.safe_load(block)["extenders"]
+
+
+def duration_seconds(d: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"([0-9.]+)(ms|s|m|h)", d)
+    assert parts and "".join(a + b for a, b in parts) == d, d
+    return sum(float(a) * units[b] for a, b in parts)
+
+
+def rbac_rows(rules) -> set[tuple[str, str, str]]:
+    rows = set()
+    for r in rules:
+        assert "resourceNames" not in r and "nonResourceURLs" not in r
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                for v in r["verbs"]:
+                    assert "*" not in (g, res, v), "no wildcards"
+                    rows.add((g, res, v))
+    return rows
+
+
+def bound_rules(objects, sa: str) -> tuple[set, set]:
+    """(rows from ClusterRoles, rows from Roles) that the chart itself defines and binds to sa,
+    excluding the kube-scheduler container's stock roles."""
+    cluster, ns = set(), set()
+    for b in objects:
+        if b["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in b["subjects"]):
+            continue
+        ref = b["roleRef"]
+        defined = [o for o in objects if o["kind"] == ref["kind"] and o["metadata"]["name"] == ref["name"]]
+        if not defined or ref["name"].endswith("-scheduler-leases"):
+            continue  # stock system:* roles, and the kube-scheduler container's lease Role
+        rows = rbac_rows(defined[0]["rules"])
+        (cluster if ref["kind"] == "ClusterRole" else ns).update(rows)
+    return cluster, ns
+
+
+# --- the value sets every structural test runs on -------------------------------------------------
+
+CASES = {
+    "default": None,
+    "scheduler-no-follow": {"extender": {"followSchedulerLease": False}},
+    "scheduler-ha": {"replicas": 2},
+    "scheduler-route-all-pods": {"extenderConfig": {"routeAllPods": True}},
+    "scheduler-servicemonitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    "path-prefix": {"extender": {"pathPrefix": "/device-numa", "port": 9000}},
+    "options": {
+        "extender": {
+            "requireKinds": ["devices", "noderesourcetopologies"], "maxStaleness": "5m",
+            "scoreStrategy": "most-allocated",
+            "scoreWeights": {"koordinator.sh/gpu-core": 2, "cpu": 1},
+            "extraArgs": ["--max-concurrency=64"],
+            "extraEnv": [{"name": "DNE_LOG_LEVEL", "value": "debug"}],
+            "logFormat": "text",
+        },
+        "imagePullSecrets": [{"name": "regcred"}],
+        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}},
+        "priorityClassName": "system-cluster-critical",
+        "image": {"repository": "registry.example/dne", "tag": "1.2.3", "pullPolicy": "Always"},
+        "podAnnotations": {"a": "b"},
+        "prometheusScrapeAnnotations": False,
+    },
+    "standalone": {"mode": "standalone"},
+    "standalone-ha": {"mode": "standalone", "replicas": 2},
+    "standalone-ha-no-le": {"mode": "standalone", "replicas": 2,
+                            "extender": {"leaderElection": {"enabled": False}}},
+    "standalone-le-forced": {"mode": "standalone", "extender": {"leaderElection": {"enabled": True, "leaseName": "dne"}}},
+    "standalone-servicemonitor": {"mode": "standalone", "serviceMonitor": {"enabled": True}},
+    "standalone-prefix": {"mode": "standalone", "extender": {"pathPrefix": "/gpu/v1"}},
+    "no-pdb": {"podDisruptionBudget": {"enabled": False}},
+}
+
+
+def expects_own_le(values) -> bool:
+    v = values or {}
+    if v.get("mode", "scheduler") != "standalone":
+        return False
+    enabled = v.get("extender", {}).get("leaderElection", {}).get("enabled")
+    return enabled if enabled is not None else v.get("replicas", 1) > 1
+
+
+def expects_follow(values) -> bool:
+    v = values or {}
+    return v.get("mode", "scheduler") == "scheduler" and v.get("extender", {}).get("followSchedulerLease", True)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_renders_and_validates_against_k8s_1_33(chart, case):
+    objects = objs(chart, CASES[case])
+    assert objects
+    skipped = []
+    for o in objects:
+        if o["apiVersion"].startswith("monitoring.coreos.com/"):
+            # CRD-typed: no schema in kubernetes-validate's built-in set. Checked structurally below.
+            skipped.append(o["kind"])
+            continue
+        kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+        assert o["metadata"]["name"]
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert o["metadata"].get("namespace"), f"{o['kind']} without namespace"
+    sm_enabled = (CASES[case] or {}).get("serviceMonitor", {}).get("enabled", False)
+    assert skipped == (["ServiceMonitor"] if sm_enabled else [])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lint_strict_clean(case):
+    report = helm.lint(R.CHART_DIR, CASES[case], strict=True, namespace=R.NAMESPACE,
+                       kube_version="v" + K8S_VERSION)
+    assert report["errors"] == []
+    # severity: 1 info, 2 warning, 3 error. The only info is "icon is recommended".
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_extender_args_use_only_contract_flags(chart, case):
+    values = CASES[case]
+    c = containers(objs(chart, values))["extender"]
+    assert "command" not in c, "the image's ENTRYPOINT is the binary"
+    args = c["args"]
+    assert args[0] == "serve"
+    seen = []
+    for a in args[1:]:
+        flag = a.split("=", 1)[0]
+        assert flag in SERVE_FLAGS, f"{a!r} is not a flag of `device-numa-extender serve`"
+        seen.append(flag)
+    for e in c.get("env", []):
+        assert e["name"] in SERVE_ENV, f"env {e['name']} is not read by the binary"
+    assert ("--leader-elect" in seen) == expects_own_le(values)
+    assert ("--follow-scheduler-lease" in seen) == expects_follow(values)
+    assert not ("--leader-elect" in seen and "--follow-scheduler-lease" in seen)
+    if expects_follow(values):
+        lease = scheduler_config(objs(chart, values))["leaderElection"]["resourceName"]
+        assert f"--follow-scheduler-lease={lease}" in args
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_extender_rbac_is_exactly_api_calls(chart, case):
+    values = CASES[case]
+    tables = parse_api_calls()
+    objects = objs(chart, values)
+    sa = one(objects, "ServiceAccount")["metadata"]["name"]
+    cr = one(objects, "ClusterRole", f"{R.RELEASE}-extender")
+    assert rbac_rows(cr["rules"]) == tables["API_CALLS"]
+    cluster, ns = bound_rules(objects, sa)
+    assert cluster == tables["API_CALLS"]
+    needs_leases = expects_own_le(values) or expects_follow(values)
+    assert ns == (tables["LEADER_ELECTION_API_CALLS"] if needs_leases else set())
+    for o in objects:
+        if o["kind"] == "Role" and o["metadata"]["name"].endswith("-extender-leases"):
+            assert o["metadata"]["namespace"] == R.NAMESPACE
+
+
+def test_scheduler_mode_rbac_is_the_stock_kube_scheduler_set(chart):
+    objects = objs(chart)
+    sa = one(objects, "ServiceAccount")["metadata"]["name"]
+    refs = {(b["kind"], b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+            for b in objects if b["kind"].endswith("Binding")
+            and any(s["name"] == sa and s["namespace"] == R.NAMESPACE for s in b["subjects"])}
+    assert ("ClusterRoleBinding", "ClusterRole", "system:kube-scheduler", None) in refs
+    assert ("ClusterRoleBinding", "ClusterRole", "system:volume-scheduler", None) in refs
+    assert ("RoleBinding", "Role", "extension-apiserver-authentication-reader", "kube-system") in refs
+    lease_role = one(objects, "Role", f"{R.RELEASE}-scheduler-leases")
+    assert lease_role["metadata"]["namespace"] == R.NAMESPACE
+    assert {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} <= rbac_rows(lease_role["rules"])
+    # standalone mode carries none of it
+    standalone = objs(chart, {"mode": "standalone"})
+    assert not [o for o in standalone if o["kind"].endswith("Binding") and o["roleRef"]["name"].startswith("system:")]
+    assert not [o for o in standalone if o["kind"] == "ConfigMap"]
+
+
+def test_rbac_create_false_and_existing_service_account(chart):
+    objects = objs(chart, {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"}})
+    assert not [o for o in objects if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+def check_extenders_stanza(extenders: list[dict], *, port: int, prefix: str, host: str) -> dict:
+    assert isinstance(extenders, list) and len(extenders) == 1
+    ext = extenders[0]
+    assert set(ext) <= EXTENDER_FIELDS, f"unknown extender fields {set(ext) - EXTENDER_FIELDS}"
+    assert ext["urlPrefix"] == f"http://{host}:{port}{prefix}"
+    assert "?" not in ext["urlPrefix"] and not ext["urlPrefix"].endswith("/")
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"], ext["preemptVerb"]) == \
+        ("filter", "prioritize", "bind", "preempt")
+    assert isinstance(ext["weight"], int) and not isinstance(ext["weight"], bool)
+    if ext.get("prioritizeVerb"):
+        assert ext["weight"] > 0
+    # One point of our 0..10 score (x weight x 10) outweighs the default in-tree maximum (12 x 100).
+    assert ext["weight"] * 10 > 1200
+    assert ext["nodeCacheCapable"] is True
+    assert ext["ignorable"] is False
+    assert ext["enableHTTPS"] is False and "tlsConfig" not in ext
+    assert duration_seconds(ext["httpTimeout"]) > 0
+    names = []
+    for mr in ext.get("managedResources", []):
+        assert set(mr) <= {"name", "ignoredByScheduler"}
+        assert isinstance(mr["ignoredByScheduler"], bool)
+        n = mr["name"]
+        # IsExtendedResourceName: domain-prefixed, not native (kubernetes.io/), not "requests.";
+        # "requests.<name>" must be a qualified name.
+        assert "/" in n and "kubernetes.io/" not in n and not n.startswith("requests."), n
+        domain, _, short = n.partition("/")
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", domain), n
+        assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", short) and len(short) <= 63, n
+        names.append(n)
+    assert len(names) == len(set(names)), "managed resource names must be unique"
+    return ext
+
+
+KOORD_NAMES = {
+    "nvidia.com/gpu", "amd.com/gpu", "dcu.com/gpu", "koordinator.sh/gpu", "koordinator.sh/gpu-core",
+    "koordinator.sh/gpu-memory", "koordinator.sh/gpu-memory-ratio", "koordinator.sh/gpu.shared",
+    "huawei.com/npu-core", "huawei.com/npu-cpu", "huawei.com/npu-dvpp", "koordinator.sh/rdma",
+    "koordinator.sh/fpga",
+}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if (CASES[c] or {}).get("mode") != "standalone"])
+def test_scheduler_config(chart, case):
+    values = CASES[case] or {}
+    objects = objs(chart, values)
+    cfg = scheduler_config(objects)
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert cfg["kind"] == "KubeSchedulerConfiguration"
+    assert set(cfg) <= KSC_TOP_FIELDS
+    le = cfg["leaderElection"]
+    assert le["leaderElect"] is True and le["resourceLock"] == "leases"
+    assert le["resourceNamespace"] == R.NAMESPACE and le["resourceName"] == "device-numa-scheduler"
+    (profile,) = cfg["profiles"]
+    assert set(profile) <= PROFILE_FIELDS
+    assert profile["schedulerName"] == "device-numa-scheduler"
+    assert profile["percentageOfNodesToScore"] == 100
+    ext_values = values.get("extender", {})
+    ext = check_extenders_stanza(cfg["extenders"], port=ext_values.get("port", 8888),
+                                 prefix=ext_values.get("pathPrefix", ""), host="127.0.0.1")
+    # Server gives up before the client, so the scheduler gets a readable Error, not a timeout.
+    req_timeout = next(a for a in containers(objects)["extender"]["args"] if a.startswith("--request-timeout="))
+    assert duration_seconds(ext["httpTimeout"]) > duration_seconds(req_timeout.split("=", 1)[1])
+    ignored = {m["name"] for m in values.get("extenderConfig", {}).get("managedResources", [])} or \
+        {n for n in KOORD_NAMES if not n.endswith("/gpu") or n.startswith("koordinator.sh/")}
+    if values.get("extenderConfig", {}).get("routeAllPods"):
+        assert "managedResources" not in ext
+        (pc,) = profile["pluginConfig"]
+        assert pc["name"] == "NodeResourcesFit"
+        assert set(pc["args"]["ignoredResources"]) == ignored
+    else:
+        assert "pluginConfig" not in profile
+        mrs = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
+        assert set(mrs) == KOORD_NAMES
+        assert {n for n, ign in mrs.items() if ign} == ignored
+        # vendor whole-GPU counts stay visible to NodeResourcesFit
+        assert not mrs["nvidia.com/gpu"] and not mrs["amd.com/gpu"] and not mrs["dcu.com/gpu"]
+    # kube-scheduler container: stock image, reads this config.
+    ks = containers(objects)["kube-scheduler"]
+    assert ks["image"] == "registry.k8s.io/kube-scheduler:v1.33.0"
+    assert "--config=/etc/kubernetes/device-numa-scheduler/config.yaml" in ks["command"]
+    dep = one(objects, "Deployment")
+    assert dep["spec"]["template"]["metadata"]["annotations"]["checksum/scheduler-config"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if (CASES[c] or {}).get("mode") == "standalone"])
+def test_standalone_notes_print_matching_extenders_stanza(chart, case):
+    values = CASES[case]
+    objects = objs(chart, values)
+    assert not [o for o in objects if o["kind"] == "ConfigMap"]
+    assert set(containers(objects)) == {"extender"}
+    svc = one(objects, "Service", R.RELEASE)
+    assert svc["spec"]["ports"][0]["port"] == 8888
+    ext_values = values.get("extender", {})
+    check_extenders_stanza(notes_extenders(chart, values), port=8888,
+                           prefix=ext_values.get("pathPrefix", ""),
+                           host=f"{R.RELEASE}.{R.NAMESPACE}.svc")
+
+
+def test_pod_security_and_probes(chart):
+    for values in (None, {"mode": "standalone"}):
+        objects = objs(chart, values)
+        spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["runAsNonRoot"] is True
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+        ext = {c["name"]: c for c in spec["containers"]}["extender"]
+        assert ext["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert ext["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        # Startup holds liveness off for >= 5 minutes of bootstrap; it never probes readiness,
+        # which a standby fails forever by design.
+        sp = ext["startupProbe"]
+        assert sp["httpGet"]["path"] == "/healthz"
+        assert sp["periodSeconds"] * sp["failureThreshold"] >= 300
+        assert one(objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+        pdb = one(objects, "PodDisruptionBudget")
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        ann = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8888"
+
+
+def test_service_monitor(chart):
+    for mode, svc_name in (("scheduler", f"{R.RELEASE}-metrics"), ("standalone", R.RELEASE)):
+        objects = objs(chart, {"mode": mode, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}})
+        sm = one(objects, "ServiceMonitor")
+        assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+        assert sm["metadata"]["labels"]["release"] == "prom"
+        svc = one(objects, "Service", svc_name)
+        assert all(svc["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+        assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+        assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert not [o for o in objs(chart) if o["kind"] in ("ServiceMonitor", "Service")]
+
+
+def test_options_reach_the_pod(chart):
+    objects = objs(chart, CASES["options"])
+    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    ext = containers(objects)["extender"]
+    assert ext["image"] == "registry.example/dne:1.2.3" and ext["imagePullPolicy"] == "Always"
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    assert spec["nodeSelector"] and spec["tolerations"] and spec["affinity"]
+    args = ext["args"]
+    for a in ("--require-kinds=devices,noderesourcetopologies", "--max-staleness=5m",
+              "--score-strategy=most-allocated", "--score-weights=cpu=1,koordinator.sh/gpu-core=2",
+              "--log-format=text"):
+        assert a in args
+    assert args[-1] == "--max-concurrency=64", "extraArgs come last so they win"
+    assert {"name": "DNE_LOG_LEVEL", "value": "debug"} in ext["env"]
+    ann = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert ann.get("a") == "b" and "prometheus.io/scrape" not in ann
+
+
+BAD_VALUES = [
+    {"mode": "sidecar"},
+    {"replicas": 0},
+    {"replicas": "2"},
+    {"unknownKey": 1},
+    {"extender": {"pathPrefix": "gpu"}},
+    {"extender": {"pathPrefix": "/gpu/"}},
+    {"extender": {"pathPrefix": "/gpu?x=1"}},
+    {"extender": {"port": 70000}},
+    {"extender": {"logFormat": "yaml"}},
+    {"extender": {"requestTimeout": "10"}},
+    {"extender": {"assumeTtl": "five minutes"}},
+    {"extender": {"requireKinds": ["pods"]}},
+    {"extender": {"scoreStrategy": "balanced"}},
+    {"extender": {"scoreWeights": {"gpu": -1}}},
+    {"extender": {"leaderElection": {"enabled": "yes"}}},
+    {"extender": {"extraArgs": ["serve"]}},
+    {"extender": {"typo": True}},
+    {"extenderConfig": {"weight": 0}},
+    {"extenderConfig": {"httpTimeout": 30}},
+    {"extenderConfig": {"managedResources": [{"name": "gpu", "ignoredByScheduler": True}]}},
+    {"extenderConfig": {"managedResources": [{"name": "kubernetes.io/gpu", "ignoredByScheduler": True}]}},
+    {"extenderConfig": {"managedResources": [{"name": "requests.example.com/gpu", "ignoredByScheduler": True}]}},
+    {"extenderConfig": {"managedResources": [{"name": "example.com/gpu"}]}},
+    {"extenderConfig": {"managedResources": [{"name": "example.com/gpu", "ignoredByScheduler": True}] * 2}},
+    {"scheduler": {"schedulerName": "Device_Scheduler"}},
+    {"scheduler": {"image": {"repository": "x", "tag": "v1", "pullPolicy": "Sometimes"}}},
+    {"image": {"pullPolicy": "Sometimes"}},
+    {"podDisruptionBudget": {"unhealthyPodEvictionPolicy": "Never"}},
+    {"serviceMonitor": {"enabled": "true"}},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_VALUES, ids=[str(b) for b in BAD_VALUES])
+def test_schema_rejects_bad_values(chart, bad):
+    with pytest.raises(helm.HelmValuesError):
+        R.render(bad, chart=chart)
+
+
+def test_schema_accepts_defaults(chart):
+    chart.validate_schema(chart.values)
+
+
+def test_api_calls_table_parses():
+    t = parse_api_calls()
+    assert ("", "pods/binding", "create") in t["API_CALLS"]
+    assert ("coordination.k8s.io", "leases", "get") in t["LEADER_ELECTION_API_CALLS"]
+
+
+def test_deploy_manifest_is_a_fresh_default_render():
+    committed = R.DEPLOY_FILE.read_text()
+    assert committed == R.deploy_manifest(), \
+        "deploy/device-numa-extender.yaml is stale: run tests/chart/run.sh --regenerate"
+
+
+def test_deploy_crds_validate():
+    crds = sorted((R.ROOT / "deploy" / "crds").glob("*.yaml"))
+    names = set()
+    for p in crds:
+        for o in yaml.safe_load_all(p.read_text()):
+            kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+            names.add(o["metadata"]["name"])
+            vers = {v["name"]: v for v in o["spec"]["versions"]}
+            assert o["spec"]["scope"] == "Cluster"
+            assert sum(v["storage"] for v in vers.values()) == 1
+    assert names == {"devices.scheduling.koordinator.sh", "noderesourcetopologies.topology.node.k8s.io"}
+
+
+def test_existing_scheduler_example_matches_the_standalone_stanza(chart):
+    doc = yaml.safe_load((R.ROOT / "deploy" / "scheduler-config-existing.yaml").read_text())
+    assert doc["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert set(doc) <= KSC_TOP_FIELDS
+    for p in doc["profiles"]:
+        assert set(p) <= PROFILE_FIELDS
+        assert p["percentageOfNodesToScore"] == 100
+    check_extenders_stanza(doc["extenders"], port=8888, prefix="", host=f"{R.RELEASE}.{R.NAMESPACE}.svc")
+    assert doc["extenders"] == notes_extenders(chart, {"mode": "standalone"})
