@@ -1,14 +1,40 @@
 //! Every Kubernetes API call the binary makes: the single source of truth for the chart's ClusterRole.
 //! Tests check the chart against this table and the fake API server's request log against it.
-pub struct ApiCall { pub group: &'static str, pub resource: &'static str, pub verbs: &'static [&'static str] }
+pub struct ApiCall {
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+}
 pub const API_CALLS: &[ApiCall] = &[
-    ApiCall { group: "", resource: "nodes", verbs: &["list", "watch"] },
-    ApiCall { group: "", resource: "pods", verbs: &["get", "list", "watch", "patch"] },
-    ApiCall { group: "", resource: "pods/binding", verbs: &["create"] },
-    ApiCall { group: "scheduling.koordinator.sh", resource: "devices", verbs: &["list", "watch"] },
-    ApiCall { group: "topology.node.k8s.io", resource: "noderesourcetopologies", verbs: &["list", "watch"] },
+    ApiCall {
+        group: "",
+        resource: "nodes",
+        verbs: &["list", "watch"],
+    },
+    ApiCall {
+        group: "",
+        resource: "pods",
+        verbs: &["get", "list", "watch", "patch"],
+    },
+    ApiCall {
+        group: "",
+        resource: "pods/binding",
+        verbs: &["create"],
+    },
+    ApiCall {
+        group: "scheduling.koordinator.sh",
+        resource: "devices",
+        verbs: &["list", "watch"],
+    },
+    ApiCall {
+        group: "topology.node.k8s.io",
+        resource: "noderesourcetopologies",
+        verbs: &["list", "watch"],
+    },
 ];
 /// Only with `--leader-elect` / `--follow-scheduler-lease`.
-pub const LEADER_ELECTION_API_CALLS: &[ApiCall] = &[
-    ApiCall { group: "coordination.k8s.io", resource: "leases", verbs: &["get", "create", "update", "watch", "list"] },
-];
+pub const LEADER_ELECTION_API_CALLS: &[ApiCall] = &[ApiCall {
+    group: "coordination.k8s.io",
+    resource: "leases",
+    verbs: &["get", "create", "update", "watch", "list"],
+}];

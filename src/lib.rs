@@ -9,6 +9,7 @@
 //! - [`model`]: the slim API object types we decode, and quantity parsing.
 //! - [`metrics`]: the prometheus registry.
 
+pub mod api_calls;
 pub mod app;
 pub mod bind;
 pub mod cli;
