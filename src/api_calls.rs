@@ -32,9 +32,9 @@ pub const API_CALLS: &[ApiCall] = &[
         verbs: &["list", "watch"],
     },
 ];
-/// Only with `--leader-elect` / `--follow-scheduler-lease`.
+/// Only with `--leader-elect` (get, create, update) / `--follow-scheduler-lease` (get).
 pub const LEADER_ELECTION_API_CALLS: &[ApiCall] = &[ApiCall {
     group: "coordination.k8s.io",
     resource: "leases",
-    verbs: &["get", "create", "update", "watch", "list"],
+    verbs: &["get", "create", "update"],
 }];

@@ -113,6 +113,16 @@ pub async fn serve_until(
                 args.insisted_kinds(),
                 shutdown.clone(),
             ));
+            if let Some(mode) = args.leader_mode() {
+                // Not the leader until the first successful acquire.
+                readiness.set_leader(false);
+                tokio::spawn(crate::leader::run(
+                    client.clone(),
+                    mode,
+                    readiness.clone(),
+                    shutdown.clone(),
+                ));
+            }
             (Arc::new(KubePodApi::new(client)), None)
         }
     };

@@ -91,9 +91,76 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, how long to keep serving with /readyz failing before stopping.
     #[arg(long, env = "DNE_SHUTDOWN_DELAY", value_parser = parse_duration, default_value = "3s")]
     pub shutdown_delay: Duration,
+
+    /// Contend for a Lease and serve scheduling verbs only while holding it (standalone HA).
+    /// Standbys keep their caches synced and answer /readyz 503.
+    #[arg(
+        long,
+        env = "DNE_LEADER_ELECT",
+        conflicts_with = "follow_scheduler_lease"
+    )]
+    pub leader_elect: bool,
+
+    /// Name of the Lease for --leader-elect.
+    #[arg(
+        long,
+        env = "DNE_LEADER_ELECT_LEASE_NAME",
+        default_value = "device-numa-extender"
+    )]
+    pub leader_elect_lease_name: String,
+
+    /// Namespace of the Lease (also of the scheduler Lease with --follow-scheduler-lease).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_elect_lease_namespace: String,
+
+    /// This replica's identity in the Lease; defaults to the host name. With
+    /// --follow-scheduler-lease it must be the pod name (kube-scheduler writes `<pod>_<uuid>`).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_elect_identity: Option<String>,
+
+    /// How long a Lease stays valid without renewal before a standby may take it.
+    #[arg(long, env = "DNE_LEADER_ELECT_LEASE_DURATION", value_parser = parse_duration, default_value = "15s")]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader keeps acting while renewals fail.
+    #[arg(long, env = "DNE_LEADER_ELECT_RENEW_DEADLINE", value_parser = parse_duration, default_value = "10s")]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// Interval between acquire/renew attempts.
+    #[arg(long, env = "DNE_LEADER_ELECT_RETRY_PERIOD", value_parser = parse_duration, default_value = "2s")]
+    pub leader_elect_retry_period: Duration,
+
+    /// Scheduler mode: instead of a Lease of our own, serve while the named kube-scheduler
+    /// Lease (in the lease namespace) is held by this pod (identity `<pod-name>_<uuid>`).
+    #[arg(long, env = "DNE_FOLLOW_SCHEDULER_LEASE")]
+    pub follow_scheduler_lease: Option<String>,
 }
 
 impl ServeArgs {
+    /// The leader-election mode, if any.
+    pub fn leader_mode(&self) -> Option<crate::leader::LeaderMode> {
+        let identity = self.leader_elect_identity.clone().unwrap_or_else(|| {
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "device-numa-extender".to_string())
+        });
+        let config = |name: &str| crate::leader::LeaseConfig {
+            name: name.to_string(),
+            namespace: self.leader_elect_lease_namespace.clone(),
+            identity: identity.clone(),
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+        };
+        if let Some(name) = &self.follow_scheduler_lease {
+            Some(crate::leader::LeaderMode::Follow(config(name)))
+        } else if self.leader_elect {
+            Some(crate::leader::LeaderMode::Elect(config(
+                &self.leader_elect_lease_name,
+            )))
+        } else {
+            None
+        }
+    }
+
     pub fn insisted_kinds(&self) -> BTreeSet<Kind> {
         self.require_kinds.iter().copied().collect()
     }
@@ -111,25 +178,50 @@ fn parse_kind(s: &str) -> Result<Kind, String> {
     }
 }
 
-/// Parses `250ms`, `10s`, `5m`, `1h` or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 5m, 1h"))?;
-    let secs = match unit {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
-    };
+/// Parses Go-style durations (`250ms`, `1.5s`, `5m`, `1h30m`) or a bare number of seconds.
+pub fn parse_duration(input: &str) -> Result<Duration, String> {
+    let s = input.trim();
+    let invalid = || format!("invalid duration {input:?}: expected e.g. 500ms, 10s, 5m, 1h30m");
+    if s.is_empty() {
+        return Err(invalid());
+    }
+    if let Ok(secs) = s.parse::<f64>() {
+        return to_duration(secs, input);
+    }
+    let mut rest = s;
+    let mut total = 0.0f64;
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
+        let (num, tail) = rest.split_at(split);
+        let value: f64 = num.parse().map_err(|_| invalid())?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let factor = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => {
+                return Err(format!(
+                    "invalid duration unit {unit:?} in {input:?}: use ms, s, m or h"
+                ));
+            }
+        };
+        total += value * factor;
+        rest = next;
+    }
+    to_duration(total, input)
+}
+
+fn to_duration(secs: f64, input: &str) -> Result<Duration, String> {
     if !secs.is_finite() || !(0.0..=365.0 * 86400.0).contains(&secs) {
-        return Err(format!("duration {s:?} is out of range"));
+        return Err(format!("duration {input:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -144,6 +236,10 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("m").is_err());
         assert!(parse_duration("10x").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("-1s").is_err());

@@ -15,6 +15,7 @@ pub mod bind;
 pub mod cli;
 pub mod cluster;
 pub mod extender;
+pub mod leader;
 pub mod metrics;
 pub mod model;
 pub mod sync;
