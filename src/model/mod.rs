@@ -5,6 +5,8 @@
 //! here implements `kube::Resource` by hand so kube-runtime watchers can stream it directly.
 //! This module owns no state and performs no I/O.
 
+pub mod device;
 pub mod ids;
 pub mod pod;
 pub mod quantity;
+pub mod requests;
