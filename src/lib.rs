@@ -9,4 +9,6 @@
 //! - [`cluster`]: the caches (per-node state behind per-node locks); never touches the network.
 //! - [`model`]: the slim API object types we decode, and quantity parsing.
 
+pub mod cluster;
 pub mod model;
+pub mod placement;
