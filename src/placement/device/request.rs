@@ -631,7 +631,8 @@ mod tests {
 
     #[test]
     fn illegal_requests_name_the_resource() {
-        let cases: &[(&[(&str, &str)], &[&str])] = &[
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+        let cases: &[Case] = &[
             (
                 &[(GPU_MEMORY_RATIO, "150")],
                 &["koordinator.sh/gpu-memory-ratio=150 must be <= 100 or a multiple of 100"],
