@@ -670,4 +670,70 @@ mod tests {
         assert_eq!(d.spec.devices[2].vf_groups[0].vfs.len(), 1);
         assert_eq!(<Device as kube::Resource>::plural(&()), "devices");
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn arb_alloc() -> impl Strategy<Value = DeviceAllocation> {
+            (
+                0i32..300,
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just(GPU_CORE.to_string()),
+                        Just(GPU_MEMORY.to_string()),
+                        Just(GPU_MEMORY_RATIO.to_string()),
+                        Just(RDMA.to_string()),
+                        Just("vendor.com/x".to_string()),
+                    ],
+                    (0i64..1 << 45).prop_map(Quantity::from_units),
+                    0..4,
+                ),
+                "[a-zA-Z0-9-]{0,8}",
+                proptest::option::of("[0-9:.]{1,12}"),
+            )
+                .prop_map(|(minor, resources, id, vf)| DeviceAllocation {
+                    minor,
+                    resources,
+                    id,
+                    extension: vf.map(|bus_id| DeviceAllocationExtension {
+                        vfs: vec![VirtualFunction {
+                            minor: None,
+                            bus_id,
+                        }],
+                        gpu_shared_resource_template: String::new(),
+                    }),
+                })
+        }
+
+        proptest! {
+            #[test]
+            fn annotation_round_trips(
+                m in proptest::collection::btree_map(
+                    prop_oneof![Just(DeviceType::Gpu), Just(DeviceType::Rdma), Just(DeviceType::Fpga),
+                        Just(DeviceType::Other("xpu".into()))],
+                    proptest::collection::vec(arb_alloc(), 0..4),
+                    0..4,
+                )
+            ) {
+                let a = DeviceAllocations(m);
+                let text = a.to_annotation();
+                let back = DeviceAllocations::parse_annotation(&text).unwrap();
+                prop_assert_eq!(&back, &a);
+                prop_assert_eq!(back.to_annotation(), text);
+            }
+
+            #[test]
+            fn parsing_never_panics(s in ".{0,200}") {
+                let _ = DeviceAllocations::parse_annotation(&s);
+            }
+
+            #[test]
+            fn parsing_json_shaped_input_never_panics(
+                s in r#"\{"(gpu|rdma)":\[\{"minor":-?[0-9]{1,12},"resources":\{"[a-z./-]{1,20}":"?[0-9a-zA-Z.]{0,8}"?\}\}\]\}"#
+            ) {
+                let _ = DeviceAllocations::parse_annotation(&s);
+            }
+        }
+    }
 }

@@ -782,4 +782,23 @@ mod tests {
         assert!(e.to_string().contains("partition"), "{e}");
         assert!(parse_device_request(&r, Some(&ann(&[(DEVICE_ALLOCATE_HINT, "{}")]))).is_ok());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics_on_any_request(
+            m in proptest::collection::btree_map(
+                proptest::sample::select(GPU_NAMES.iter().chain([RDMA, FPGA, "cpu"].iter()).copied().collect::<Vec<_>>()),
+                proptest::prop_oneof![-5i64..500, proptest::prelude::any::<i64>()],
+                0..5,
+            )
+        ) {
+            let r: BTreeMap<String, Quantity> =
+                m.into_iter().map(|(k, v)| (k.to_string(), Quantity::from_units(v))).collect();
+            if let Ok(Some(p)) = parse_device_request(&r, None) {
+                for t in p.types.values() {
+                    proptest::prop_assert!(t.count >= 1 && t.count <= MAX_DEVICES_PER_TYPE as usize);
+                }
+            }
+        }
+    }
 }

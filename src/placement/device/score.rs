@@ -288,4 +288,63 @@ mod tests {
         assert_eq!(normalize_scores(&[-5, 3]), vec![0, 10]);
         assert!(normalize_scores(&[]).is_empty());
     }
+
+    #[test]
+    fn node_scores_prefer_emptier_nodes_by_default() {
+        use crate::cluster::devices::{DeviceSlot, EntryState, NodeDevices, RecordedAllocation};
+        use crate::model::device::{DeviceAllocation, DeviceAllocations, DeviceType};
+        use crate::model::ids::PodUid;
+        use crate::placement::device::request::parse_device_request;
+
+        let node = || {
+            let mut l = DeviceLedger::new();
+            l.set_devices(Some(NodeDevices::from_slots((0..2).map(|m| {
+                (
+                    DeviceType::Gpu,
+                    DeviceSlot {
+                        minor: m,
+                        id: String::new(),
+                        healthy: true,
+                        total: res(&[
+                            (GPU_CORE, "100"),
+                            (GPU_MEMORY, "80Gi"),
+                            (GPU_MEMORY_RATIO, "100"),
+                        ]),
+                        topology: None,
+                    },
+                )
+            }))));
+            l
+        };
+        let empty = node();
+        let mut busy = node();
+        busy.record(
+            PodUid::new("p"),
+            RecordedAllocation::Allocated(DeviceAllocations(BTreeMap::from([(
+                DeviceType::Gpu,
+                vec![DeviceAllocation {
+                    minor: 0,
+                    resources: res(&[(GPU_MEMORY, "40Gi"), (GPU_MEMORY_RATIO, "50")]),
+                    id: String::new(),
+                    extension: None,
+                }],
+            )]))),
+            EntryState::Committed,
+        );
+        let req = parse_device_request(&res(&[(GPU_MEMORY_RATIO, "20")]), None)
+            .unwrap()
+            .unwrap();
+        let least = ScoringConfig::default();
+        let most = ScoringConfig {
+            strategy: ScoringStrategy::MostAllocated,
+            ..Default::default()
+        };
+        // ratio: (200 - 20) / 200 = 90; memory: 160Gi free of 160Gi -> 100; mean 95.
+        assert_eq!(score_node(&empty, &req, &least), 95);
+        // ratio: (200 - 70) / 200 = 65; memory: 120/160 = 75; mean 70.
+        assert_eq!(score_node(&busy, &req, &least), 70);
+        assert!(score_node(&busy, &req, &most) > score_node(&empty, &req, &most));
+        assert_eq!(score_node(&DeviceLedger::new(), &req, &least), 0);
+        assert_eq!(normalize_scores(&[95, 70]), vec![10, 7]);
+    }
 }
