@@ -5,6 +5,7 @@
 //! - [`extender`]: HTTP surface (axum router, wire types, probes, handlers).
 //! - [`bind`]: commits an allocation (lock node, allocate, assume, patch pod, bind).
 //! - [`sync`]: force-synced bootstrap: watchers or a cluster file feeding buffer-and-diff per kind.
+//! - [`placement`]: pure placement logic; no I/O.
 //! - [`cluster`]: the caches (per-node state behind per-node locks); never touches the network.
 //! - [`model`]: the slim API object types we decode, and quantity parsing.
 //! - [`metrics`]: the prometheus registry.
@@ -18,4 +19,5 @@ pub mod extender;
 pub mod leader;
 pub mod metrics;
 pub mod model;
+pub mod placement;
 pub mod sync;

@@ -3,6 +3,7 @@
 //! Everything here is in-memory bookkeeping. It must never call the network or decide where
 //! a pod goes; sync writes into it and placement reads views of it.
 
+pub mod devices;
 pub mod pod;
 pub mod state;
 

@@ -5,11 +5,13 @@
 //! here implements `kube::Resource` by hand so kube-runtime watchers can stream it directly.
 //! This module owns no state and performs no I/O.
 
+pub mod device;
 pub mod ids;
 pub mod node;
 pub mod nrt;
 pub mod pod;
 pub mod quantity;
+pub mod requests;
 
 /// Koordinator annotation keys this service reads or writes.
 pub mod annotations {

@@ -1,0 +1,931 @@
+//! Device allocation: which minors a pod gets on one node, following koordinator's
+//! `AutopilotAllocator` (GPU topology tree, scored default allocator, joint allocation) and
+//! `fillGPUTotalMem`.
+//!
+//! Owns the choice only. It reads a [`DeviceLedger`] through [`DeviceLedger::free`] (a copy, with
+//! preemption victims released) and returns the allocation; recording it is the caller's job,
+//! under the node's lock. Deterministic: every tie is broken by scope ID or minor ascending.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::cluster::devices::{DeviceLedger, DeviceSlot, FreeMap, RecordedAllocation, fits_in};
+use crate::model::device::{
+    DeviceAllocation, DeviceAllocations, DeviceResources, DeviceType, GPU_MEMORY, GPU_MEMORY_RATIO,
+};
+use crate::model::ids::PodUid;
+use crate::model::quantity::Quantity;
+
+use super::request::{DeviceTypeRequest, JointScope, PodDeviceRequest};
+use super::score::ScoringConfig;
+
+/// Why a pod does not fit a node's devices.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct FitError {
+    /// Short and categorical ("insufficient gpu devices"), suitable for FailedNodes.
+    pub reason: String,
+    /// True when freeing resources can never help (no such devices, too few in total).
+    pub unresolvable: bool,
+}
+
+impl FitError {
+    fn insufficient(t: &DeviceType, unresolvable: bool) -> Self {
+        FitError {
+            reason: format!("insufficient {t} devices"),
+            unresolvable,
+        }
+    }
+}
+
+/// [`fit_with`] using the default scoring (LeastAllocated).
+pub fn fit(
+    ledger: &DeviceLedger,
+    req: &PodDeviceRequest,
+    ignore: &[PodUid],
+) -> Result<DeviceAllocations, FitError> {
+    fit_with(ledger, req, ignore, &ScoringConfig::default())
+}
+
+/// Allocates devices for `req` on the ledger's node, treating the recorded allocations of
+/// `ignore` (preemption victims) as released. The ledger is not modified.
+pub fn fit_with(
+    ledger: &DeviceLedger,
+    req: &PodDeviceRequest,
+    ignore: &[PodUid],
+    cfg: &ScoringConfig,
+) -> Result<DeviceAllocations, FitError> {
+    let Some(devices) = ledger.devices() else {
+        return Err(FitError {
+            reason: "node has no Device object".into(),
+            unresolvable: true,
+        });
+    };
+    // Structural checks first: they do not depend on what is used.
+    for (t, r) in &req.types {
+        let capable = devices
+            .slots(t)
+            .filter(|s| capable_of(t, s, r, &s.total))
+            .count();
+        if capable < r.count {
+            return Err(FitError::insufficient(t, true));
+        }
+    }
+    let blocked = ledger.entries().any(|(uid, e)| {
+        matches!(e.allocation, RecordedAllocation::Malformed { .. }) && !ignore.contains(uid)
+    });
+    if blocked {
+        return Err(FitError {
+            reason: "node has a pod with a malformed device allocation".into(),
+            unresolvable: false,
+        });
+    }
+    let view = View {
+        free: ledger.free(ignore),
+        cfg,
+        slots: devices
+            .types()
+            .map(|t| (t.clone(), devices.slots(t).collect()))
+            .collect(),
+    };
+
+    let mut chosen: BTreeMap<DeviceType, Vec<i32>> = BTreeMap::new();
+    if let Some(joint) = &req.joint {
+        let mut types = joint.device_types.iter();
+        if let Some(primary) = types.next()
+            && let Some(pr) = req.get(primary)
+        {
+            let minors = view.allocate(primary, pr, None)?;
+            let pcies = view.pcies(primary, &minors);
+            chosen.insert(primary.clone(), minors);
+            for secondary in types {
+                let Some(sr) = req.get(secondary) else {
+                    continue;
+                };
+                let minors = if *secondary == DeviceType::Gpu {
+                    // koordinator's GPU allocator ignores PCIe preferences.
+                    view.allocate(secondary, sr, None)?
+                } else {
+                    let desired = match joint.required_scope {
+                        Some(JointScope::SamePcie) => sr.count.max(pcies.len()),
+                        None => sr.count,
+                    };
+                    let pref = Preference {
+                        pcies: &pcies,
+                        max: sr.count.max(pcies.len()),
+                    };
+                    view.default_allocate(secondary, sr, desired, Some(pref))
+                        .ok_or_else(|| FitError::insufficient(secondary, false))?
+                };
+                if joint.required_scope == Some(JointScope::SamePcie)
+                    && view.pcies(secondary, &minors) != pcies
+                {
+                    return Err(FitError {
+                        reason: "device joint-allocate rules violation".into(),
+                        unresolvable: false,
+                    });
+                }
+                chosen.insert(secondary.clone(), minors);
+            }
+        }
+    }
+    for (t, r) in &req.types {
+        if !chosen.contains_key(t) {
+            chosen.insert(t.clone(), view.allocate(t, r, None)?);
+        }
+    }
+
+    let mut out = BTreeMap::new();
+    for (t, minors) in chosen {
+        let Some(r) = req.get(&t) else { continue };
+        let mut list = Vec::new();
+        for minor in minors {
+            let Some(slot) = devices.slot(&t, minor) else {
+                continue;
+            };
+            let resources = if t == DeviceType::Gpu {
+                fill_gpu_memory(&r.per_device, slot).ok_or_else(|| FitError {
+                    reason: format!("no healthy gpu device with minor {minor}"),
+                    unresolvable: false,
+                })?
+            } else {
+                r.per_device.clone()
+            };
+            list.push(DeviceAllocation {
+                minor,
+                resources,
+                id: slot.id.clone(),
+                extension: None,
+            });
+        }
+        list.sort_by_key(|a| a.minor);
+        out.insert(t, list);
+    }
+    Ok(DeviceAllocations(out))
+}
+
+/// Whether a device could hold the per-device request given `avail` (its total or its free).
+/// GPUs must report their memory size: koordinator's `fillGPUTotalMem` fails without it, so
+/// such a GPU is never a candidate rather than a late error.
+fn capable_of(
+    t: &DeviceType,
+    slot: &DeviceSlot,
+    r: &DeviceTypeRequest,
+    avail: &DeviceResources,
+) -> bool {
+    if !slot.healthy || avail.is_empty() {
+        return false;
+    }
+    if *t == DeviceType::Gpu {
+        // Check the filled form (both memory dimensions): recording it must never push either
+        // dimension past capacity, even when other pods used the other form.
+        match fill_gpu_memory(&r.per_device, slot) {
+            Some(filled) => fits_in(&filled, avail),
+            None => false,
+        }
+    } else {
+        fits_in(&r.per_device, avail)
+    }
+}
+
+/// `fillGPUTotalMem`: carry both memory forms, converted with the chosen minor's total bytes.
+/// `None` when the device does not report its memory.
+pub fn fill_gpu_memory(per_gpu: &DeviceResources, slot: &DeviceSlot) -> Option<DeviceResources> {
+    let total = slot.total.get(GPU_MEMORY)?.value();
+    if total <= 0 {
+        return None;
+    }
+    let mut out = per_gpu.clone();
+    match (per_gpu.get(GPU_MEMORY), per_gpu.get(GPU_MEMORY_RATIO)) {
+        (Some(bytes), None) => {
+            // Floating point and truncation, exactly as koordinator's memoryBytesToRatio.
+            let ratio = (bytes.value() as f64 / total as f64 * 100.0) as i64;
+            out.insert(GPU_MEMORY_RATIO.into(), Quantity::from_units(ratio));
+        }
+        (None, Some(ratio)) => {
+            let bytes = i128::from(ratio.value()) * i128::from(total) / 100;
+            out.insert(
+                GPU_MEMORY.into(),
+                Quantity::from_units(i64::try_from(bytes).ok()?),
+            );
+        }
+        _ => {}
+    }
+    Some(out)
+}
+
+/// PCIe switches to prefer, and how many devices to take at most.
+#[derive(Clone, Copy)]
+struct Preference<'a> {
+    pcies: &'a BTreeSet<String>,
+    max: usize,
+}
+
+struct View<'a> {
+    free: FreeMap,
+    cfg: &'a ScoringConfig,
+    slots: BTreeMap<DeviceType, Vec<&'a DeviceSlot>>,
+}
+
+struct Candidate<'a> {
+    slot: &'a DeviceSlot,
+    score: i64,
+}
+
+impl<'a> View<'a> {
+    fn free_of(&self, t: &DeviceType, minor: i32) -> Option<&DeviceResources> {
+        self.free.get(t)?.get(&minor)
+    }
+
+    /// Devices that can take the per-device request now, ascending by minor, with their score.
+    fn candidates(&self, t: &DeviceType, r: &DeviceTypeRequest) -> Vec<Candidate<'a>> {
+        let empty = DeviceResources::new();
+        self.slots
+            .get(t)
+            .into_iter()
+            .flatten()
+            .filter_map(|slot| {
+                let free = self.free_of(t, slot.minor).unwrap_or(&empty);
+                capable_of(t, slot, r, free).then(|| Candidate {
+                    slot,
+                    score: self.cfg.score(&r.per_device, &slot.total, free),
+                })
+            })
+            .collect()
+    }
+
+    fn pcies(&self, t: &DeviceType, minors: &[i32]) -> BTreeSet<String> {
+        self.slots
+            .get(t)
+            .into_iter()
+            .flatten()
+            .filter(|s| minors.contains(&s.minor))
+            .filter_map(|s| s.topology.as_ref().map(|tp| tp.pcie_id.clone()))
+            .collect()
+    }
+
+    fn partly_used(&self, t: &DeviceType, slot: &DeviceSlot) -> bool {
+        slot.healthy && self.free_of(t, slot.minor) != Some(&slot.total)
+    }
+
+    fn allocate(
+        &self,
+        t: &DeviceType,
+        r: &DeviceTypeRequest,
+        pref: Option<Preference<'_>>,
+    ) -> Result<Vec<i32>, FitError> {
+        let found = if *t == DeviceType::Gpu && !(r.shared && r.count > 1) {
+            match self.gpu_tree(t, r) {
+                Some(result) => result,
+                None => self.default_allocate(t, r, r.count, pref),
+            }
+        } else {
+            // Multi-card shared GPU requests skip the tree ("Unsupported Multi-Shared GPU" is
+            // suppressed in koordinator and falls through to the default allocator).
+            self.default_allocate(t, r, r.count, pref)
+        };
+        found.ok_or_else(|| FitError::insufficient(t, false))
+    }
+
+    /// The topology tree (node → NUMA node → PCIe switch). `None` when some GPU lacks topology
+    /// (no tree: use the default allocator); `Some(None)` when the tree finds no fit.
+    fn gpu_tree(&self, t: &DeviceType, r: &DeviceTypeRequest) -> Option<Option<Vec<i32>>> {
+        let slots = self.slots.get(t)?;
+        if slots.iter().any(|s| s.topology.is_none()) {
+            return None;
+        }
+        let cands = self.candidates(t, r);
+        // Scopes in a fixed order: root, then NUMA nodes ascending, each followed by its PCIe
+        // switches ascending. Each scope is (level, members).
+        let mut numa: BTreeMap<i32, BTreeMap<&str, Vec<&DeviceSlot>>> = BTreeMap::new();
+        for s in slots {
+            if let Some(tp) = &s.topology {
+                numa.entry(tp.node_id)
+                    .or_default()
+                    .entry(tp.pcie_id.as_str())
+                    .or_default()
+                    .push(s);
+            }
+        }
+        let used_in = |members: &[&DeviceSlot]| -> usize {
+            members.iter().filter(|s| self.partly_used(t, s)).count()
+        };
+        let all: Vec<&DeviceSlot> = slots.to_vec();
+        let root_used = used_in(&all);
+        // (level, cumulative used along the path, member minors)
+        let mut scopes: Vec<(u8, usize, BTreeSet<i32>)> =
+            vec![(1, root_used, all.iter().map(|s| s.minor).collect())];
+        for pcies in numa.values() {
+            let numa_members: Vec<&DeviceSlot> = pcies.values().flatten().copied().collect();
+            let numa_cum = root_used + used_in(&numa_members);
+            scopes.push((2, numa_cum, numa_members.iter().map(|s| s.minor).collect()));
+            for members in pcies.values() {
+                scopes.push((
+                    3,
+                    numa_cum + used_in(members),
+                    members.iter().map(|s| s.minor).collect(),
+                ));
+            }
+        }
+        let mut best: Option<((u8, usize, i64), Vec<i32>)> = None;
+        for (level, cumulative, members) in scopes {
+            let inside: Vec<&Candidate> = cands
+                .iter()
+                .filter(|c| members.contains(&c.slot.minor))
+                .collect();
+            if inside.len() < r.count {
+                continue;
+            }
+            let (minors, score) = if r.shared {
+                // Best score, lowest minor on ties (candidates are ascending by minor).
+                let mut top = inside[0];
+                for c in &inside[1..] {
+                    if c.score > top.score {
+                        top = c;
+                    }
+                }
+                (vec![top.slot.minor], top.score)
+            } else {
+                (
+                    inside.iter().take(r.count).map(|c| c.slot.minor).collect(),
+                    0,
+                )
+            };
+            let key = (level, cumulative, score);
+            // Strictly better only: the earlier scope in the fixed order wins ties.
+            if best.as_ref().is_none_or(|(k, _)| key > *k) {
+                best = Some((key, minors));
+            }
+        }
+        Some(best.map(|(_, m)| m))
+    }
+
+    /// koordinator's `defaultAllocateDevices`: score descending, minor ascending; with preferred
+    /// PCIe switches, round-robin across them first. Takes at least `desired` and at most
+    /// `pref.max` devices.
+    fn default_allocate(
+        &self,
+        t: &DeviceType,
+        r: &DeviceTypeRequest,
+        desired: usize,
+        pref: Option<Preference<'_>>,
+    ) -> Option<Vec<i32>> {
+        let mut cands = self.candidates(t, r);
+        cands.sort_by(|a, b| b.score.cmp(&a.score).then(a.slot.minor.cmp(&b.slot.minor)));
+        let max = pref.map_or(desired, |p| p.max.max(desired));
+        let ordered: Vec<i32> = match pref {
+            Some(p) if !p.pcies.is_empty() => {
+                let mut groups: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+                let mut rest = Vec::new();
+                for c in &cands {
+                    match &c.slot.topology {
+                        Some(tp) if p.pcies.contains(&tp.pcie_id) => groups
+                            .entry(tp.pcie_id.as_str())
+                            .or_default()
+                            .push(c.slot.minor),
+                        _ => rest.push(c.slot.minor),
+                    }
+                }
+                let mut out = Vec::new();
+                let depth = groups.values().map(Vec::len).max().unwrap_or(0);
+                for i in 0..depth {
+                    for g in groups.values() {
+                        if let Some(m) = g.get(i) {
+                            out.push(*m);
+                        }
+                    }
+                }
+                out.extend(rest);
+                out
+            }
+            _ => cands.iter().map(|c| c.slot.minor).collect(),
+        };
+        let picked: Vec<i32> = ordered.into_iter().take(max).collect();
+        (picked.len() >= desired).then_some(picked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::devices::{EntryState, NodeDevices};
+    use crate::model::device::{DeviceTopology, FPGA, GPU_CORE, GPU_SHARED, NVIDIA_GPU, RDMA};
+    use crate::placement::device::request::parse_device_request;
+    use crate::placement::device::score::ScoringStrategy;
+    use proptest::prelude::*;
+
+    fn q(s: &str) -> Quantity {
+        Quantity::parse(s).unwrap()
+    }
+
+    /// A GPU with 100 core / 100 ratio / `mem_gi` GiB.
+    fn gpu(
+        minor: i32,
+        numa: i32,
+        pcie: &str,
+        healthy: bool,
+        mem_gi: i64,
+    ) -> (DeviceType, DeviceSlot) {
+        let total = if healthy {
+            DeviceResources::from([
+                (GPU_CORE.to_string(), q("100")),
+                (GPU_MEMORY.to_string(), Quantity::from_units(mem_gi << 30)),
+                (GPU_MEMORY_RATIO.to_string(), q("100")),
+            ])
+        } else {
+            DeviceResources::new()
+        };
+        (
+            DeviceType::Gpu,
+            DeviceSlot {
+                minor,
+                id: format!("GPU-{minor}"),
+                healthy,
+                total,
+                topology: Some(DeviceTopology {
+                    socket_id: -1,
+                    node_id: numa,
+                    pcie_id: pcie.to_string(),
+                    bus_id: String::new(),
+                }),
+            },
+        )
+    }
+    fn nic(
+        t: DeviceType,
+        name: &str,
+        minor: i32,
+        numa: i32,
+        pcie: &str,
+    ) -> (DeviceType, DeviceSlot) {
+        (
+            t,
+            DeviceSlot {
+                minor,
+                id: format!("{name}-{minor}"),
+                healthy: true,
+                total: DeviceResources::from([(name.to_string(), q("100"))]),
+                topology: Some(DeviceTopology {
+                    socket_id: -1,
+                    node_id: numa,
+                    pcie_id: pcie.to_string(),
+                    bus_id: String::new(),
+                }),
+            },
+        )
+    }
+    fn ledger(slots: Vec<(DeviceType, DeviceSlot)>) -> DeviceLedger {
+        let mut l = DeviceLedger::new();
+        l.set_devices(Some(NodeDevices::from_slots(slots)));
+        l
+    }
+    /// 8 GPUs: NUMA 0 = pcie a (0,1), b (2,3); NUMA 1 = pcie c (4,5), d (6,7).
+    fn eight() -> Vec<(DeviceType, DeviceSlot)> {
+        (0..8)
+            .map(|m| gpu(m, m / 4, ["a", "b", "c", "d"][(m / 2) as usize], true, 80))
+            .collect()
+    }
+    fn request(pairs: &[(&str, &str)], ann: &[(&str, &str)]) -> PodDeviceRequest {
+        let r = pairs.iter().map(|(k, v)| (k.to_string(), q(v))).collect();
+        let a: BTreeMap<String, String> = ann
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        parse_device_request(&r, Some(&a)).unwrap().unwrap()
+    }
+    fn minors(a: &DeviceAllocations, t: &DeviceType) -> Vec<i32> {
+        a.0.get(t)
+            .map(|l| l.iter().map(|x| x.minor).collect())
+            .unwrap_or_default()
+    }
+    fn take(l: &mut DeviceLedger, uid: &str, pairs: &[(&str, &str)]) -> DeviceAllocations {
+        let a = fit(l, &request(pairs, &[]), &[]).unwrap();
+        l.record(
+            PodUid::new(uid),
+            RecordedAllocation::Allocated(a.clone()),
+            EntryState::Committed,
+        );
+        a
+    }
+
+    #[test]
+    fn whole_gpus_stay_inside_one_pcie_switch_then_numa_node() {
+        let mut l = ledger(eight());
+        // Minor 0 busy: a 2-GPU pod avoids switch a, and prefers switch b (same NUMA node as the
+        // used card: topological bin-pack) over c and d.
+        take(&mut l, "p0", &[(NVIDIA_GPU, "1")]);
+        let a = take(&mut l, "p1", &[(NVIDIA_GPU, "2")]);
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![2, 3]);
+        // 4 GPUs: NUMA 0 has only 1 free, so NUMA 1 entirely.
+        let a = fit(&l, &request(&[(NVIDIA_GPU, "4")], &[]), &[]).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![4, 5, 6, 7]);
+        // 5 GPUs span NUMA nodes: the first five free minors.
+        let a = fit(&l, &request(&[(NVIDIA_GPU, "5")], &[]), &[]).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![1, 4, 5, 6, 7]);
+        assert_eq!(
+            fit(&l, &request(&[(NVIDIA_GPU, "6")], &[]), &[]).unwrap_err(),
+            FitError {
+                reason: "insufficient gpu devices".into(),
+                unresolvable: false
+            }
+        );
+        assert!(
+            fit(&l, &request(&[(NVIDIA_GPU, "9")], &[]), &[])
+                .unwrap_err()
+                .unresolvable
+        );
+    }
+
+    #[test]
+    fn whole_gpu_allocation_fills_memory_and_id() {
+        let l = ledger(eight());
+        let a = fit(&l, &request(&[(NVIDIA_GPU, "1")], &[]), &[]).unwrap();
+        assert_eq!(
+            a.to_annotation(),
+            r#"{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory":"80Gi","koordinator.sh/gpu-memory-ratio":"100"},"id":"GPU-0"}]}"#
+        );
+    }
+
+    #[test]
+    fn memory_is_filled_in_both_forms_from_the_chosen_minor() {
+        // Heterogeneous cards: minor 0 has 16Gi, minor 1 has 80Gi.
+        let l = ledger(vec![gpu(0, 0, "a", true, 16), gpu(1, 0, "a", true, 80)]);
+        let a = fit(&l, &request(&[(GPU_MEMORY, "20Gi")], &[]), &[]).unwrap();
+        let e = &a.0[&DeviceType::Gpu][0];
+        assert_eq!(e.minor, 1);
+        assert_eq!(e.resources[GPU_MEMORY_RATIO], q("25"));
+        assert!(
+            !e.resources.contains_key(GPU_CORE),
+            "core only when requested"
+        );
+        let a = fit(&l, &request(&[(GPU_MEMORY_RATIO, "50")], &[]), &[]).unwrap();
+        let e = &a.0[&DeviceType::Gpu][0];
+        let total = if e.minor == 0 { 16 } else { 80 };
+        assert_eq!(
+            e.resources[GPU_MEMORY],
+            Quantity::from_units((total << 30) / 2)
+        );
+        // Truncating float conversion, as koordinator: 30Gi of 80Gi = 37.5% -> 37.
+        let a = fit(
+            &l,
+            &request(&[(GPU_CORE, "10"), (GPU_MEMORY, "30Gi")], &[]),
+            &[],
+        )
+        .unwrap();
+        let e = &a.0[&DeviceType::Gpu][0];
+        assert_eq!(
+            (
+                e.minor,
+                e.resources[GPU_MEMORY_RATIO],
+                e.resources[GPU_CORE]
+            ),
+            (1, q("37"), q("10"))
+        );
+        assert!(
+            a.to_annotation()
+                .contains(r#""koordinator.sh/gpu-memory":"30Gi""#)
+        );
+    }
+
+    #[test]
+    fn shared_requests_bin_pack_onto_partly_used_cards() {
+        let most = ScoringConfig {
+            strategy: ScoringStrategy::MostAllocated,
+            ..Default::default()
+        };
+        let mut l = ledger(vec![
+            gpu(0, 0, "a", true, 80),
+            gpu(1, 0, "a", true, 80),
+            gpu(2, 1, "b", true, 80),
+        ]);
+        let first = fit_with(&l, &request(&[(GPU_MEMORY_RATIO, "30")], &[]), &[], &most).unwrap();
+        assert_eq!(minors(&first, &DeviceType::Gpu), vec![0]);
+        l.record(
+            PodUid::new("s1"),
+            RecordedAllocation::Allocated(first),
+            EntryState::Committed,
+        );
+        let second = fit_with(&l, &request(&[(GPU_MEMORY_RATIO, "30")], &[]), &[], &most).unwrap();
+        assert_eq!(
+            minors(&second, &DeviceType::Gpu),
+            vec![0],
+            "onto the partly used card"
+        );
+        // Default (LeastAllocated) still stays on the busier PCIe switch but spreads across cards.
+        let spread = fit(&l, &request(&[(GPU_MEMORY_RATIO, "30")], &[]), &[]).unwrap();
+        assert_eq!(minors(&spread, &DeviceType::Gpu), vec![1]);
+        // A single-card switch that is partly used wins under both strategies.
+        let mut l = ledger(vec![gpu(0, 0, "a", true, 80), gpu(1, 1, "b", true, 80)]);
+        l.record(
+            PodUid::new("s"),
+            RecordedAllocation::Allocated(
+                fit(
+                    &ledger(vec![gpu(1, 1, "b", true, 80)]),
+                    &request(&[(GPU_MEMORY_RATIO, "20")], &[]),
+                    &[],
+                )
+                .unwrap(),
+            ),
+            EntryState::Committed,
+        );
+        let a = fit(&l, &request(&[(GPU_MEMORY_RATIO, "50")], &[]), &[]).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![1]);
+        // A whole card no longer fits there.
+        let a = fit(&l, &request(&[(NVIDIA_GPU, "1")], &[]), &[]).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![0]);
+    }
+
+    #[test]
+    fn unhealthy_cards_are_never_chosen() {
+        let mut slots = eight();
+        for m in [0, 2, 3] {
+            slots[m] = gpu(m as i32, 0, ["a", "b"][m / 2], false, 80);
+        }
+        let l = ledger(slots);
+        let a = fit(&l, &request(&[(NVIDIA_GPU, "5")], &[]), &[]).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![1, 4, 5, 6, 7]);
+        let a = fit(&l, &request(&[(GPU_MEMORY_RATIO, "10")], &[]), &[]).unwrap();
+        assert_ne!(minors(&a, &DeviceType::Gpu), vec![0]);
+        let e = fit(&l, &request(&[(NVIDIA_GPU, "6")], &[]), &[]).unwrap_err();
+        assert!(e.unresolvable, "only 5 healthy GPUs exist");
+    }
+
+    #[test]
+    fn multi_card_gpu_shared_splits_evenly() {
+        let mut l = ledger(eight());
+        take(&mut l, "busy", &[(GPU_MEMORY_RATIO, "50")]);
+        let a = fit(
+            &l,
+            &request(&[(GPU_SHARED, "4"), (GPU_MEMORY, "160Gi")], &[]),
+            &[],
+        )
+        .unwrap();
+        let list = &a.0[&DeviceType::Gpu];
+        assert_eq!(list.len(), 4);
+        let ms: BTreeSet<i32> = list.iter().map(|e| e.minor).collect();
+        assert_eq!(ms.len(), 4, "distinct cards");
+        assert!(!ms.contains(&0), "least-allocated avoids the busy card");
+        for e in list {
+            assert_eq!(e.resources[GPU_MEMORY], q("40Gi"));
+            assert_eq!(e.resources[GPU_MEMORY_RATIO], q("50"));
+        }
+    }
+
+    #[test]
+    fn rdma_and_fpga_use_the_default_allocator() {
+        let mut l = ledger(vec![
+            nic(DeviceType::Rdma, RDMA, 0, 0, "a"),
+            nic(DeviceType::Rdma, RDMA, 1, 1, "b"),
+            nic(DeviceType::Fpga, FPGA, 0, 0, "a"),
+        ]);
+        let a = take(&mut l, "r1", &[(RDMA, "1"), (FPGA, "50")]);
+        assert_eq!(
+            a.to_annotation(),
+            r#"{"fpga":[{"minor":0,"resources":{"koordinator.sh/fpga":"50"},"id":"koordinator.sh/fpga-0"}],"rdma":[{"minor":0,"resources":{"koordinator.sh/rdma":"1"},"id":"koordinator.sh/rdma-0"}]}"#
+        );
+        // LeastAllocated: the next 1% goes to the untouched NIC.
+        let a = fit(&l, &request(&[(RDMA, "1")], &[]), &[]).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Rdma), vec![1]);
+        let a = fit(&l, &request(&[(RDMA, "200")], &[]), &[]);
+        assert_eq!(a.unwrap_err().reason, "insufficient rdma devices");
+        assert!(
+            fit(&l, &request(&[(FPGA, "200")], &[]), &[])
+                .unwrap_err()
+                .unresolvable
+        );
+        let e = fit(&ledger(eight()), &request(&[(RDMA, "1")], &[]), &[]).unwrap_err();
+        assert!(e.unresolvable && e.reason == "insufficient rdma devices");
+    }
+
+    #[test]
+    fn joint_same_pcie() {
+        let mut slots = eight();
+        slots.push(nic(DeviceType::Rdma, RDMA, 0, 0, "b"));
+        slots.push(nic(DeviceType::Rdma, RDMA, 1, 1, "c"));
+        slots.push(nic(DeviceType::Rdma, RDMA, 2, 1, "d"));
+        let l = ledger(slots);
+        let joint = [(
+            crate::model::device::DEVICE_JOINT_ALLOCATE,
+            r#"{"deviceTypes":["gpu","rdma"],"requiredScope":"SamePCIe"}"#,
+        )];
+        // 2 GPUs in one switch (a) -> NIC must be on a; there is none.
+        let e = fit(&l, &request(&[(NVIDIA_GPU, "2"), (RDMA, "1")], &joint), &[]).unwrap_err();
+        assert_eq!(e.reason, "device joint-allocate rules violation");
+        // 4 GPUs on c+d -> one NIC per switch, raised to 2 NICs.
+        let mut l2 = l.clone();
+        take(&mut l2, "x", &[(NVIDIA_GPU, "2")]);
+        take(&mut l2, "y", &[(NVIDIA_GPU, "2")]);
+        let a = fit(
+            &l2,
+            &request(&[(NVIDIA_GPU, "4"), (RDMA, "1")], &joint),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![4, 5, 6, 7]);
+        assert_eq!(minors(&a, &DeviceType::Rdma), vec![1, 2]);
+        // Without a required scope the NIC is best-effort on the GPUs' switches.
+        let soft = [(
+            crate::model::device::DEVICE_JOINT_ALLOCATE,
+            r#"{"deviceTypes":["gpu","rdma"]}"#,
+        )];
+        let a = fit(&l, &request(&[(NVIDIA_GPU, "2"), (RDMA, "1")], &soft), &[]).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Rdma).len(), 1);
+    }
+
+    #[test]
+    fn preemption_ignore_releases_victims_only_in_the_view() {
+        let mut l = ledger(vec![gpu(0, 0, "a", true, 80)]);
+        take(&mut l, "victim", &[(NVIDIA_GPU, "1")]);
+        let before = l.used().clone();
+        assert!(fit(&l, &request(&[(NVIDIA_GPU, "1")], &[]), &[]).is_err());
+        let a = fit(
+            &l,
+            &request(&[(NVIDIA_GPU, "1")], &[]),
+            &[PodUid::new("victim")],
+        )
+        .unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![0]);
+        assert_eq!(l.used(), &before);
+    }
+
+    #[test]
+    fn no_device_object_and_malformed_entries() {
+        let mut l = DeviceLedger::new();
+        let e = fit(&l, &request(&[(NVIDIA_GPU, "1")], &[]), &[]).unwrap_err();
+        assert!(e.unresolvable);
+        l.set_devices(Some(NodeDevices::from_slots(eight())));
+        l.record(
+            PodUid::new("m"),
+            RecordedAllocation::Malformed { reason: "x".into() },
+            EntryState::Committed,
+        );
+        let e = fit(&l, &request(&[(NVIDIA_GPU, "1")], &[]), &[]).unwrap_err();
+        assert!(!e.unresolvable && e.reason.contains("malformed"));
+        assert!(fit(&l, &request(&[(NVIDIA_GPU, "1")], &[]), &[PodUid::new("m")]).is_ok());
+    }
+
+    #[test]
+    fn gpus_without_topology_use_the_default_allocator() {
+        let mut slots = eight();
+        for (_, s) in &mut slots {
+            s.topology = None;
+        }
+        let mut l = ledger(slots);
+        take(&mut l, "a", &[(NVIDIA_GPU, "1")]);
+        let a = fit(&l, &request(&[(NVIDIA_GPU, "3")], &[]), &[]).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn output_is_deterministic() {
+        let mut l = ledger(eight());
+        take(&mut l, "a", &[(GPU_MEMORY_RATIO, "30")]);
+        let r = request(&[(GPU_SHARED, "2"), (GPU_MEMORY_RATIO, "60")], &[]);
+        let first = fit(&l, &r, &[]).unwrap().to_annotation();
+        for _ in 0..10 {
+            assert_eq!(fit(&l.clone(), &r, &[]).unwrap().to_annotation(), first);
+        }
+    }
+
+    // ---- property tests against a brute-force model ----
+
+    #[derive(Debug, Clone)]
+    enum Req {
+        Whole(u8),
+        Ratio(u8),
+        Mem(u8),
+        Shared(u8, u8),
+    }
+    impl Req {
+        fn pairs(&self) -> Vec<(String, String)> {
+            match self {
+                Req::Whole(n) => vec![(NVIDIA_GPU.into(), n.to_string())],
+                Req::Ratio(r) => vec![(GPU_MEMORY_RATIO.into(), r.to_string())],
+                Req::Mem(g) => vec![(GPU_MEMORY.into(), format!("{g}Gi"))],
+                Req::Shared(n, r) => vec![
+                    (GPU_SHARED.into(), n.to_string()),
+                    (
+                        GPU_MEMORY_RATIO.into(),
+                        (u32::from(*n) * u32::from(*r)).to_string(),
+                    ),
+                ],
+            }
+        }
+        fn parse(&self) -> PodDeviceRequest {
+            let r = self.pairs().into_iter().map(|(k, v)| (k, q(&v))).collect();
+            parse_device_request(&r, None).unwrap().unwrap()
+        }
+    }
+    fn arb_req() -> impl Strategy<Value = Req> {
+        prop_oneof![
+            (1u8..=5).prop_map(Req::Whole),
+            (1u8..=100).prop_map(Req::Ratio),
+            (1u8..=40).prop_map(Req::Mem),
+            ((2u8..=4), (1u8..=60)).prop_map(|(n, r)| Req::Shared(n, r)),
+        ]
+    }
+    fn arb_layout() -> impl Strategy<Value = Vec<(DeviceType, DeviceSlot)>> {
+        (1usize..=16, 1i32..=4, 1usize..=4)
+            .prop_flat_map(|(n, numas, per_numa)| {
+                (
+                    Just((n, numas, per_numa)),
+                    proptest::collection::vec((any::<bool>(), any::<bool>(), 0u8..8, 0u8..4), n),
+                )
+            })
+            .prop_map(|((_, numas, per_numa), gpus)| {
+                gpus.into_iter()
+                    .enumerate()
+                    .map(|(i, (sick, small, numa, pcie))| {
+                        let numa = i32::from(numa) % numas;
+                        let pcie = format!("pci{numa}-{}", usize::from(pcie) % per_numa);
+                        // ~1 in 8 GPUs unhealthy (both flags + a bit of the numa draw).
+                        let healthy = !(sick && small && numa == 0);
+                        gpu(i as i32, numa, &pcie, healthy, if small { 16 } else { 40 })
+                    })
+                    .collect()
+            })
+    }
+
+    /// Brute force: devices where a whole card (core 100, ratio 100, all memory) is free.
+    fn model_whole_free(l: &DeviceLedger) -> usize {
+        let free = l.free(&[]);
+        l.devices()
+            .unwrap()
+            .slots(&DeviceType::Gpu)
+            .filter(|s| s.healthy && free[&DeviceType::Gpu].get(&s.minor) == Some(&s.total))
+            .count()
+    }
+
+    fn assert_within_capacity(l: &DeviceLedger) -> Result<(), TestCaseError> {
+        let devices = l.devices().unwrap();
+        for (t, by_minor) in l.used() {
+            for (minor, used) in by_minor {
+                let slot = devices.slot(t, *minor);
+                prop_assert!(
+                    slot.is_some_and(|s| s.healthy),
+                    "allocation on unhealthy/absent {minor}"
+                );
+                let total = &slot.unwrap().total;
+                for (name, u) in used {
+                    let cap = total.get(name).copied().unwrap_or(Quantity::ZERO);
+                    prop_assert!(
+                        *u <= cap,
+                        "minor {minor} {name}: used {u:?} > total {cap:?}"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn never_over_capacity_complete_for_whole_gpus_and_removal_restores(
+            layout in arb_layout(),
+            reqs in proptest::collection::vec(arb_req(), 1..24),
+            remove_order in proptest::collection::vec(any::<proptest::sample::Index>(), 24),
+        ) {
+            let mut l = ledger(layout);
+            let mut history = vec![(l.free(&[]), l.used().clone())];
+            let mut recorded = Vec::new();
+            for (i, r) in reqs.iter().enumerate() {
+                let parsed = r.parse();
+                let res = fit(&l, &parsed, &[]);
+                if let Req::Whole(n) = r {
+                    let model = model_whole_free(&l);
+                    prop_assert_eq!(res.is_ok(), model >= usize::from(*n),
+                        "whole-GPU fit disagrees with brute force ({} free, asked {})", model, n);
+                }
+                if let Ok(a) = res {
+                    let gpus = &a.0[&DeviceType::Gpu];
+                    let ms: BTreeSet<i32> = gpus.iter().map(|e| e.minor).collect();
+                    prop_assert_eq!(ms.len(), parsed.types[&DeviceType::Gpu].count);
+                    let uid = PodUid::new(format!("p{i}"));
+                    l.record(uid.clone(), RecordedAllocation::Allocated(a), EntryState::Committed);
+                    assert_within_capacity(&l)?;
+                    recorded.push(uid);
+                    history.push((l.free(&[]), l.used().clone()));
+                }
+            }
+            // Removing the last entry restores the previous state exactly.
+            if let Some(last) = recorded.last().cloned() {
+                let mut l2 = l.clone();
+                l2.remove(&last);
+                let prev = &history[history.len() - 2];
+                prop_assert_eq!(&l2.free(&[]), &prev.0);
+                prop_assert_eq!(l2.used(), &prev.1);
+            }
+            // Removing everything in any order restores the empty state exactly.
+            for idx in remove_order {
+                if recorded.is_empty() { break; }
+                let uid = recorded.remove(idx.index(recorded.len()));
+                l.remove(&uid);
+                assert_within_capacity(&l)?;
+            }
+            for uid in recorded { l.remove(&uid); }
+            prop_assert_eq!(&l.free(&[]), &history[0].0);
+            prop_assert!(l.used().is_empty());
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! Device scoring, as koordinator's `resourceAllocationScorer`: LeastAllocated (spread, the
+//! default) or MostAllocated (bin-pack) over weighted device resources, per device (used to rank
+//! minors during allocation) and per node (the extender's prioritize score).
+//!
+//! Owns the formulas and their configuration parsing. Pure: reads a ledger view, never mutates.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::cluster::devices::DeviceLedger;
+use crate::model::device::{
+    DeviceResources, FPGA, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, RDMA, canonical_resource_name,
+};
+use crate::model::quantity::Quantity;
+
+use super::request::PodDeviceRequest;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ScoringStrategy {
+    /// Prefer devices/nodes with the most free capacity left after placement.
+    #[default]
+    LeastAllocated,
+    /// Prefer devices/nodes that end up most used (bin-pack).
+    MostAllocated,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScoringConfigError {
+    #[error("unknown scoring strategy {0:?}: expected least-allocated or most-allocated")]
+    Strategy(String),
+    #[error("invalid resource weight {entry:?}: {reason}")]
+    Weight { entry: String, reason: String },
+    #[error("resource weights must name at least one resource (name=weight,name=weight)")]
+    NoWeights,
+}
+
+impl FromStr for ScoringStrategy {
+    type Err = ScoringConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "least-allocated" | "LeastAllocated" => Ok(Self::LeastAllocated),
+            "most-allocated" | "MostAllocated" => Ok(Self::MostAllocated),
+            other => Err(ScoringConfigError::Strategy(other.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for ScoringStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::LeastAllocated => "least-allocated",
+            Self::MostAllocated => "most-allocated",
+        })
+    }
+}
+
+/// Resources that can be scored: the device dimensions koordinator scores.
+const SCORABLE: [&str; 5] = [GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, RDMA, FPGA];
+
+/// Resource name -> weight (1..=100), parsed from `name=weight,name=weight`. Bare names such as
+/// `gpu-memory` mean `koordinator.sh/gpu-memory`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceWeights(pub BTreeMap<String, i64>);
+
+impl Default for ResourceWeights {
+    /// koordinator's defaults since #2507: gpu-core is deliberately not scored.
+    fn default() -> Self {
+        ResourceWeights(
+            [GPU_MEMORY_RATIO, GPU_MEMORY, RDMA, FPGA]
+                .into_iter()
+                .map(|n| (n.to_string(), 1))
+                .collect(),
+        )
+    }
+}
+
+impl FromStr for ResourceWeights {
+    type Err = ScoringConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut out = BTreeMap::new();
+        for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let bad = |reason: String| ScoringConfigError::Weight {
+                entry: entry.to_string(),
+                reason,
+            };
+            let (name, weight) = entry
+                .split_once('=')
+                .ok_or_else(|| bad("expected name=weight".into()))?;
+            let name = name.trim();
+            let qualified = if name.contains('/') {
+                canonical_resource_name(name).to_string()
+            } else {
+                format!("koordinator.sh/{name}")
+            };
+            if !SCORABLE.contains(&qualified.as_str()) {
+                return Err(bad(format!(
+                    "{qualified} is not a scorable device resource (one of {})",
+                    SCORABLE.join(", ")
+                )));
+            }
+            let w: i64 = weight
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("weight {:?} is not an integer", weight.trim())))?;
+            if !(1..=100).contains(&w) {
+                return Err(bad(format!("weight {w} must be between 1 and 100")));
+            }
+            out.insert(qualified, w);
+        }
+        if out.is_empty() {
+            return Err(ScoringConfigError::NoWeights);
+        }
+        Ok(ResourceWeights(out))
+    }
+}
+
+/// How devices and nodes are scored; shared by allocation (minor ranking) and prioritize.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScoringConfig {
+    pub strategy: ScoringStrategy,
+    pub weights: ResourceWeights,
+}
+
+impl ScoringConfig {
+    /// From CLI flag values; `weights: None` keeps the defaults.
+    pub fn from_flags(strategy: &str, weights: Option<&str>) -> Result<Self, ScoringConfigError> {
+        Ok(ScoringConfig {
+            strategy: strategy.parse()?,
+            weights: match weights {
+                Some(w) => w.parse()?,
+                None => ResourceWeights::default(),
+            },
+        })
+    }
+
+    /// `scoreDevice(request, total, free)`: weighted mean over scored resources the device has,
+    /// where requested = (total − free) + request. Also used for a node's summed totals.
+    pub fn score(
+        &self,
+        request: &DeviceResources,
+        total: &DeviceResources,
+        free: &DeviceResources,
+    ) -> i64 {
+        let v = |m: &DeviceResources, n: &str| {
+            i128::from(m.get(n).copied().unwrap_or(Quantity::ZERO).value())
+        };
+        let (mut sum, mut weight_sum) = (0i128, 0i128);
+        for (name, w) in &self.weights.0 {
+            let capacity = v(total, name);
+            if capacity <= 0 {
+                continue;
+            }
+            let f = v(free, name);
+            let used = if f <= capacity {
+                capacity - f.max(0)
+            } else {
+                0
+            };
+            let requested = used + v(request, name).max(0);
+            let s = match self.strategy {
+                ScoringStrategy::LeastAllocated if requested > capacity => 0,
+                ScoringStrategy::LeastAllocated => (capacity - requested) * 100 / capacity,
+                ScoringStrategy::MostAllocated => requested.min(capacity) * 100 / capacity,
+            };
+            sum += s * i128::from(*w);
+            weight_sum += i128::from(*w);
+        }
+        if weight_sum == 0 {
+            return 0;
+        }
+        (sum / weight_sum).clamp(0, 100) as i64
+    }
+}
+
+/// A node's device score in 0..=100: per requested type, the device formula over the summed
+/// totals and free of that type's devices with the per-device request; averaged over types
+/// (koordinator sums them and normalizes across nodes; for one pod every node sees the same
+/// types, so the ranking is the same). A node without a Device object scores 0.
+pub fn score_node(ledger: &DeviceLedger, req: &PodDeviceRequest, cfg: &ScoringConfig) -> i64 {
+    let Some(devices) = ledger.devices() else {
+        return 0;
+    };
+    let free = ledger.free(&[]);
+    let mut sum = 0i64;
+    let mut n = 0i64;
+    for (t, r) in &req.types {
+        let mut total = DeviceResources::new();
+        let mut free_sum = DeviceResources::new();
+        for slot in devices.slots(t) {
+            crate::cluster::devices::add_resources(&mut total, &slot.total);
+            if let Some(f) = free.get(t).and_then(|m| m.get(&slot.minor)) {
+                crate::cluster::devices::add_resources(&mut free_sum, f);
+            }
+        }
+        sum += cfg.score(&r.per_device, &total, &free_sum);
+        n += 1;
+    }
+    if n == 0 { 0 } else { (sum / n).clamp(0, 100) }
+}
+
+/// Scales node scores to the extender range 0..=10: the best node gets 10 (kube-scheduler then
+/// multiplies by weight × 10). All-zero stays zero; negatives count as zero.
+pub fn normalize_scores(scores: &[i64]) -> Vec<i64> {
+    let max = scores.iter().copied().max().unwrap_or(0);
+    if max <= 0 {
+        return vec![0; scores.len()];
+    }
+    scores
+        .iter()
+        .map(|s| (i128::from((*s).max(0)) * 10 / i128::from(max)) as i64)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(pairs: &[(&str, &str)]) -> DeviceResources {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn parses_flags() {
+        let c = ScoringConfig::from_flags(
+            "most-allocated",
+            Some("gpu-memory=2, koordinator.sh/rdma=1,kubernetes.io/fpga=3"),
+        )
+        .unwrap();
+        assert_eq!(c.strategy, ScoringStrategy::MostAllocated);
+        assert_eq!(c.weights.0[GPU_MEMORY], 2);
+        assert_eq!(c.weights.0[FPGA], 3);
+        assert_eq!(
+            ScoringConfig::from_flags("least-allocated", None).unwrap(),
+            ScoringConfig::default()
+        );
+        for (s, w, needle) in [
+            ("spread", None, "spread"),
+            ("least-allocated", Some("gpu-memory"), "name=weight"),
+            ("least-allocated", Some("cpu=1"), "cpu"),
+            ("least-allocated", Some("rdma=0"), "between 1 and 100"),
+            ("least-allocated", Some("rdma=x"), "not an integer"),
+            ("least-allocated", Some(""), "at least one"),
+        ] {
+            let e = ScoringConfig::from_flags(s, w).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn device_formulas() {
+        let total = res(&[
+            (GPU_MEMORY_RATIO, "100"),
+            (GPU_MEMORY, "80Gi"),
+            (GPU_CORE, "100"),
+        ]);
+        let free = res(&[
+            (GPU_MEMORY_RATIO, "50"),
+            (GPU_MEMORY, "40Gi"),
+            (GPU_CORE, "100"),
+        ]);
+        let req = res(&[(GPU_MEMORY_RATIO, "25"), (GPU_MEMORY, "20Gi")]);
+        let least = ScoringConfig::default();
+        assert_eq!(least.score(&req, &total, &free), 25);
+        assert_eq!(least.score(&req, &total, &total), 75);
+        let most = ScoringConfig {
+            strategy: ScoringStrategy::MostAllocated,
+            ..Default::default()
+        };
+        assert_eq!(most.score(&req, &total, &free), 75);
+        // Over capacity scores 0 for least-allocated, 100 for most-allocated.
+        let big = res(&[(GPU_MEMORY_RATIO, "80"), (GPU_MEMORY, "60Gi")]);
+        assert_eq!(least.score(&big, &total, &free), 0);
+        assert_eq!(most.score(&big, &total, &free), 100);
+        assert_eq!(
+            least.score(&req, &DeviceResources::new(), &DeviceResources::new()),
+            0
+        );
+    }
+
+    #[test]
+    fn normalizes_to_extender_range() {
+        assert_eq!(normalize_scores(&[50, 100, 0, 25]), vec![5, 10, 0, 2]);
+        assert_eq!(normalize_scores(&[0, 0]), vec![0, 0]);
+        assert_eq!(normalize_scores(&[-5, 3]), vec![0, 10]);
+        assert!(normalize_scores(&[]).is_empty());
+    }
+
+    #[test]
+    fn node_scores_prefer_emptier_nodes_by_default() {
+        use crate::cluster::devices::{DeviceSlot, EntryState, NodeDevices, RecordedAllocation};
+        use crate::model::device::{DeviceAllocation, DeviceAllocations, DeviceType};
+        use crate::model::ids::PodUid;
+        use crate::placement::device::request::parse_device_request;
+
+        let node = || {
+            let mut l = DeviceLedger::new();
+            l.set_devices(Some(NodeDevices::from_slots((0..2).map(|m| {
+                (
+                    DeviceType::Gpu,
+                    DeviceSlot {
+                        minor: m,
+                        id: String::new(),
+                        healthy: true,
+                        total: res(&[
+                            (GPU_CORE, "100"),
+                            (GPU_MEMORY, "80Gi"),
+                            (GPU_MEMORY_RATIO, "100"),
+                        ]),
+                        topology: None,
+                    },
+                )
+            }))));
+            l
+        };
+        let empty = node();
+        let mut busy = node();
+        busy.record(
+            PodUid::new("p"),
+            RecordedAllocation::Allocated(DeviceAllocations(BTreeMap::from([(
+                DeviceType::Gpu,
+                vec![DeviceAllocation {
+                    minor: 0,
+                    resources: res(&[(GPU_MEMORY, "40Gi"), (GPU_MEMORY_RATIO, "50")]),
+                    id: String::new(),
+                    extension: None,
+                }],
+            )]))),
+            EntryState::Committed,
+        );
+        let req = parse_device_request(&res(&[(GPU_MEMORY_RATIO, "20")]), None)
+            .unwrap()
+            .unwrap();
+        let least = ScoringConfig::default();
+        let most = ScoringConfig {
+            strategy: ScoringStrategy::MostAllocated,
+            ..Default::default()
+        };
+        // ratio: (200 - 20) / 200 = 90; memory: 160Gi free of 160Gi -> 100; mean 95.
+        assert_eq!(score_node(&empty, &req, &least), 95);
+        // ratio: (200 - 70) / 200 = 65; memory: 120/160 = 75; mean 70.
+        assert_eq!(score_node(&busy, &req, &least), 70);
+        assert!(score_node(&busy, &req, &most) > score_node(&empty, &req, &most));
+        assert_eq!(score_node(&DeviceLedger::new(), &req, &least), 0);
+        assert_eq!(normalize_scores(&[95, 70]), vec![10, 7]);
+    }
+}
