@@ -70,7 +70,11 @@ impl Pod {
         self.spec.node_name.as_deref().filter(|n| !n.is_empty())
     }
     pub fn annotation(&self, key: &str) -> Option<&str> {
-        self.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
     }
 }
 

@@ -16,7 +16,9 @@ pub struct Quantity {
 pub enum QuantityError {
     #[error("empty quantity")]
     Empty,
-    #[error("invalid quantity {0:?}: expected a number with an optional suffix such as 500m, 2, 16Gi or 1e3")]
+    #[error(
+        "invalid quantity {0:?}: expected a number with an optional suffix such as 500m, 2, 16Gi or 1e3"
+    )]
     Invalid(String),
     #[error("quantity {0:?} is out of range")]
     OutOfRange(String),
@@ -31,7 +33,9 @@ impl Quantity {
         Quantity { milli }
     }
     pub fn from_units(units: i64) -> Self {
-        Quantity { milli: units as i128 * 1000 }
+        Quantity {
+            milli: units as i128 * 1000,
+        }
     }
     pub fn milli(&self) -> i128 {
         self.milli
@@ -125,7 +129,9 @@ impl Quantity {
         if milli > i64::MAX as i128 * 1000 {
             return Err(range());
         }
-        Ok(Quantity { milli: if negative { -milli } else { milli } })
+        Ok(Quantity {
+            milli: if negative { -milli } else { milli },
+        })
     }
 }
 
@@ -150,7 +156,9 @@ impl fmt::Display for Quantity {
 impl std::ops::Add for Quantity {
     type Output = Quantity;
     fn add(self, o: Quantity) -> Quantity {
-        Quantity { milli: self.milli.saturating_add(o.milli) }
+        Quantity {
+            milli: self.milli.saturating_add(o.milli),
+        }
     }
 }
 
@@ -177,7 +185,17 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for bad in ["", "abc", "1.2.3", "1X", "Gi", ".", "1e", "1e99", "99999999999999999999999999999999999999999"] {
+        for bad in [
+            "",
+            "abc",
+            "1.2.3",
+            "1X",
+            "Gi",
+            ".",
+            "1e",
+            "1e99",
+            "99999999999999999999999999999999999999999",
+        ] {
             assert!(Quantity::parse(bad).is_err(), "{bad:?} should be rejected");
         }
     }
