@@ -256,6 +256,23 @@ async fn bookmarks_are_sent_and_swallowed_by_the_watcher() {
 }
 
 #[tokio::test]
+async fn watch_ends_after_timeout_seconds() {
+    let fake = FakeApiServer::new();
+    let nodes: Api<Node> = Api::all(fake.client());
+    let rv = fake.current_rv().to_string();
+    let mut s = nodes
+        .watch(&WatchParams::default().timeout(1), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let end = tokio::time::timeout(WAIT, s.next()).await.unwrap();
+    assert!(end.is_none(), "expected the stream to end");
+    assert!(fake.wait_for_watches(Kind::Node, 0, WAIT).await);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(fake.open_watches(Kind::Node), 0);
+}
+
+#[tokio::test]
 async fn compaction_plus_closed_watch_forces_a_relist() {
     let fake = FakeApiServer::new();
     for n in ["a", "b", "c"] {
@@ -880,4 +897,99 @@ async fn bulk_setup_scales_to_bootstrap_size() {
         .filter(|r| r.path == "/api/v1/pods" && !r.query.contains("watch"))
         .count();
     assert_eq!(lists, 100);
+}
+
+#[tokio::test]
+async fn bad_requests_get_status_errors() {
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Pod, pod("ns", "p", None, "Pending"))
+        .unwrap();
+    let client = fake.client();
+    let call = |method: &str, uri: &str, ct: &str, body: &[u8]| {
+        http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", ct)
+            .body(body.to_vec())
+            .unwrap()
+    };
+    let json = "application/json";
+    let cases = [
+        (
+            call("POST", "/api/v1/namespaces/ns/pods", json, b"{not json"),
+            400,
+        ),
+        (
+            call("POST", "/api/v1/namespaces/ns/pods", json, b"[1]"),
+            400,
+        ),
+        (call("POST", "/api/v1/namespaces/ns/pods", json, b"{}"), 422),
+        (call("GET", "/api/v1/pods?limit=x", json, b""), 400),
+        (
+            call("GET", "/api/v1/pods?limit=1&continue=garbage", json, b""),
+            400,
+        ),
+        (
+            call("GET", "/api/v1/pods?watch=1&resourceVersion=abc", json, b""),
+            400,
+        ),
+        (
+            call("GET", "/api/v1/pods?fieldSelector=spec.nodeName", json, b""),
+            400,
+        ),
+        (
+            call(
+                "PATCH",
+                "/api/v1/namespaces/ns/pods/p",
+                "application/json-patch+json",
+                b"{}",
+            ),
+            400,
+        ),
+        (
+            call(
+                "PATCH",
+                "/api/v1/namespaces/ns/pods/p",
+                "application/json-patch+json",
+                b"[{\"op\":\"nope\",\"path\":\"/a\"}]",
+            ),
+            400,
+        ),
+        (
+            call("PATCH", "/api/v1/namespaces/ns/pods/p", "text/plain", b"{}"),
+            415,
+        ),
+        (
+            call(
+                "PUT",
+                "/api/v1/namespaces/ns/pods/p",
+                json,
+                b"{\"metadata\":{\"name\":\"other\"}}",
+            ),
+            400,
+        ),
+        (
+            call(
+                "POST",
+                "/api/v1/namespaces/ns/pods/p/binding",
+                json,
+                b"{\"metadata\":{\"name\":\"p\"}}",
+            ),
+            422,
+        ),
+        (call("GET", "/api/v1/nodes/n/pods", json, b""), 404),
+        (call("GET", "/api/v1/namespaces/ns/nodes", json, b""), 404),
+        (call("GET", "/apis/unknown.io/v1/things", json, b""), 404),
+        (call("GET", "/healthz", json, b""), 404),
+        (call("DELETE", "/api/v1/namespaces/ns/pods", json, b""), 405),
+    ];
+    for (req, code) in cases {
+        let what = format!("{} {}", req.method(), req.uri());
+        match client.request::<Value>(req).await {
+            Err(kube::Error::Api(s)) => assert_eq!(s.code, code, "{what}: {s:?}"),
+            other => panic!("{what}: expected {code}, got {other:?}"),
+        }
+    }
+    // Nothing changed.
+    assert_eq!(fake.list(Kind::Pod).len(), 1);
 }

@@ -10,6 +10,20 @@
 //!   server sends, and the only 410 form that makes kube's watcher relist), and continue tokens
 //!   minted below it answer an HTTP 410 on the list.
 //!
+//! Usage:
+//! ```ignore
+//! let fake = FakeApiServer::new();
+//! fake.create(Kind::Node, json!({"metadata": {"name": "n1"}}))?;
+//! let pods: kube::Api<Pod> = kube::Api::all(fake.client()); // in-process, no port
+//! // ... start the code under test; kube's watcher opens its watch only once it is polled
+//! // past InitDone, so drive it in a task and wait before mutating:
+//! assert!(fake.wait_for_watches(Kind::Pod, 1, Duration::from_secs(5)).await);
+//! fake.set_pod_phase("default", "p", "Succeeded")?;
+//! // Black-box runs of the binary:
+//! let served = fake.serve().await;
+//! served.write_kubeconfig(dir.path().join("kubeconfig"))?; // --kubeconfig <that path>
+//! ```
+//!
 //! Known deviations from a real API server (kept deliberately small):
 //! * `labelSelector` is accepted and ignored (the extender only uses field selectors).
 //! * `application/strategic-merge-patch+json` is applied as a JSON merge patch: lists are
