@@ -1,0 +1,7 @@
+//! The single integration-test binary (one link step instead of one per test file).
+//! Add new test modules here.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod fake_apiserver;
