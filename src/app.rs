@@ -12,6 +12,7 @@ use crate::cli::ServeArgs;
 use crate::cluster::ClusterState;
 use crate::extender::{self, AppState, HttpConfig};
 use crate::metrics::Metrics;
+use crate::placement::device::score::ScoringConfig;
 use crate::sync::file_source::ClusterFile;
 use crate::sync::{self, Readiness, SyncContext};
 
@@ -28,6 +29,8 @@ pub enum ServeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("invalid scoring flags: {0}")]
+    Scoring(#[from] crate::placement::device::score::ScoringConfigError),
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
 }
@@ -127,8 +130,38 @@ pub async fn serve_until(
         }
     };
 
-    let binder = Arc::new(Binder::new(pod_api, cluster.clone(), metrics.clone()));
+    let scoring = Arc::new(ScoringConfig::from_flags(
+        &args.score_strategy,
+        args.score_weights.as_deref(),
+    )?);
+    let binder = Arc::new(Binder::new(
+        pod_api,
+        cluster.clone(),
+        readiness.clone(),
+        scoring.clone(),
+        metrics.clone(),
+    ));
+    // Assumed allocations no pod watch confirmed (the bind's answer was lost and the pod was
+    // never bound) would hold devices forever; drop them after --assume-ttl.
+    {
+        let binder = binder.clone();
+        let ttl = args.assume_ttl;
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let period = (ttl / 4).clamp(
+                std::time::Duration::from_millis(100),
+                std::time::Duration::from_secs(10),
+            );
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(period) => { binder.expire_assumed(ttl); }
+                }
+            }
+        });
+    }
     let state = AppState {
+        scoring,
         cluster: cluster.clone(),
         readiness: readiness.clone(),
         metrics: metrics.clone(),

@@ -16,11 +16,44 @@ use futures::future::BoxFuture;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use parking_lot::Mutex;
 
-use crate::cluster::{ClusterState, PodRecord};
+use crate::cluster::devices::{EntryState, RecordedAllocation};
+use crate::cluster::{ClusterState, NodeState, PodRecord};
 use crate::extender::wire::ExtenderBindingArgs;
 use crate::metrics::Metrics;
+use crate::model::annotations::DEVICE_ALLOCATED;
+use crate::model::device::DeviceAllocations;
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
+use crate::placement::device::allocate::{FitError, fit_with};
+use crate::placement::device::pod_device_request;
+use crate::placement::device::request::PodDeviceRequest;
+use crate::placement::device::score::ScoringConfig;
+use crate::sync::{Kind, Readiness};
+
+/// The device policy for one node, shared by filter, preempt and bind:
+/// `Ok(None)` = nothing to allocate here (the node never had a Device object: its devices
+/// belong to the kubelet's device plugins), `Ok(Some)` = the allocation, `Err` = no fit.
+pub fn allocate_on(
+    node: Option<&NodeState>,
+    req: &PodDeviceRequest,
+    ignore: &[PodUid],
+    scoring: &ScoringConfig,
+) -> Result<Option<DeviceAllocations>, FitError> {
+    let Some(node) = node else {
+        return Ok(None);
+    };
+    if node.devices.devices().is_none() {
+        return if node.device_object_seen {
+            Err(FitError {
+                reason: "device object deleted".into(),
+                unresolvable: false,
+            })
+        } else {
+            Ok(None)
+        };
+    }
+    fit_with(&node.devices, req, ignore, scoring).map(Some)
+}
 
 /// An API call failed.
 #[derive(Debug, thiserror::Error)]
@@ -53,13 +86,13 @@ pub trait PodApi: Send + Sync {
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Pod>, ApiError>>;
-    /// Merge-patches annotations, with the pod UID as precondition.
+    /// Merge-patches annotations (`None` removes one), with the pod UID as precondition.
     fn patch_annotations<'a>(
         &'a self,
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
-        annotations: &'a BTreeMap<String, String>,
+        annotations: &'a BTreeMap<String, Option<String>>,
     ) -> BoxFuture<'a, Result<(), ApiError>>;
     /// Creates `pods/binding` with the pod UID as precondition.
     fn create_binding<'a>(
@@ -100,7 +133,7 @@ impl PodApi for KubePodApi {
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
-        annotations: &'a BTreeMap<String, String>,
+        annotations: &'a BTreeMap<String, Option<String>>,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(async move {
             let patch =
@@ -187,7 +220,7 @@ impl PodApi for OfflinePodApi {
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
-        annotations: &'a BTreeMap<String, String>,
+        annotations: &'a BTreeMap<String, Option<String>>,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         let result = (|| {
             let mut pods = self.pods.lock();
@@ -207,7 +240,12 @@ impl PodApi for OfflinePodApi {
                 .metadata
                 .annotations
                 .get_or_insert_with(Default::default);
-            target.extend(annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
+            for (k, v) in annotations {
+                match v {
+                    Some(v) => target.insert(k.clone(), v.clone()),
+                    None => target.remove(k),
+                };
+            }
             Ok(())
         })();
         Box::pin(async move { result })
@@ -287,6 +325,12 @@ pub enum BindError {
         node: String,
         reason: String,
     },
+    #[error("invalid device request of pod {pod}: {reason}")]
+    InvalidRequestResources { pod: String, reason: String },
+    #[error("a bind of pod {pod} is already in progress")]
+    InProgress { pod: String },
+    #[error("not the leader: binds are served by the leader replica")]
+    NotLeader,
     #[error("failed to {step} for pod {pod}: {source}")]
     Api {
         step: &'static str,
@@ -305,6 +349,9 @@ impl BindError {
             BindError::UidMismatch { .. } => "uid_mismatch",
             BindError::BoundElsewhere { .. } => "bound_elsewhere",
             BindError::DoesNotFit { .. } => "does_not_fit",
+            BindError::InvalidRequestResources { .. } => "invalid_resources",
+            BindError::InProgress { .. } => "in_progress",
+            BindError::NotLeader => "not_leader",
             BindError::Api {
                 step: "read the pod",
                 ..
@@ -321,16 +368,41 @@ impl BindError {
 pub struct Binder {
     api: Arc<dyn PodApi>,
     cluster: Arc<ClusterState>,
-    #[allow(dead_code)]
+    readiness: Arc<Readiness>,
+    scoring: Arc<ScoringConfig>,
     metrics: Metrics,
+    /// Pod UIDs with a bind in flight: a duplicate (kube-scheduler retrying after a timeout)
+    /// must not replace, then roll back, the first attempt's assumed entry.
+    in_flight: Mutex<std::collections::BTreeSet<PodUid>>,
+}
+
+/// Removes the pod from the in-flight set however the bind ends.
+struct InFlight<'a> {
+    set: &'a Mutex<std::collections::BTreeSet<PodUid>>,
+    uid: PodUid,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.uid);
+    }
 }
 
 impl Binder {
-    pub fn new(api: Arc<dyn PodApi>, cluster: Arc<ClusterState>, metrics: Metrics) -> Self {
+    pub fn new(
+        api: Arc<dyn PodApi>,
+        cluster: Arc<ClusterState>,
+        readiness: Arc<Readiness>,
+        scoring: Arc<ScoringConfig>,
+        metrics: Metrics,
+    ) -> Self {
         Binder {
             api,
             cluster,
+            readiness,
+            scoring,
             metrics,
+            in_flight: Mutex::new(Default::default()),
         }
     }
 
@@ -346,6 +418,15 @@ impl Binder {
             }
         }
         let pod_key = format!("{}/{}", args.pod_namespace, args.pod_name);
+        let uid = PodUid::new(&args.pod_uid);
+        if !self.in_flight.lock().insert(uid.clone()) {
+            return Err(BindError::InProgress { pod: pod_key });
+        }
+        let _guard = InFlight {
+            set: &self.in_flight,
+            uid: uid.clone(),
+        };
+
         let pod = self
             .api
             .get_pod(&args.pod_namespace, &args.pod_name)
@@ -376,21 +457,100 @@ impl Binder {
                 })
             };
         }
-        let uid = PodUid::new(&args.pod_uid);
-        let annotations: BTreeMap<String, String> = BTreeMap::new();
-        let _ = &uid;
+        let request = if self.readiness.is_enabled(Kind::Devices) {
+            pod_device_request(&pod).map_err(|reason| BindError::InvalidRequestResources {
+                pod: pod_key.clone(),
+                reason,
+            })?
+        } else {
+            None
+        };
+
+        // Decide and record under the node's write lock, so concurrent binds on this node see
+        // each other's assumed entries. The lock is released before any API call.
+        let mut annotations: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let mut assumed = false;
+        if let Some(req) = &request {
+            let entry = self.cluster.node_or_create(&args.node);
+            let mut state = entry.write();
+            let allocation = allocate_on(Some(&state), req, &[], &self.scoring).map_err(|e| {
+                BindError::DoesNotFit {
+                    pod: pod_key.clone(),
+                    node: args.node.clone(),
+                    reason: e.reason,
+                }
+            })?;
+            if let Some(allocation) = allocation {
+                annotations.insert(
+                    DEVICE_ALLOCATED.to_string(),
+                    Some(allocation.to_annotation()),
+                );
+                state.devices.record(
+                    uid.clone(),
+                    RecordedAllocation::Allocated(allocation),
+                    EntryState::Assumed {
+                        at: std::time::Instant::now(),
+                    },
+                );
+                assumed = true;
+            }
+        }
+        let result = self.commit(args, &pod_key, &annotations).await;
+        if let Err(e) = &result {
+            if assumed {
+                self.roll_back(&args.node, &uid);
+            }
+            if !annotations.is_empty()
+                && matches!(
+                    e,
+                    BindError::Api {
+                        step: "create the binding",
+                        ..
+                    }
+                )
+            {
+                self.clear_annotation(args, &pod_key).await;
+            }
+            return result.map(|_| BindOutcome::Bound);
+        }
+        if !self.api.confirmed_by_watch() {
+            let mut bound = pod.clone();
+            bound.spec.node_name = Some(args.node.clone());
+            let ann = bound
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            ann.extend(annotations.into_iter().filter_map(|(k, v)| Some((k, v?))));
+            if let Some(record) = PodRecord::from_pod(&bound) {
+                self.cluster.upsert_pod(None, &record);
+                tracing::info!(pod = %pod_key, node = %args.node, "offline mode: bind recorded in memory only");
+            }
+        }
+        Ok(BindOutcome::Bound)
+    }
+
+    async fn commit(
+        &self,
+        args: &ExtenderBindingArgs,
+        pod_key: &str,
+        annotations: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), BindError> {
+        // A replica that lost leadership since the request arrived must not write.
+        if !self.readiness.is_leader() {
+            return Err(BindError::NotLeader);
+        }
         if !annotations.is_empty() {
             self.api
                 .patch_annotations(
                     &args.pod_namespace,
                     &args.pod_name,
                     &args.pod_uid,
-                    &annotations,
+                    annotations,
                 )
                 .await
                 .map_err(|source| BindError::Api {
                     step: "patch annotations",
-                    pod: pod_key.clone(),
+                    pod: pod_key.to_string(),
                     source,
                 })?;
         }
@@ -404,22 +564,59 @@ impl Binder {
             .await
             .map_err(|source| BindError::Api {
                 step: "create the binding",
-                pod: pod_key.clone(),
+                pod: pod_key.to_string(),
                 source,
-            })?;
-        if !self.api.confirmed_by_watch() {
-            let mut bound = pod.clone();
-            bound.spec.node_name = Some(args.node.clone());
-            let ann = bound
-                .metadata
-                .annotations
-                .get_or_insert_with(Default::default);
-            ann.extend(annotations);
-            if let Some(record) = PodRecord::from_pod(&bound) {
-                self.cluster.upsert_pod(None, &record);
-                tracing::info!(pod = %pod_key, node = %args.node, "offline mode: bind recorded in memory only");
+            })
+    }
+
+    /// Drops our assumed entry, unless the pod watch already confirmed the pod (a bind that
+    /// succeeded although its answer was lost must stay counted).
+    fn roll_back(&self, node: &str, uid: &PodUid) {
+        if let Some(entry) = self.cluster.node(node) {
+            let mut state = entry.write();
+            if matches!(
+                state.devices.get(uid).map(|e| e.state),
+                Some(EntryState::Assumed { .. })
+            ) {
+                state.devices.remove(uid);
             }
         }
-        Ok(BindOutcome::Bound)
+    }
+
+    /// Best effort: a pod left unbound must not carry an allocation for a node it is not on,
+    /// or another scheduler binding it elsewhere would hand koordlet wrong minors.
+    async fn clear_annotation(&self, args: &ExtenderBindingArgs, pod_key: &str) {
+        let mut clear = BTreeMap::new();
+        clear.insert(DEVICE_ALLOCATED.to_string(), None);
+        if let Err(error) = self
+            .api
+            .patch_annotations(&args.pod_namespace, &args.pod_name, &args.pod_uid, &clear)
+            .await
+        {
+            self.metrics
+                .binds
+                .with_label_values(&["annotation_cleanup_failed"])
+                .inc();
+            tracing::warn!(pod = %pod_key, %error, "could not clear the device annotation after a failed bind");
+        }
+    }
+
+    /// Drops assumed entries that no pod watch confirmed within `ttl`; returns how many.
+    pub fn expire_assumed(&self, ttl: std::time::Duration) -> usize {
+        let now = std::time::Instant::now();
+        let mut expired = 0;
+        for name in self.cluster.node_names() {
+            if let Some(entry) = self.cluster.node(&name) {
+                let gone = entry.write().devices.expire_assumed(now, ttl);
+                for uid in &gone {
+                    tracing::warn!(node = %name, pod_uid = %uid, "assumed allocation expired without bind confirmation");
+                }
+                expired += gone.len();
+            }
+        }
+        if expired > 0 {
+            self.metrics.assumed_expired.inc_by(expired as u64);
+        }
+        expired
     }
 }

@@ -92,6 +92,16 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_SHUTDOWN_DELAY", value_parser = parse_duration, default_value = "3s")]
     pub shutdown_delay: Duration,
 
+    /// Device scoring for prioritize and for ranking devices in bind: least-allocated spreads
+    /// pods over nodes and cards, most-allocated bin-packs them.
+    #[arg(long, env = "DNE_SCORE_STRATEGY", default_value = "least-allocated")]
+    pub score_strategy: String,
+
+    /// Resource weights for device scoring, `name=weight,...` (default:
+    /// koordinator.sh/gpu-memory-ratio=1,koordinator.sh/gpu-memory=1,koordinator.sh/rdma=1,koordinator.sh/fpga=1).
+    #[arg(long, env = "DNE_SCORE_WEIGHTS")]
+    pub score_weights: Option<String>,
+
     /// Contend for a Lease and serve scheduling verbs only while holding it (standalone HA).
     /// Standbys keep their caches synced and answer /readyz 503.
     #[arg(

@@ -98,6 +98,18 @@ pub enum DeviceProblem {
     },
 }
 
+impl DeviceProblem {
+    /// Short label for metrics.
+    pub fn class(&self) -> &'static str {
+        match self {
+            DeviceProblem::MissingMinor { .. } => "missing_minor",
+            DeviceProblem::NegativeMinor { .. } => "negative_minor",
+            DeviceProblem::DuplicateMinor { .. } => "duplicate_minor",
+            DeviceProblem::InvalidResource { .. } => "invalid_resource",
+        }
+    }
+}
+
 impl NodeDevices {
     /// Builds the node's device table. Unknown types are skipped (not placeable). Bad entries are
     /// reported and ignored rather than failing the whole object, so one bad GPU does not hide

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::model::annotations::{DEVICE_ALLOCATED, RESOURCE_STATUS};
+use crate::model::device::DeviceAllocations;
 use crate::model::ids::{ObjectKey, PodUid};
 use crate::model::pod::Pod;
 
@@ -19,8 +20,8 @@ pub struct PodRecord {
     /// `spec.nodeName`, if assigned.
     pub node: Option<Arc<str>>,
     pub phase: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_allocated: Option<String>,
+    /// The parsed `device-allocated` annotation.
+    pub devices: PodDevices,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resource_status: Option<String>,
 }
@@ -37,7 +38,7 @@ impl PodRecord {
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             node: pod.node_name().map(Arc::from),
             phase: pod.status.phase.clone(),
-            device_allocated: pod.annotation(DEVICE_ALLOCATED).map(str::to_owned),
+            devices: PodDevices::from_annotation(pod.annotation(DEVICE_ALLOCATED)),
             resource_status: pod.annotation(RESOURCE_STATUS).map(str::to_owned),
         })
     }
@@ -52,6 +53,40 @@ impl PodRecord {
             None
         } else {
             self.node.as_ref()
+        }
+    }
+}
+
+/// What a pod's `scheduling.koordinator.sh/device-allocated` annotation says it holds.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub enum PodDevices {
+    /// No annotation, or one that allocates nothing.
+    #[default]
+    None,
+    Allocated(DeviceAllocations),
+    /// Unparseable: counted conservatively by the ledger, never silently free.
+    Malformed(String),
+}
+
+impl PodDevices {
+    pub fn from_annotation(value: Option<&str>) -> Self {
+        match value {
+            None => PodDevices::None,
+            Some(v) => match DeviceAllocations::parse_annotation(v) {
+                Ok(a) if a.is_empty() => PodDevices::None,
+                Ok(a) => PodDevices::Allocated(a),
+                Err(e) => PodDevices::Malformed(e.to_string()),
+            },
+        }
+    }
+}
+
+impl Serialize for PodDevices {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PodDevices::None => s.serialize_none(),
+            PodDevices::Allocated(a) => s.serialize_str(&a.to_annotation()),
+            PodDevices::Malformed(e) => s.serialize_str(&format!("malformed: {e}")),
         }
     }
 }

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use serde::Serialize;
 
-use super::pod::PodRecord;
+use super::devices::{DeviceLedger, EntryState, NodeDevices, RecordedAllocation};
+use super::pod::{PodDevices, PodRecord};
 use crate::model::ids::PodUid;
 use crate::model::node::Node;
 use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
@@ -75,17 +76,34 @@ pub struct NodeState {
     /// The Node object; `None` until it arrives or after it is deleted.
     pub node: Option<NodeRecord>,
     pub topology: Option<TopologyRecord>,
-    /// The node's Device spec (placeholder until the device ledger lands).
-    pub device_spec: Option<serde_json::Value>,
+    /// Device totals (from the Device object) and who holds what (by pod UID).
+    #[serde(skip)]
+    pub devices: DeviceLedger,
+    /// A Device object has existed for this node. A node that never had one is left to the
+    /// kubelet's device plugins; one whose Device was deleted has nothing allocatable.
+    pub device_object_seen: bool,
     /// Assigned, non-terminal pods on this node, by UID.
     pub pods: BTreeMap<PodUid, PodRecord>,
 }
 
 impl NodeState {
+    /// Everything known about the node as JSON, ledger included (for `/debug/nodes`).
+    pub fn debug_json(&self, now: std::time::Instant) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(map) = v.as_object_mut() {
+            map.insert(
+                "devices".into(),
+                serde_json::to_value(self.devices.debug_view(now)).unwrap_or_default(),
+            );
+        }
+        v
+    }
+
     fn is_empty(&self) -> bool {
         self.node.is_none()
             && self.topology.is_none()
-            && self.device_spec.is_none()
+            && self.devices.devices().is_none()
+            && self.devices.is_empty()
             && self.pods.is_empty()
     }
 }
@@ -173,12 +191,41 @@ impl ClusterState {
         }
     }
 
-    pub fn set_device_spec(&self, name: &str, spec: Option<serde_json::Value>) {
-        let removed = spec.is_none();
-        self.with_node(name, |s| s.device_spec = spec);
+    /// Sets a node's devices from its Device object; `None` when the object is deleted, which
+    /// leaves nothing allocatable but keeps what pods hold (koordinator #1186).
+    pub fn set_devices(&self, name: &str, devices: Option<NodeDevices>) {
+        let removed = devices.is_none();
+        self.with_node(name, |s| {
+            if devices.is_some() {
+                s.device_object_seen = true;
+            }
+            s.devices.set_devices(devices);
+        });
         if removed {
             self.gc(name);
         }
+    }
+
+    /// Deterministic JSON of every node (no timings), for comparing caches in tests.
+    pub fn snapshot(&self) -> BTreeMap<String, serde_json::Value> {
+        let entries: Vec<_> = self.nodes.read().values().cloned().collect();
+        let mut out = BTreeMap::new();
+        for entry in entries {
+            let state = entry.read();
+            let mut v = state.debug_json(std::time::Instant::now());
+            if let Some(entries) = v
+                .pointer_mut("/devices/entries")
+                .and_then(|e| e.as_object_mut())
+            {
+                for e in entries.values_mut() {
+                    if let Some(o) = e.as_object_mut() {
+                        o.remove("assumed_for_ms");
+                    }
+                }
+            }
+            out.insert(entry.name.to_string(), v);
+        }
+        out
     }
 
     fn with_node<R>(&self, name: &str, f: impl FnOnce(&mut NodeState) -> R) -> R {
@@ -199,6 +246,28 @@ impl ClusterState {
         if let Some(node) = new.holding_node() {
             self.with_node(node, |s| {
                 s.pods.insert(new.uid.clone(), new.clone());
+                // The watch confirms what the pod holds: this replaces any assumed entry.
+                match &new.devices {
+                    PodDevices::None => {
+                        s.devices.remove(&new.uid);
+                    }
+                    PodDevices::Allocated(a) => {
+                        s.devices.record(
+                            new.uid.clone(),
+                            RecordedAllocation::Allocated(a.clone()),
+                            EntryState::Committed,
+                        );
+                    }
+                    PodDevices::Malformed(reason) => {
+                        s.devices.record(
+                            new.uid.clone(),
+                            RecordedAllocation::Malformed {
+                                reason: reason.clone(),
+                            },
+                            EntryState::Committed,
+                        );
+                    }
+                }
             });
         }
     }
@@ -207,7 +276,9 @@ impl ClusterState {
     pub fn remove_pod(&self, old: &PodRecord) {
         if let Some(node) = old.holding_node() {
             if let Some(entry) = self.node(node) {
-                entry.write().pods.remove(&old.uid);
+                let mut s = entry.write();
+                s.pods.remove(&old.uid);
+                s.devices.remove(&old.uid);
             }
             self.gc(node);
         }

@@ -23,6 +23,7 @@ use axum::routing::{get, post};
 use crate::bind::Binder;
 use crate::cluster::ClusterState;
 use crate::metrics::Metrics;
+use crate::placement::device::score::ScoringConfig;
 use crate::sync::Readiness;
 
 /// Settings of the HTTP surface.
@@ -53,6 +54,7 @@ pub struct AppState {
     pub readiness: Arc<Readiness>,
     pub metrics: Metrics,
     pub binder: Arc<Binder>,
+    pub scoring: Arc<ScoringConfig>,
     pub body_limit: usize,
 }
 

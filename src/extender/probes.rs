@@ -38,8 +38,8 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 pub async fn debug_node(State(state): State<AppState>, Path(name): Path<String>) -> Response {
     match state.cluster.node(&name) {
         Some(entry) => {
-            let view = entry.read();
-            axum::Json(serde_json::json!({ "name": name, "state": &*view })).into_response()
+            let view = entry.read().debug_json(std::time::Instant::now());
+            axum::Json(serde_json::json!({ "name": name, "state": view })).into_response()
         }
         None => (
             StatusCode::NOT_FOUND,

@@ -1,5 +1,13 @@
 //! What each read-only verb decides, from views of the caches. Filter, prioritize and preempt
 //! never mutate the caches: they take node read locks and compute on copies.
+//!
+//! Device policy for nodes (reference koord-deviceshare §2.6, koordinator #1594):
+//! - a node that never had a `Device` object passes device filtering: its devices, if any,
+//!   are managed by the kubelet's device plugins, which kube-scheduler's own resource fit
+//!   checks;
+//! - a node whose `Device` object was deleted has nothing allocatable until it returns
+//!   (resolvable: koordlet recreates it), while what its pods hold stays counted;
+//! - when the Device CRD is not served at all, device filtering is off.
 
 use std::collections::BTreeMap;
 
@@ -8,27 +16,83 @@ use super::wire::{
     ExtenderArgs, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
     HostPriority, MetaPod, MetaVictims, NodeList,
 };
+use crate::cluster::NodeState;
+use crate::model::ids::PodUid;
+use crate::model::pod::Pod;
+use crate::placement::device::allocate::FitError;
+use crate::placement::device::pod_device_request;
+use crate::placement::device::request::PodDeviceRequest;
+use crate::placement::device::score::{normalize_scores, score_node};
+use crate::sync::Kind;
+
+/// The pod's device request: `Ok(None)` when it needs no devices (or device placement is off).
+pub fn device_request(state: &AppState, pod: &Pod) -> Result<Option<PodDeviceRequest>, String> {
+    if !state.readiness.is_enabled(Kind::Devices) {
+        return Ok(None);
+    }
+    pod_device_request(pod)
+}
+
+/// Does the pod's device request fit this node, with `ignore`'s allocations released?
+pub fn device_fit(
+    state: &AppState,
+    node: Option<&NodeState>,
+    req: &PodDeviceRequest,
+    ignore: &[PodUid],
+) -> Result<(), FitError> {
+    crate::bind::allocate_on(node, req, ignore, &state.scoring).map(|_| ())
+}
 
 /// Filter: the subset of candidates that fit, and a categorical reason for every other one.
 pub fn filter(state: &AppState, args: ExtenderArgs) -> ExtenderFilterResult {
-    let _ = state;
-    let Some(_pod) = args.pod.as_ref() else {
+    let Some(pod) = args.pod.as_ref() else {
         return ExtenderFilterResult::error("filter request has no Pod");
     };
-    let failed = BTreeMap::new();
-    let unresolvable = BTreeMap::new();
-    let passing: Vec<String> = args
+    let mut failed = BTreeMap::new();
+    let mut unresolvable = BTreeMap::new();
+    let candidates: Vec<String> = args
         .candidate_names()
         .into_iter()
         .map(str::to_owned)
         .collect();
+    let passing: Vec<String> = match device_request(state, pod) {
+        // No device needs: pass through untouched and cheaply.
+        Ok(None) => candidates,
+        Err(reason) => {
+            for name in candidates {
+                unresolvable.insert(name, reason.clone());
+            }
+            Vec::new()
+        }
+        Ok(Some(req)) => {
+            let mut passing = Vec::with_capacity(candidates.len());
+            for name in candidates {
+                let entry = state.cluster.node(&name);
+                let guard = entry.as_ref().map(|e| e.read());
+                match device_fit(state, guard.as_deref(), &req, &[]) {
+                    Ok(()) => passing.push(name),
+                    Err(e) if e.unresolvable => {
+                        unresolvable.insert(name, e.reason);
+                    }
+                    Err(e) => {
+                        failed.insert(name, e.reason);
+                    }
+                }
+            }
+            passing
+        }
+    };
     if args.nodes_mode() {
-        let mut nodes = args.nodes.unwrap_or_default();
-        nodes.items.retain(|n| passing.iter().any(|p| p == &n.name));
+        let nodes = args.nodes.unwrap_or_default();
+        let items = nodes
+            .items
+            .into_iter()
+            .filter(|n| passing.contains(&n.name))
+            .collect();
         ExtenderFilterResult {
             nodes: Some(NodeList {
                 metadata: nodes.metadata,
-                items: nodes.items,
+                items,
             }),
             node_names: None,
             failed_nodes: Some(failed),
@@ -46,24 +110,45 @@ pub fn filter(state: &AppState, args: ExtenderArgs) -> ExtenderFilterResult {
     }
 }
 
-/// Prioritize: one integer score 0..=10 per candidate node.
+/// Prioritize: one integer score 0..=10 per candidate node, best node 10.
 pub fn prioritize(state: &AppState, args: &ExtenderArgs) -> Vec<HostPriority> {
-    let _ = state;
-    args.candidate_names()
+    let names = args.candidate_names();
+    let req = match args.pod.as_ref().map(|p| device_request(state, p)) {
+        Some(Ok(Some(req))) => req,
+        // No device needs (or an invalid request, which filter already rejected): no opinion.
+        _ => {
+            return names
+                .into_iter()
+                .map(|host| HostPriority {
+                    host: host.to_owned(),
+                    score: 0,
+                })
+                .collect();
+        }
+    };
+    let raw: Vec<i64> = names
+        .iter()
+        .map(|name| match state.cluster.node(name) {
+            Some(entry) => score_node(&entry.read().devices, &req, &state.scoring),
+            None => 0,
+        })
+        .collect();
+    names
         .into_iter()
-        .map(|host| HostPriority {
+        .zip(normalize_scores(&raw))
+        .map(|(host, score)| HostPriority {
             host: host.to_owned(),
-            score: 0,
+            score,
         })
         .collect()
 }
 
-/// Preempt: keep the candidate nodes where removing the proposed victims lets the pod fit.
+/// Preempt: keep the candidate nodes where removing the proposed victims lets the pod fit,
+/// victims in the order given (kube-scheduler reads the first as the highest priority).
 pub fn preempt(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult {
-    let _ = state;
-    let mut out = BTreeMap::new();
+    let mut candidates: BTreeMap<String, MetaVictims> = BTreeMap::new();
     if let Some(meta) = args.node_name_to_meta_victims {
-        out = meta;
+        candidates = meta;
     } else if let Some(full) = args.node_name_to_victims {
         for (node, victims) in full {
             let pods = victims
@@ -72,7 +157,7 @@ pub fn preempt(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderPreemp
                 .into_iter()
                 .filter_map(|p| p.metadata.uid.map(|uid| MetaPod { uid }))
                 .collect();
-            out.insert(
+            candidates.insert(
                 node,
                 MetaVictims {
                     pods: Some(pods),
@@ -81,8 +166,34 @@ pub fn preempt(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderPreemp
             );
         }
     }
-    out.retain(|_, v| v.pods.as_ref().is_some_and(|p| !p.is_empty()));
+    // kube-scheduler rejects a node with no victims; never return one.
+    candidates.retain(|_, v| v.pods.as_ref().is_some_and(|p| !p.is_empty()));
+    let req = match args.pod.as_ref().map(|p| device_request(state, p)) {
+        Some(Ok(Some(req))) => req,
+        Some(Ok(None)) => {
+            return ExtenderPreemptionResult {
+                node_name_to_meta_victims: Some(candidates),
+            };
+        }
+        // No pod or an invalid request: preemption cannot help anywhere.
+        _ => {
+            return ExtenderPreemptionResult {
+                node_name_to_meta_victims: Some(BTreeMap::new()),
+            };
+        }
+    };
+    candidates.retain(|node, victims| {
+        let ignore: Vec<PodUid> = victims
+            .pods
+            .iter()
+            .flatten()
+            .map(|p| PodUid::new(&p.uid))
+            .collect();
+        let entry = state.cluster.node(node);
+        let guard = entry.as_ref().map(|e| e.read());
+        device_fit(state, guard.as_deref(), &req, &ignore).is_ok()
+    });
     ExtenderPreemptionResult {
-        node_name_to_meta_victims: Some(out),
+        node_name_to_meta_victims: Some(candidates),
     }
 }

@@ -4,7 +4,11 @@ use std::sync::Arc;
 
 use super::kind::Kind;
 use super::store::{Decoded, Handler, Invalid};
+use crate::cluster::devices::NodeDevices;
+use crate::cluster::pod::PodDevices;
 use crate::cluster::{ClusterState, NodeRecord, PodRecord, TopologyRecord};
+use crate::metrics::Metrics;
+use crate::model::device::Device;
 use crate::model::node::Node;
 use crate::model::nrt::NodeResourceTopology;
 use crate::model::pod::Pod;
@@ -50,7 +54,16 @@ impl Handler for NodeHandler {
     }
 }
 
-pub struct PodHandler(pub Arc<ClusterState>);
+pub struct PodHandler {
+    cluster: Arc<ClusterState>,
+    metrics: Metrics,
+}
+
+impl PodHandler {
+    pub fn new(cluster: Arc<ClusterState>, metrics: Metrics) -> Self {
+        PodHandler { cluster, metrics }
+    }
+}
 
 impl Handler for PodHandler {
     type Object = Pod;
@@ -60,6 +73,13 @@ impl Handler for PodHandler {
     fn decode(&self, pod: &Pod) -> Result<Decoded<PodRecord>, Invalid> {
         let (_, uid, rv) = identity(&pod.metadata)?;
         let record = PodRecord::from_pod(pod).ok_or(Invalid("missing metadata.uid"))?;
+        if let PodDevices::Malformed(reason) = &record.devices {
+            tracing::warn!(pod = %record.key, node = ?record.node, reason, "malformed device-allocated annotation: counting the node's devices as used");
+            self.metrics
+                .malformed_annotations
+                .with_label_values(&["device-allocated"])
+                .inc();
+        }
         Ok(Decoded {
             key: record.key.to_string(),
             uid,
@@ -68,10 +88,10 @@ impl Handler for PodHandler {
         })
     }
     fn apply(&self, _key: &str, old: Option<&PodRecord>, new: &PodRecord) {
-        self.0.upsert_pod(old, new);
+        self.cluster.upsert_pod(old, new);
     }
     fn remove(&self, _key: &str, old: &PodRecord) {
-        self.0.remove_pod(old);
+        self.cluster.remove_pod(old);
     }
 }
 
@@ -99,53 +119,21 @@ impl Handler for TopologyHandler {
     }
 }
 
-/// Temporary Device object until the device model lands: metadata plus the raw spec.
-#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
-pub struct RawDevice {
-    #[serde(default)]
-    pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    #[serde(default)]
-    pub spec: serde_json::Value,
-}
-
-impl kube::Resource for RawDevice {
-    type DynamicType = ();
-    type Scope = kube::core::ClusterResourceScope;
-    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-        "Device".into()
-    }
-    fn group(_: &()) -> std::borrow::Cow<'_, str> {
-        "scheduling.koordinator.sh".into()
-    }
-    fn version(_: &()) -> std::borrow::Cow<'_, str> {
-        "v1alpha1".into()
-    }
-    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-        "devices".into()
-    }
-    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-        &mut self.metadata
-    }
-}
-
 pub struct DeviceHandler {
     cluster: Arc<ClusterState>,
-    metrics: crate::metrics::Metrics,
+    metrics: Metrics,
 }
 
 impl DeviceHandler {
-    pub fn new(cluster: Arc<ClusterState>, metrics: crate::metrics::Metrics) -> Self {
+    pub fn new(cluster: Arc<ClusterState>, metrics: Metrics) -> Self {
         DeviceHandler { cluster, metrics }
     }
 
     /// Cluster-file Devices arrive as JSON values; undecodable ones are counted and skipped.
-    pub fn decode_values(&self, values: Vec<serde_json::Value>) -> Vec<RawDevice> {
+    pub fn decode_values(&self, values: Vec<serde_json::Value>) -> Vec<Device> {
         values
             .into_iter()
-            .filter_map(|v| match serde_json::from_value::<RawDevice>(v) {
+            .filter_map(|v| match serde_json::from_value::<Device>(v) {
                 Ok(mut d) => {
                     super::file_source::fill_identity(&mut d.metadata, Kind::Devices);
                     Some(d)
@@ -164,23 +152,31 @@ impl DeviceHandler {
 }
 
 impl Handler for DeviceHandler {
-    type Object = RawDevice;
-    type Record = serde_json::Value;
+    type Object = Device;
+    type Record = NodeDevices;
     const KIND: Kind = Kind::Devices;
 
-    fn decode(&self, d: &RawDevice) -> Result<Decoded<serde_json::Value>, Invalid> {
-        let (name, uid, rv) = identity(&d.metadata)?;
+    fn decode(&self, device: &Device) -> Result<Decoded<NodeDevices>, Invalid> {
+        let (name, uid, rv) = identity(&device.metadata)?;
+        let (devices, problems) = NodeDevices::from_device(device);
+        for problem in &problems {
+            tracing::warn!(node = %name, %problem, "ignoring bad Device entry");
+            self.metrics
+                .device_problems
+                .with_label_values(&[problem.class()])
+                .inc();
+        }
         Ok(Decoded {
             key: name,
             uid,
             resource_version: rv,
-            record: d.spec.clone(),
+            record: devices,
         })
     }
-    fn apply(&self, key: &str, _old: Option<&serde_json::Value>, new: &serde_json::Value) {
-        self.cluster.set_device_spec(key, Some(new.clone()));
+    fn apply(&self, key: &str, _old: Option<&NodeDevices>, new: &NodeDevices) {
+        self.cluster.set_devices(key, Some(new.clone()));
     }
-    fn remove(&self, key: &str, _old: &serde_json::Value) {
-        self.cluster.set_device_spec(key, None);
+    fn remove(&self, key: &str, _old: &NodeDevices) {
+        self.cluster.set_devices(key, None);
     }
 }

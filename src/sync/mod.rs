@@ -77,7 +77,7 @@ pub async fn run_kube(
         shutdown.clone(),
     ));
     tasks.spawn(kube_source::run_watcher(
-        ctx.sync(PodHandler(ctx.cluster.clone())),
+        ctx.sync(PodHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
         Api::all(client.clone()),
         watcher::Config::default().fields(kube_source::ASSIGNED_POD_SELECTOR),
         shutdown.clone(),
@@ -146,5 +146,8 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
     replay(ctx.sync(NodeHandler(ctx.cluster.clone())), nodes);
     replay(ctx.sync(device_handler), devices);
     replay(ctx.sync(TopologyHandler(ctx.cluster.clone())), topologies);
-    replay(ctx.sync(PodHandler(ctx.cluster.clone())), assigned);
+    replay(
+        ctx.sync(PodHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
+        assigned,
+    );
 }
