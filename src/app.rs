@@ -74,138 +74,168 @@ pub async fn termination_signal() {
     }
 }
 
-/// Runs the service until a termination signal.
+/// Runs the service until a termination signal: /readyz fails at once, the server keeps
+/// answering for `--shutdown-delay`, then stops accepting and drains.
 pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
-    serve_until(args, termination_signal()).await
+    let service = Service::start(args, None).await?;
+    termination_signal().await;
+    service.shutdown().await
 }
 
-/// Runs the service until `stop` resolves: /readyz fails at once, the server keeps answering
-/// for `--shutdown-delay`, then stops accepting and drains.
-pub async fn serve_until(
-    args: ServeArgs,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), ServeError> {
-    let metrics = Metrics::new();
-    let cluster = Arc::new(ClusterState::new());
-    let readiness = Readiness::new(sync::declared_kinds(), args.max_staleness, metrics.clone());
-    let ctx = SyncContext {
-        cluster: cluster.clone(),
-        readiness: readiness.clone(),
-        metrics: metrics.clone(),
-    };
-    let shutdown = CancellationToken::new();
+/// A running service: the HTTP server, sync tasks, leader election and housekeeping.
+pub struct Service {
+    /// The address actually bound (useful with port 0).
+    pub addr: SocketAddr,
+    pub state: AppState,
+    shutdown: CancellationToken,
+    shutdown_delay: std::time::Duration,
+    server: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
 
-    let (pod_api, offline_file): (Arc<dyn PodApi>, Option<ClusterFile>) = match &args.cluster_file {
-        Some(path) => {
-            let file = ClusterFile::load(path)?;
-            tracing::info!(
-                path = %path.display(),
-                nodes = file.nodes.len(),
-                pods = file.pods.len(),
-                devices = file.devices.len(),
-                topologies = file.topologies.len(),
-                "offline mode: serving from a cluster file"
-            );
-            (Arc::new(OfflinePodApi::new(file.pods.clone())), Some(file))
-        }
-        None => {
-            let client = kube_client(&args).await?;
-            tokio::spawn(sync::run_kube(
-                ctx.clone(),
-                client.clone(),
-                args.insisted_kinds(),
-                shutdown.clone(),
-            ));
-            if let Some(mode) = args.leader_mode() {
-                // Not the leader until the first successful acquire.
-                readiness.set_leader(false);
-                tokio::spawn(crate::leader::run(
-                    client.clone(),
-                    mode,
-                    readiness.clone(),
-                    shutdown.clone(),
-                ));
-            }
-            (Arc::new(KubePodApi::new(client)), None)
-        }
-    };
+impl Service {
+    /// Starts everything. `client` overrides `--kubeconfig` (tests pass an in-process client);
+    /// `--cluster-file` takes precedence over both.
+    pub async fn start(
+        args: ServeArgs,
+        client: Option<kube::Client>,
+    ) -> Result<Service, ServeError> {
+        let metrics = Metrics::new();
+        let cluster = Arc::new(ClusterState::new());
+        let readiness = Readiness::new(sync::declared_kinds(), args.max_staleness, metrics.clone());
+        let ctx = SyncContext {
+            cluster: cluster.clone(),
+            readiness: readiness.clone(),
+            metrics: metrics.clone(),
+        };
+        let shutdown = CancellationToken::new();
+        let scoring = Arc::new(ScoringConfig::from_flags(
+            &args.score_strategy,
+            args.score_weights.as_deref(),
+        )?);
 
-    let scoring = Arc::new(ScoringConfig::from_flags(
-        &args.score_strategy,
-        args.score_weights.as_deref(),
-    )?);
-    let binder = Arc::new(Binder::new(
-        pod_api,
-        cluster.clone(),
-        readiness.clone(),
-        scoring.clone(),
-        metrics.clone(),
-    ));
-    // Assumed allocations no pod watch confirmed (the bind's answer was lost and the pod was
-    // never bound) would hold devices forever; drop them after --assume-ttl.
-    {
-        let binder = binder.clone();
-        let ttl = args.assume_ttl;
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let period = (ttl / 4).clamp(
-                std::time::Duration::from_millis(100),
-                std::time::Duration::from_secs(10),
-            );
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(period) => { binder.expire_assumed(ttl); }
+        let (pod_api, offline_file): (Arc<dyn PodApi>, Option<ClusterFile>) =
+            match &args.cluster_file {
+                Some(path) => {
+                    let file = ClusterFile::load(path)?;
+                    tracing::info!(
+                        path = %path.display(),
+                        nodes = file.nodes.len(),
+                        pods = file.pods.len(),
+                        devices = file.devices.len(),
+                        topologies = file.topologies.len(),
+                        "offline mode: serving from a cluster file"
+                    );
+                    (Arc::new(OfflinePodApi::new(file.pods.clone())), Some(file))
                 }
-            }
+                None => {
+                    let client = match client {
+                        Some(c) => c,
+                        None => kube_client(&args).await?,
+                    };
+                    if let Some(mode) = args.leader_mode() {
+                        // Not the leader until the first successful acquire.
+                        readiness.set_leader(false);
+                        tokio::spawn(crate::leader::run(
+                            client.clone(),
+                            mode,
+                            readiness.clone(),
+                            shutdown.clone(),
+                        ));
+                    }
+                    tokio::spawn(sync::run_kube(
+                        ctx.clone(),
+                        client.clone(),
+                        args.insisted_kinds(),
+                        shutdown.clone(),
+                    ));
+                    (Arc::new(KubePodApi::new(client)), None)
+                }
+            };
+
+        let binder = Arc::new(Binder::new(
+            pod_api,
+            cluster.clone(),
+            readiness.clone(),
+            scoring.clone(),
+            metrics.clone(),
+        ));
+        // Assumed allocations no pod watch confirmed (the bind's answer was lost and the pod
+        // was never bound) would hold devices forever; drop them after --assume-ttl.
+        {
+            let binder = binder.clone();
+            let ttl = args.assume_ttl;
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let period = (ttl / 4).clamp(
+                    std::time::Duration::from_millis(100),
+                    std::time::Duration::from_secs(10),
+                );
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(period) => { binder.expire_assumed(ttl); }
+                    }
+                }
+            });
+        }
+        let state = AppState {
+            scoring,
+            cluster: cluster.clone(),
+            readiness: readiness.clone(),
+            metrics: metrics.clone(),
+            binder,
+            body_limit: args.body_limit_bytes,
+        };
+        let http = HttpConfig {
+            path_prefix: args.path_prefix.clone(),
+            body_limit: args.body_limit_bytes,
+            request_timeout: args.request_timeout,
+            max_concurrency: args.max_concurrency,
+        };
+        let app = extender::router(state.clone(), &http);
+        let listener =
+            TcpListener::bind(args.listen)
+                .await
+                .map_err(|source| ServeError::Listen {
+                    addr: args.listen,
+                    source,
+                })?;
+        let addr = listener.local_addr().map_err(ServeError::Serve)?;
+        tracing::info!(%addr, prefix = %extender::normalize_prefix(&args.path_prefix), "serving");
+
+        if let Some(file) = offline_file {
+            // The same sync path as the watchers, after the listener is up so /readyz is
+            // observable throughout.
+            sync::run_file(&ctx, file);
+        }
+
+        let graceful = shutdown.clone();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { graceful.cancelled().await })
+                .await
+                .map_err(ServeError::Serve)
         });
-    }
-    let state = AppState {
-        scoring,
-        cluster: cluster.clone(),
-        readiness: readiness.clone(),
-        metrics: metrics.clone(),
-        binder,
-        body_limit: args.body_limit_bytes,
-    };
-    let http = HttpConfig {
-        path_prefix: args.path_prefix.clone(),
-        body_limit: args.body_limit_bytes,
-        request_timeout: args.request_timeout,
-        max_concurrency: args.max_concurrency,
-    };
-    let app = extender::router(state, &http);
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| ServeError::Listen {
-            addr: args.listen,
-            source,
-        })?;
-    let local = listener.local_addr().map_err(ServeError::Serve)?;
-    tracing::info!(addr = %local, prefix = %extender::normalize_prefix(&args.path_prefix), "serving");
-
-    if let Some(file) = offline_file {
-        // The same sync path as the watchers, after the listener is up so /readyz is
-        // observable throughout.
-        sync::run_file(&ctx, file);
+        Ok(Service {
+            addr,
+            state,
+            shutdown,
+            shutdown_delay: args.shutdown_delay,
+            server,
+        })
     }
 
-    let delay = args.shutdown_delay;
-    let stopping = shutdown.clone();
-    let readiness_for_stop = readiness.clone();
-    tokio::spawn(async move {
-        stop.await;
-        tracing::info!(delay = ?delay, "termination requested: failing /readyz, then stopping");
-        readiness_for_stop.set_shutting_down();
-        tokio::time::sleep(delay).await;
-        stopping.cancel();
-    });
-
-    let graceful = shutdown.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { graceful.cancelled().await })
-        .await
-        .map_err(ServeError::Serve)?;
-    tracing::info!("stopped");
-    Ok(())
+    /// Fails /readyz, keeps serving for the shutdown delay, then stops and drains.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        tracing::info!(delay = ?self.shutdown_delay, "termination requested: failing /readyz, then stopping");
+        self.state.readiness.set_shutting_down();
+        tokio::time::sleep(self.shutdown_delay).await;
+        self.shutdown.cancel();
+        let result = match self.server.await {
+            Ok(r) => r,
+            Err(e) => Err(ServeError::Serve(std::io::Error::other(e))),
+        };
+        tracing::info!("stopped");
+        result
+    }
 }

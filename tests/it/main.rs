@@ -5,3 +5,4 @@
 mod support;
 
 mod fake_apiserver;
+mod smoke;

@@ -4,5 +4,6 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod fake_apiserver;
+pub mod service;
 
 pub use fake_apiserver::{ApiError, FakeApiServer, Kind, RbacRequest, RecordedRequest, ServedApi};

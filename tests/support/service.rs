@@ -1,0 +1,206 @@
+//! Starting the real service in-process against a fake API server, talking HTTP to it, and
+//! fixtures for the objects the service watches.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use device_numa_extender::app::Service;
+use device_numa_extender::cli::{Cli, Command, ServeArgs};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+use super::fake_apiserver::FakeApiServer;
+
+/// `serve` flags for tests: loopback, random port, no shutdown delay, plus `extra`.
+pub fn serve_args(extra: &[&str]) -> ServeArgs {
+    let mut argv = vec![
+        "device-numa-extender",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--shutdown-delay",
+        "0s",
+    ];
+    argv.extend_from_slice(extra);
+    match Cli::try_parse_from(argv).expect("valid test flags").command {
+        Command::Serve(args) => *args,
+    }
+}
+
+/// Starts the service with the fake API server's in-process client.
+pub async fn start(fake: &FakeApiServer, extra: &[&str]) -> Service {
+    Service::start(serve_args(extra), Some(fake.client()))
+        .await
+        .expect("service starts")
+}
+
+/// A small HTTP/1 client for talking to a service on loopback.
+#[derive(Clone)]
+pub struct Http {
+    client: HttpClient<HttpConnector, Full<Bytes>>,
+    pub base: String,
+}
+
+impl Http {
+    pub fn new(addr: SocketAddr) -> Self {
+        Http {
+            client: HttpClient::builder(TokioExecutor::new()).build_http(),
+            base: format!("http://{addr}"),
+        }
+    }
+
+    /// Sends a raw request; returns status and the body parsed as JSON (or a JSON string).
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{}", self.base, path));
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        let req = req.body(Full::new(Bytes::from(body))).expect("request");
+        let resp = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))
+            .await
+            .expect("HTTP request timed out")
+            .expect("HTTP request");
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (status, value)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.send(
+            "POST",
+            path,
+            Some("application/json"),
+            body.to_string().into_bytes(),
+        )
+        .await
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.send("GET", path, None, Vec::new()).await
+    }
+
+    /// Polls `/readyz` until 200, failing the test after `timeout`.
+    pub async fn wait_ready(&self, timeout: Duration) -> Value {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let (status, body) = self.get("/readyz").await;
+            if status == 200 {
+                return body;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not ready after {timeout:?}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms until true, failing the test after `timeout`.
+pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut cond: F) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---- fixtures -------------------------------------------------------------------------------
+
+pub fn node(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"}}
+    })
+}
+
+/// A Device with `gpus` 80Gi GPUs, `per_numa` per NUMA node, two per PCIe switch;
+/// `unhealthy` minors have `health: false`.
+pub fn gpu_device(name: &str, gpus: i32, per_numa: i32, unhealthy: &[i32]) -> Value {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|m| {
+            json!({
+                "type": "gpu", "id": format!("GPU-{name}-{m}"), "minor": m,
+                "health": !unhealthy.contains(&m),
+                "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "80Gi",
+                              "koordinator.sh/gpu-memory-ratio": "100"},
+                "topology": {"socketID": m / per_numa.max(1), "nodeID": m / per_numa.max(1),
+                             "pcieID": format!("pci{}", m / 2), "busID": format!("0000:{:02x}:00.0", m)}
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+        "metadata": {"name": name}, "spec": {"devices": devices}
+    })
+}
+
+pub fn nrt(name: &str) -> Value {
+    json!({
+        "apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+        "metadata": {"name": name, "annotations": {
+            "node.koordinator.sh/cpu-topology": "{\"detail\":[{\"id\":0,\"core\":0,\"socket\":0,\"node\":0},{\"id\":1,\"core\":1,\"socket\":0,\"node\":0}]}"
+        }},
+        "zones": [{"name": "node-0", "type": "Node",
+                   "resources": [{"name": "cpu", "capacity": "2", "allocatable": "2", "available": "2"}]}]
+    })
+}
+
+/// A pod requesting `requests` (a JSON object of resource -> quantity), optionally bound to
+/// `node` and carrying a `device-allocated` annotation.
+pub fn pod(
+    ns: &str,
+    name: &str,
+    uid: &str,
+    requests: Value,
+    node: Option<&str>,
+    allocated: Option<&str>,
+) -> Value {
+    let mut p = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": uid},
+        "spec": {"schedulerName": "device-numa-scheduler",
+                 "containers": [{"name": "main", "image": "app:1",
+                                 "resources": {"requests": requests.clone(), "limits": requests}}]},
+        "status": {"phase": if node.is_some() { "Running" } else { "Pending" }}
+    });
+    if let Some(n) = node {
+        p["spec"]["nodeName"] = json!(n);
+    }
+    if let Some(a) = allocated {
+        p["metadata"]["annotations"] = json!({"scheduling.koordinator.sh/device-allocated": a});
+    }
+    p
+}
+
+/// The extender's filter/prioritize body for `pod` over `nodes` (names mode).
+pub fn extender_args(pod: &Value, nodes: &[&str]) -> Value {
+    json!({"Pod": pod, "Nodes": null, "NodeNames": nodes})
+}
+
+/// The extender's bind body.
+pub fn binding_args(pod: &Value, node: &str) -> Value {
+    json!({
+        "PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
+        "PodUID": pod["metadata"]["uid"], "Node": node
+    })
+}
