@@ -17,23 +17,30 @@ K8S_VERSION = "1.33.0"
 
 # --- the binary's contract ------------------------------------------------------------------------
 
-# Flags of `device-numa-extender serve` (the contract the binary implements).
-SERVE_FLAGS = {
-    "--listen", "--path-prefix", "--kubeconfig", "--cluster-file", "--require-kinds",
-    "--max-staleness", "--log-format", "--log-level", "--body-limit-bytes", "--request-timeout",
-    "--max-concurrency", "--assume-ttl", "--score-strategy", "--score-weights", "--leader-elect",
-    "--leader-elect-lease-name", "--leader-elect-lease-namespace", "--leader-elect-identity",
-    "--leader-elect-lease-duration", "--leader-elect-renew-deadline", "--leader-elect-retry-period",
-    "--follow-scheduler-lease",
-}
-# Env vars the binary reads (each flag's env twin) plus the downward-API defaults.
-SERVE_ENV = {
-    "DNE_LISTEN", "DNE_PATH_PREFIX", "KUBECONFIG", "DNE_CLUSTER_FILE", "DNE_REQUIRE_KINDS",
-    "DNE_MAX_STALENESS", "DNE_LOG_FORMAT", "DNE_LOG_LEVEL", "DNE_BODY_LIMIT_BYTES",
-    "DNE_REQUEST_TIMEOUT", "DNE_MAX_CONCURRENCY", "DNE_ASSUME_TTL", "DNE_SCORE_STRATEGY",
-    "DNE_SCORE_WEIGHTS", "DNE_LEADER_ELECT", "DNE_LEADER_ELECT_LEASE_NAME", "POD_NAMESPACE",
-    "POD_NAME", "DNE_FOLLOW_SCHEDULER_LEASE",
-}
+CLI_RS = R.ROOT / "src" / "cli.rs"
+
+
+def parse_serve_contract() -> tuple[set[str], set[str]]:
+    """(flags, env vars) of `device-numa-extender serve`, read from the clap definitions in
+    src/cli.rs, so the chart is checked against what the binary really accepts. Each
+    `#[arg(long, env = "X", ...)]` names the flag after the field below it."""
+    src = CLI_RS.read_text()
+    body = src[src.index("pub struct ServeArgs"):]
+    body = body[: body.index("\n}\n")]
+    flags, envs = set(), set()
+    for m in re.finditer(r"#\[arg\((.*?)\)\]\s*pub (\w+):", body, re.S):
+        attrs, field = m.group(1), m.group(2)
+        if re.search(r"\blong\b", attrs):
+            flags.add("--" + field.replace("_", "-"))
+        env = re.search(r'env\s*=\s*"([A-Z0-9_]+)"', attrs)
+        if env:
+            envs.add(env.group(1))
+    assert len(flags) >= 20, f"parsed only {sorted(flags)} from {CLI_RS}"
+    return flags, envs
+
+
+# Flags and env vars of `device-numa-extender serve` (the contract the binary implements).
+SERVE_FLAGS, SERVE_ENV = parse_serve_contract()
 # kube-scheduler's Extender config (kubescheduler.config.k8s.io/v1), all of its JSON fields.
 EXTENDER_FIELDS = {
     "urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",

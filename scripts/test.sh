@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs every test: formatting, lints, all Rust tests (unit, property, integration against the
+# in-process fake API server, the real binary end to end) and the Helm chart tests.
+# Needs only the Rust toolchain, Python 3 with venv/pip, and the package registries.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --locked --all-targets -- -D warnings
+
+step "cargo test (unit, property and integration tests; benches are run separately, see BENCHMARKS.md)"
+cargo test --locked
+
+step "Helm chart tests (real Helm SDK, Kubernetes 1.33 schemas)"
+tests/chart/run.sh
