@@ -38,8 +38,24 @@ pub enum ServeError {
 async fn kube_client(args: &ServeArgs) -> Result<kube::Client, ServeError> {
     let config = match &args.kubeconfig {
         Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", path.display())))?;
+            // KUBECONFIG may list several files (`a:b`), merged in order as kubectl does.
+            let mut merged: Option<kube::config::Kubeconfig> = None;
+            for part in std::env::split_paths(path.as_os_str()) {
+                if part.as_os_str().is_empty() {
+                    continue;
+                }
+                let next = kube::config::Kubeconfig::read_from(&part)
+                    .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", part.display())))?;
+                merged = Some(match merged {
+                    None => next,
+                    Some(acc) => acc
+                        .merge(next)
+                        .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", part.display())))?,
+                });
+            }
+            let kubeconfig = merged.ok_or_else(|| {
+                ServeError::Kubeconfig(format!("{}: no kubeconfig file given", path.display()))
+            })?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
                 .await
                 .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", path.display())))?

@@ -320,6 +320,47 @@ mod tests {
         assert_eq!(out["items"][0]["status"]["capacity"]["cpu"], "4");
     }
 
+    proptest::proptest! {
+        /// No body, however odd, panics a decoder: it parses or it is an error.
+        #[test]
+        fn decoding_never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256),
+                                 text in ".{0,200}") {
+            for input in [&body[..], text.as_bytes()] {
+                let _ = serde_json::from_slice::<ExtenderArgs>(input);
+                let _ = serde_json::from_slice::<ExtenderBindingArgs>(input);
+                let _ = serde_json::from_slice::<ExtenderPreemptionArgs>(input);
+            }
+        }
+
+        /// Arbitrary JSON documents with the right top-level keys never panic either.
+        #[test]
+        fn decoding_json_values_never_panics(v in arb_json()) {
+            for key in ["Pod", "NodeNames", "Nodes", "NodeNameToVictims", "NodeNameToMetaVictims", "PodUID"] {
+                let doc = serde_json::json!({ key: v.clone() }).to_string();
+                let _ = serde_json::from_str::<ExtenderArgs>(&doc);
+                let _ = serde_json::from_str::<ExtenderBindingArgs>(&doc);
+                let _ = serde_json::from_str::<ExtenderPreemptionArgs>(&doc);
+            }
+        }
+    }
+
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            ".{0,8}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("[a-zA-Z]{1,10}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
     #[test]
     fn wrong_shapes_are_errors_not_panics() {
         assert!(serde_json::from_str::<ExtenderArgs>(r#"{"NodeNames": "a"}"#).is_err());
