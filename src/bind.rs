@@ -331,6 +331,8 @@ pub enum BindError {
     InProgress { pod: String },
     #[error("not the leader: binds are served by the leader replica")]
     NotLeader,
+    #[error("internal error during bind: {0}")]
+    Internal(String),
     #[error("failed to {step} for pod {pod}: {source}")]
     Api {
         step: &'static str,
@@ -352,6 +354,7 @@ impl BindError {
             BindError::InvalidRequestResources { .. } => "invalid_resources",
             BindError::InProgress { .. } => "in_progress",
             BindError::NotLeader => "not_leader",
+            BindError::Internal(_) => "internal",
             BindError::Api {
                 step: "read the pod",
                 ..

@@ -133,7 +133,15 @@ pub async fn bind(State(state): State<AppState>, headers: HeaderMap, body: Body)
         |error| ExtenderBindingResult { error },
         async |s, args: ExtenderBindingArgs| {
             let started = Instant::now();
-            let result = s.binder.bind(&args).await;
+            // Run the bind as its own task: if the request times out or the client goes away,
+            // the bind still either completes or rolls back instead of stopping halfway with
+            // an assumed entry or a patched annotation left behind.
+            let binder = s.binder.clone();
+            let task_args = args.clone();
+            let result = match tokio::spawn(async move { binder.bind(&task_args).await }).await {
+                Ok(result) => result,
+                Err(join) => Err(crate::bind::BindError::Internal(join.to_string())),
+            };
             s.metrics.bind_duration.observe(started.elapsed().as_secs_f64());
             match result {
                 Ok(outcome) => {

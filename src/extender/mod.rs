@@ -80,7 +80,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             config.max_concurrency.max(1),
         ))
         .layer(middleware::from_fn_with_state(
-            config.request_timeout,
+            (config.request_timeout, state.metrics.clone()),
             timeout,
         ));
     Router::new()
@@ -94,11 +94,21 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
 
 /// Answers a JSON 503 when a request outlives `--request-timeout` (also while queued behind
 /// the concurrency limit), instead of tower's empty-bodied error.
-async fn timeout(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+async fn timeout(
+    State((limit, metrics)): State<(Duration, Metrics)>,
+    request: Request,
+    next: Next,
+) -> Response {
     let path = request.uri().path().to_string();
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
+            let verb = path.rsplit('/').next().unwrap_or("unknown");
+            let verb = match verb {
+                "filter" | "prioritize" | "bind" | "preempt" => verb,
+                _ => "other",
+            };
+            metrics.requests.with_label_values(&[verb, "timeout"]).inc();
             tracing::warn!(path, timeout = ?limit, "request timed out");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
