@@ -8,6 +8,16 @@ use crate::model::annotations::{DEVICE_ALLOCATED, RESOURCE_STATUS};
 use crate::model::device::DeviceAllocations;
 use crate::model::ids::{ObjectKey, PodUid};
 use crate::model::pod::Pod;
+use crate::model::requests::{Requests, pod_requests};
+
+fn serialize_requests<S: serde::Serializer>(r: &Requests, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(r.len()))?;
+    for (k, v) in r {
+        map.serialize_entry(k, &v.to_string())?;
+    }
+    map.end()
+}
 
 /// Everything the caches need to know about one pod: identity, placement, and the raw
 /// allocation annotations it carries (parsed lazily by the ledgers that own their meaning).
@@ -20,6 +30,10 @@ pub struct PodRecord {
     /// `spec.nodeName`, if assigned.
     pub node: Option<Arc<str>>,
     pub phase: Option<String>,
+    /// Effective pod requests (Kubernetes `PodRequests`); empty when the spec's quantities are
+    /// invalid (the API server never admits such pods).
+    #[serde(serialize_with = "serialize_requests", skip_serializing_if = "Requests::is_empty")]
+    pub requests: Requests,
     /// The parsed `device-allocated` annotation.
     pub devices: PodDevices,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -38,6 +52,7 @@ impl PodRecord {
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             node: pod.node_name().map(Arc::from),
             phase: pod.status.phase.clone(),
+            requests: pod_requests(&pod.spec).unwrap_or_default(),
             devices: PodDevices::from_annotation(pod.annotation(DEVICE_ALLOCATED)),
             resource_status: pod.annotation(RESOURCE_STATUS).map(str::to_owned),
         })
