@@ -201,6 +201,32 @@ impl OfflinePodApi {
     }
 }
 
+impl OfflinePodApi {
+    /// Runs `f` on the stored pod, as the API server would after its UID precondition.
+    fn with_pod<R>(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        f: impl FnOnce(&mut Pod) -> Result<R, ApiError>,
+    ) -> Result<R, ApiError> {
+        let mut pods = self.pods.lock();
+        let pod = pods
+            .get_mut(&(namespace.to_string(), name.to_string()))
+            .ok_or_else(|| ApiError {
+                status: Some(404),
+                message: format!("pod {namespace}/{name} not found"),
+            })?;
+        if pod.metadata.uid.as_deref() != Some(uid) {
+            return Err(ApiError {
+                status: Some(409),
+                message: "uid precondition failed".into(),
+            });
+        }
+        f(pod)
+    }
+}
+
 impl PodApi for OfflinePodApi {
     fn get_pod<'a>(
         &'a self,
@@ -222,20 +248,7 @@ impl PodApi for OfflinePodApi {
         uid: &'a str,
         annotations: &'a BTreeMap<String, Option<String>>,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
-        let result = (|| {
-            let mut pods = self.pods.lock();
-            let pod = pods
-                .get_mut(&(namespace.to_string(), name.to_string()))
-                .ok_or_else(|| ApiError {
-                    status: Some(404),
-                    message: format!("pod {namespace}/{name} not found"),
-                })?;
-            if pod.metadata.uid.as_deref() != Some(uid) {
-                return Err(ApiError {
-                    status: Some(409),
-                    message: "uid precondition failed".into(),
-                });
-            }
+        let result = self.with_pod(namespace, name, uid, |pod| {
             let target = pod
                 .metadata
                 .annotations
@@ -247,7 +260,7 @@ impl PodApi for OfflinePodApi {
                 };
             }
             Ok(())
-        })();
+        });
         Box::pin(async move { result })
     }
 
@@ -258,20 +271,7 @@ impl PodApi for OfflinePodApi {
         uid: &'a str,
         node: &'a str,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
-        let result = (|| {
-            let mut pods = self.pods.lock();
-            let pod = pods
-                .get_mut(&(namespace.to_string(), name.to_string()))
-                .ok_or_else(|| ApiError {
-                    status: Some(404),
-                    message: format!("pod {namespace}/{name} not found"),
-                })?;
-            if pod.metadata.uid.as_deref() != Some(uid) {
-                return Err(ApiError {
-                    status: Some(409),
-                    message: "uid precondition failed".into(),
-                });
-            }
+        let result = self.with_pod(namespace, name, uid, |pod| {
             if let Some(existing) = pod.node_name() {
                 return Err(ApiError {
                     status: Some(409),
@@ -280,7 +280,7 @@ impl PodApi for OfflinePodApi {
             }
             pod.spec.node_name = Some(node.to_string());
             Ok(())
-        })();
+        });
         Box::pin(async move { result })
     }
 

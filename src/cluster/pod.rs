@@ -32,7 +32,10 @@ pub struct PodRecord {
     pub phase: Option<String>,
     /// Effective pod requests (Kubernetes `PodRequests`); empty when the spec's quantities are
     /// invalid (the API server never admits such pods).
-    #[serde(serialize_with = "serialize_requests", skip_serializing_if = "Requests::is_empty")]
+    #[serde(
+        serialize_with = "serialize_requests",
+        skip_serializing_if = "Requests::is_empty"
+    )]
     pub requests: Requests,
     /// The parsed `device-allocated` annotation.
     pub devices: PodDevices,

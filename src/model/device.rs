@@ -5,7 +5,6 @@
 //! annotation rendering that koordlet reads unchanged. It holds no state, performs no I/O and
 //! makes no placement decisions (those live in `placement::device`).
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -235,29 +234,14 @@ fn unknown_type() -> DeviceType {
     DeviceType::Other(String::new())
 }
 
-impl kube::Resource for Device {
-    type DynamicType = ();
-    type Scope = kube::core::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Device".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "scheduling.koordinator.sh".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1alpha1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "devices".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+static_resource!(
+    Device,
+    kind = "Device",
+    group = "scheduling.koordinator.sh",
+    version = "v1alpha1",
+    plural = "devices",
+    scope = kube::core::ClusterResourceScope
+);
 
 /// One entry of the `device-allocated` annotation. Field order is koordinator's (Go struct order),
 /// which is what makes `to_annotation` byte-compatible.

@@ -5,6 +5,39 @@
 //! here implements `kube::Resource` by hand so kube-runtime watchers can stream it directly.
 //! This module owns no state and performs no I/O.
 
+/// Implements `kube::Resource` for a slim type with a fixed group/version (what
+/// `#[derive(CustomResource)]` would generate, without the derive's compile cost).
+macro_rules! static_resource {
+    ($ty:ty, kind = $kind:literal, group = $group:literal, version = $version:literal,
+     plural = $plural:literal, scope = $scope:ty) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                $kind.into()
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                $group.into()
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                $version.into()
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                $plural.into()
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 pub mod device;
 pub mod ids;
 pub mod node;

@@ -1,6 +1,5 @@
 //! A slim Node: identity, labels and allocatable. Decoded directly by the node watcher.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -32,26 +31,11 @@ impl Node {
     }
 }
 
-impl kube::Resource for Node {
-    type DynamicType = ();
-    type Scope = kube::core::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Node".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "nodes".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+static_resource!(
+    Node,
+    kind = "Node",
+    group = "",
+    version = "v1",
+    plural = "nodes",
+    scope = kube::core::ClusterResourceScope
+);

@@ -1,6 +1,5 @@
 //! A slim Pod: identity, placement-relevant spec and phase. Decoded directly by the pod watcher.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -90,29 +89,14 @@ impl Pod {
     }
 }
 
-impl kube::Resource for Pod {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Pod".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "pods".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+static_resource!(
+    Pod,
+    kind = "Pod",
+    group = "",
+    version = "v1",
+    plural = "pods",
+    scope = kube::core::NamespaceResourceScope
+);
 
 /// Quantities in hand-written YAML are often bare numbers (`nvidia.com/gpu: 1`); the API
 /// server always sends strings. Accept both so a cluster file reads like `kubectl` output.
