@@ -294,6 +294,19 @@ pub enum BindOutcome {
     Bound,
     /// A retry of a bind that already succeeded.
     AlreadyBound,
+    /// The binding call failed, but reading the pod back showed it bound here with our
+    /// allocation (the API server committed it and the answer was lost).
+    BoundDespiteError,
+}
+
+/// What a failed commit left behind.
+enum AfterFailure {
+    /// The pod is bound to the requested node with our annotation: the bind succeeded.
+    BoundAnyway,
+    /// The pod could not be read back: it may or may not be bound.
+    Unknown,
+    /// The pod is not on the requested node (or gone): undo the assumed entry.
+    NotBound { clear_annotation: bool },
 }
 
 impl BindOutcome {
@@ -301,6 +314,7 @@ impl BindOutcome {
         match self {
             BindOutcome::Bound => "bound",
             BindOutcome::AlreadyBound => "already_bound",
+            BindOutcome::BoundDespiteError => "bound_despite_error",
         }
     }
 }
@@ -495,23 +509,29 @@ impl Binder {
                 assumed = true;
             }
         }
-        let result = self.commit(args, &pod_key, &annotations).await;
-        if let Err(e) = &result {
-            if assumed {
-                self.roll_back(&args.node, &uid);
-            }
-            if !annotations.is_empty()
-                && matches!(
-                    e,
-                    BindError::Api {
-                        step: "create the binding",
-                        ..
+        let mut outcome = BindOutcome::Bound;
+        if let Err(e) = self.commit(args, &pod_key, &annotations).await {
+            match self.after_failed_commit(&e, args, &annotations).await {
+                AfterFailure::BoundAnyway => {
+                    tracing::warn!(pod = %pod_key, node = %args.node, error = %e, "the binding failed but took effect: keeping the allocation");
+                    outcome = BindOutcome::BoundDespiteError;
+                }
+                AfterFailure::Unknown => {
+                    // The pod may be running on the node with our minors: keep the assumed
+                    // entry (the pod watch commits it, or it expires) and the annotation.
+                    tracing::warn!(pod = %pod_key, node = %args.node, error = %e, "cannot tell whether the failed binding took effect: keeping the allocation assumed");
+                    return Err(e);
+                }
+                AfterFailure::NotBound { clear_annotation } => {
+                    if assumed {
+                        self.roll_back(&args.node, &uid);
                     }
-                )
-            {
-                self.clear_annotation(args, &pod_key).await;
+                    if clear_annotation && !annotations.is_empty() {
+                        self.clear_annotation(args, &pod_key).await;
+                    }
+                    return Err(e);
+                }
             }
-            return result.map(|_| BindOutcome::Bound);
         }
         if !self.api.confirmed_by_watch() {
             let mut bound = pod.clone();
@@ -526,7 +546,67 @@ impl Binder {
                 tracing::info!(pod = %pod_key, node = %args.node, "offline mode: bind recorded in memory only");
             }
         }
-        Ok(BindOutcome::Bound)
+        Ok(outcome)
+    }
+
+    /// A failed binding may still have taken effect (a timeout or lost answer after the API
+    /// server committed it). Rolling back then would leave a pod running on the node with our
+    /// minors, uncounted, and clearing its annotation would hide them from koordlet too: the
+    /// next bind would hand out the same GPU. So read the pod back before undoing anything.
+    async fn after_failed_commit(
+        &self,
+        error: &BindError,
+        args: &ExtenderBindingArgs,
+        annotations: &BTreeMap<String, Option<String>>,
+    ) -> AfterFailure {
+        if !matches!(
+            error,
+            BindError::Api {
+                step: "create the binding",
+                ..
+            }
+        ) {
+            return AfterFailure::NotBound {
+                clear_annotation: false,
+            };
+        }
+        let pod = match self.api.get_pod(&args.pod_namespace, &args.pod_name).await {
+            Ok(Some(pod)) => pod,
+            // Deleted: nothing runs, nothing to clear.
+            Ok(None) => {
+                return AfterFailure::NotBound {
+                    clear_annotation: false,
+                };
+            }
+            Err(_) => return AfterFailure::Unknown,
+        };
+        if pod.metadata.uid.as_deref() != Some(args.pod_uid.as_str()) {
+            // Recreated: the new pod never carried our annotation (the patch was UID-guarded).
+            return AfterFailure::NotBound {
+                clear_annotation: false,
+            };
+        }
+        match pod.node_name() {
+            Some(node) if node == args.node => {
+                let ours = annotations
+                    .get(DEVICE_ALLOCATED)
+                    .and_then(|v| v.as_deref())
+                    .is_none_or(|v| pod.annotation(DEVICE_ALLOCATED) == Some(v));
+                if ours {
+                    AfterFailure::BoundAnyway
+                } else {
+                    // Bound here by someone else with another allocation: the watch records
+                    // theirs; ours must go, and their annotation must stay.
+                    AfterFailure::NotBound {
+                        clear_annotation: false,
+                    }
+                }
+            }
+            // Unbound, or bound elsewhere: it must not keep an allocation for our node.
+            _ => AfterFailure::NotBound {
+                clear_annotation: true,
+            },
+        }
     }
 
     async fn commit(

@@ -257,8 +257,12 @@ pub enum Fault {
     RefuseBinding,
     /// The binding is applied, then the answer is lost: the client sees 504 (what a real API
     /// server answers when a request outlives its timeout while the write may still commit).
-    #[allow(dead_code)] // used by the lost-answer test with its fix
     LoseBindingAnswer,
+    /// [`Fault::LoseBindingAnswer`], and the next read of the pod fails too (the API server
+    /// is briefly unreachable), so the binder cannot tell whether the binding took effect.
+    LoseBindingAnswerAndNextRead,
+    /// `GET pods/{name}` answers 503.
+    RefuseRead,
     /// Right after the annotation patch of a pod, another scheduler binds it to this node.
     BindElsewhereAfterPatch(String),
     /// The annotation patch of a pod is held back this long (a slow API server).
@@ -320,10 +324,14 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
     };
     let is_patch = method == axum::http::Method::PATCH && !is_binding;
     let is_bind = method == axum::http::Method::POST && is_binding;
+    let is_read = method == axum::http::Method::GET && !is_binding;
     let fault = {
         let mut q = faults.queue.lock();
         let pos = q.iter().position(|f| match f {
-            Fault::RefuseBinding | Fault::LoseBindingAnswer => is_bind,
+            Fault::RefuseBinding
+            | Fault::LoseBindingAnswer
+            | Fault::LoseBindingAnswerAndNextRead => is_bind,
+            Fault::RefuseRead => is_read,
             Fault::BindElsewhereAfterPatch(_) | Fault::DelayPatch(_) => is_patch,
         });
         pos.map(|i| q.remove(i))
@@ -342,6 +350,19 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
                 "injected: the binding committed but its answer was lost",
             )
         }
+        Some(Fault::LoseBindingAnswerAndNextRead) => {
+            let response = next.run(request).await;
+            assert!(
+                response.status().is_success(),
+                "binding should have applied"
+            );
+            faults.push(Fault::RefuseRead);
+            status(
+                504,
+                "injected: the binding committed but its answer was lost",
+            )
+        }
+        Some(Fault::RefuseRead) => status(503, "injected: API server unavailable"),
         Some(Fault::BindElsewhereAfterPatch(node)) => {
             let response = next.run(request).await;
             faults

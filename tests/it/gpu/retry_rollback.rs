@@ -100,6 +100,74 @@ async fn pod_bound_elsewhere_mid_bind_loses_our_annotation_and_entry() {
     env.svc.shutdown().await.unwrap();
 }
 
+/// The binding commits but its answer is lost (504). The pod now runs on n1 with our minors:
+/// they must stay counted and annotated, or the next pod gets the same GPU (reference §4.23:
+/// "bind returned an error but actually succeeded").
+#[tokio::test]
+async fn binding_that_committed_despite_an_error_keeps_its_allocation() {
+    let p = pending("p", whole_gpus(1));
+    let q = pending("q", whole_gpus(1));
+    let r = pending("r", whole_gpus(1));
+    let (env, faults) = setup(&[&p, &q, &r], true).await;
+    let faults = faults.unwrap();
+    faults.push(Fault::LoseBindingAnswer);
+    // Read back, the pod is bound here with our annotation: that is a successful bind.
+    env.bind(&p, "n1").await.unwrap();
+    assert_eq!(faults.pending(), 0, "the fault was not hit");
+    assert_eq!(node_of(&env.fake, &p).as_deref(), Some("n1"));
+    let a = annotation_of(&env.fake, &p).expect("a bound pod keeps its device annotation");
+    let held = gpu_shares(&a);
+    env.wait_committed("n1", &uid(&p)).await;
+    // Let any late cleanup land before judging.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(annotation_of(&env.fake, &p), Some(a.clone()));
+    let view = env.ledger("n1").await;
+    assert_eq!(view["entries"][uid(&p)]["state"], "committed", "{view}");
+    // The other GPU goes to q, and then n1 is full.
+    env.bind(&q, "n1").await.unwrap();
+    let qa = gpu_shares(&annotation_of(&env.fake, &q).unwrap());
+    assert_ne!(qa[0].0, held[0].0, "q got p's GPU");
+    assert!(
+        env.bind(&r, "n1")
+            .await
+            .unwrap_err()
+            .contains("cannot place")
+    );
+    assert_eq!(
+        env.metric("dne_binds_total", "outcome=\"bound_despite_error\"")
+            .await,
+        1.0
+    );
+    env.svc.shutdown().await.unwrap();
+}
+
+/// As above, but the pod cannot even be read back: the bind answers Error, yet the allocation
+/// stays assumed and annotated (it may be running there), until the watch confirms it.
+#[tokio::test]
+async fn binding_with_unknown_outcome_keeps_the_allocation_assumed() {
+    let p = pending("p", whole_gpus(2));
+    let q = pending("q", whole_gpus(1));
+    let (env, faults) = setup(&[&p, &q], true).await;
+    let faults = faults.unwrap();
+    faults.push(Fault::LoseBindingAnswerAndNextRead);
+    let err = env.bind(&p, "n1").await.unwrap_err();
+    assert!(err.contains("create the binding"), "{err}");
+    assert_eq!(faults.pending(), 0, "the faults were not hit");
+    assert_eq!(node_of(&env.fake, &p).as_deref(), Some("n1"));
+    assert!(
+        annotation_of(&env.fake, &p).is_some(),
+        "annotation cleared on a bound pod"
+    );
+    env.wait_committed("n1", &uid(&p)).await;
+    assert!(
+        env.bind(&q, "n1")
+            .await
+            .unwrap_err()
+            .contains("cannot place")
+    );
+    env.svc.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn retried_bind_of_a_bound_pod_succeeds_once_and_never_moves_it() {
     let p = pending("p", ratio(50));
