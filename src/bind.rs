@@ -388,6 +388,18 @@ pub struct Binder {
     /// Pod UIDs with a bind in flight: a duplicate (kube-scheduler retrying after a timeout)
     /// must not replace, then roll back, the first attempt's assumed entry.
     in_flight: Mutex<std::collections::BTreeSet<PodUid>>,
+    /// Which pod each assumed entry belongs to, so expiry can ask the API server about it.
+    assumed: Mutex<std::collections::HashMap<PodUid, AssumedPod>>,
+}
+
+/// The pod behind an assumed ledger entry.
+#[derive(Clone, Debug)]
+struct AssumedPod {
+    namespace: String,
+    name: String,
+    node: String,
+    /// The entry's `EntryState::Assumed::at`: identifies this bind's entry.
+    at: std::time::Instant,
 }
 
 /// Removes the pod from the in-flight set however the bind ends.
@@ -417,6 +429,7 @@ impl Binder {
             scoring,
             metrics,
             in_flight: Mutex::new(Default::default()),
+            assumed: Mutex::new(Default::default()),
         }
     }
 
@@ -499,11 +512,20 @@ impl Binder {
                     DEVICE_ALLOCATED.to_string(),
                     Some(allocation.to_annotation()),
                 );
+                let at = std::time::Instant::now();
                 state.devices.record(
                     uid.clone(),
                     RecordedAllocation::Allocated(allocation),
-                    EntryState::Assumed {
-                        at: std::time::Instant::now(),
+                    EntryState::Assumed { at },
+                );
+                // Lock order: node, then the assumed map (expiry never holds both).
+                self.assumed.lock().insert(
+                    uid.clone(),
+                    AssumedPod {
+                        namespace: args.pod_namespace.clone(),
+                        name: args.pod_name.clone(),
+                        node: args.node.clone(),
+                        at,
                     },
                 );
                 assumed = true;
@@ -682,21 +704,93 @@ impl Binder {
     }
 
     /// Drops assumed entries that no pod watch confirmed within `ttl`; returns how many.
-    pub fn expire_assumed(&self, ttl: std::time::Duration) -> usize {
+    ///
+    /// Age alone is not proof: during a pod-watch outage longer than `ttl` a bound, running pod
+    /// is never confirmed either, and dropping its entry would hand its devices out again. So
+    /// each candidate's pod is read from the API server first: it is kept while the pod is
+    /// bound to that node and not terminal, and also when the read fails (checked again next
+    /// round). Only a pod that is gone, recreated, unbound, elsewhere or finished is expired.
+    pub async fn expire_assumed(&self, ttl: std::time::Duration) -> usize {
         let now = std::time::Instant::now();
-        let mut expired = 0;
+        let mut candidates = Vec::new();
         for name in self.cluster.node_names() {
             if let Some(entry) = self.cluster.node(&name) {
-                let gone = entry.write().devices.expire_assumed(now, ttl);
-                for uid in &gone {
-                    tracing::warn!(node = %name, pod_uid = %uid, "assumed allocation expired without bind confirmation");
+                let old = entry.read().devices.assumed_older_than(now, ttl);
+                candidates.extend(old.into_iter().map(|(uid, at)| (name.clone(), uid, at)));
+            }
+        }
+        self.forget_settled_assumptions();
+        let mut expired = 0;
+        for (node, uid, at) in candidates {
+            let pod = self
+                .assumed
+                .lock()
+                .get(&uid)
+                .filter(|p| p.at == at)
+                .cloned();
+            if let Some(pod) = &pod {
+                match self.api.get_pod(&pod.namespace, &pod.name).await {
+                    Err(error) => {
+                        tracing::debug!(%node, pod_uid = %uid, %error, "cannot confirm an old assumed allocation; keeping it");
+                        continue;
+                    }
+                    Ok(Some(p))
+                        if p.metadata.uid.as_deref() == Some(uid.as_str())
+                            && p.node_name() == Some(node.as_ref())
+                            && !matches!(
+                                p.status.phase.as_deref(),
+                                Some("Succeeded" | "Failed")
+                            ) =>
+                    {
+                        tracing::warn!(%node, pod = %format!("{}/{}", pod.namespace, pod.name), "assumed allocation unconfirmed by the pod watch, but the pod is bound here: keeping it");
+                        continue;
+                    }
+                    Ok(_) => {}
                 }
-                expired += gone.len();
+            }
+            let removed = self
+                .cluster
+                .node(&node)
+                .is_some_and(|e| e.write().devices.remove_if_assumed_at(&uid, at));
+            if removed {
+                tracing::warn!(%node, pod_uid = %uid, "assumed allocation expired without bind confirmation");
+                expired += 1;
+            }
+            let mut assumed = self.assumed.lock();
+            if assumed.get(&uid).is_some_and(|p| p.at == at) {
+                assumed.remove(&uid);
             }
         }
         if expired > 0 {
             self.metrics.assumed_expired.inc_by(expired as u64);
         }
         expired
+    }
+
+    /// Drops the pod keys of assumed entries that were committed, rolled back or replaced.
+    fn forget_settled_assumptions(&self) {
+        let snapshot: Vec<(PodUid, AssumedPod)> = self
+            .assumed
+            .lock()
+            .iter()
+            .map(|(u, p)| (u.clone(), p.clone()))
+            .collect();
+        let settled: Vec<(PodUid, std::time::Instant)> = snapshot
+            .into_iter()
+            .filter(|(uid, p)| {
+                let state = self
+                    .cluster
+                    .node(&p.node)
+                    .and_then(|e| e.read().devices.get(uid).map(|e| e.state));
+                !matches!(state, Some(EntryState::Assumed { at }) if at == p.at)
+            })
+            .map(|(uid, p)| (uid, p.at))
+            .collect();
+        let mut assumed = self.assumed.lock();
+        for (uid, at) in settled {
+            if assumed.get(&uid).is_some_and(|p| p.at == at) {
+                assumed.remove(&uid);
+            }
+        }
     }
 }

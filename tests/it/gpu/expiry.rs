@@ -4,7 +4,8 @@
 //! watches refused). A bind succeeds, so its entry is *assumed*. The pod is then deleted and
 //! the API server compacts its history before the watch comes back, so the service never
 //! sees the pod bound nor its DELETED: the resumed watch gets 410 and relists, and the relist
-//! has nothing to say about a pod it never recorded. Only expiry can free the GPU.
+//! has nothing to say about a pod it never recorded. Only expiry can free the GPU, and it does
+//! once the API server confirms the pod is gone.
 
 use std::time::Duration;
 
@@ -68,5 +69,42 @@ async fn unconfirmed_assumed_entry_expires_and_is_counted() {
     let view = env.ledger("n1").await;
     assert_eq!(view["entries"][uid(&next)]["state"], "committed", "{view}");
     assert_eq!(env.metric("dne_assumed_expired_total", "").await, 1.0);
+    env.svc.shutdown().await.unwrap();
+}
+
+/// Age alone must not expire an entry: during a pod-watch outage longer than `--assume-ttl`
+/// a bound, running pod is never confirmed either, and dropping its entry would hand its GPU
+/// out again. Once the watch is back, the entry is committed, never expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_during_a_watch_outage_must_not_free_a_gpu_in_use() {
+    let fake = FakeApiServer::new();
+    add_gpu_node(&fake, "n1", 1, &[]);
+    let running = pending("running", whole_gpus(1));
+    let next = pending("next", whole_gpus(1));
+    fake.create_many(Kind::Pod, [running.clone(), next.clone()])
+        .unwrap();
+    let env = Env::start(&fake, &["--assume-ttl", "300ms"]).await;
+    fake.fail_watch_start(Kind::Pod, 500, 1_000_000);
+    fake.close_watches();
+    let f = fake.clone();
+    service::eventually(WAIT, "the pod watch to close", move || {
+        f.open_watches(Kind::Pod) == 0
+    })
+    .await;
+    env.bind(&running, "n1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let second = env.bind(&next, "n1").await;
+    fake.fail_watch_start(Kind::Pod, 500, 0);
+    assert!(
+        second.is_err(),
+        "the only GPU was handed out twice: running={:?} next={:?}",
+        annotation_of(&fake, &running),
+        annotation_of(&fake, &next)
+    );
+    assert_eq!(env.metric("dne_assumed_expired_total", "").await, 0.0);
+    let view = env.ledger("n1").await;
+    assert_eq!(view["entries"][uid(&running)]["state"], "assumed", "{view}");
+    env.wait_committed("n1", &uid(&running)).await;
+    assert_eq!(env.metric("dne_assumed_expired_total", "").await, 0.0);
     env.svc.shutdown().await.unwrap();
 }
