@@ -189,7 +189,7 @@ impl Service {
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => break,
-                        _ = tokio::time::sleep(period) => { binder.expire_assumed(ttl); }
+                        _ = tokio::time::sleep(period) => { binder.expire_assumed(ttl).await; }
                     }
                 }
             });

@@ -294,6 +294,19 @@ pub enum BindOutcome {
     Bound,
     /// A retry of a bind that already succeeded.
     AlreadyBound,
+    /// The binding call failed, but reading the pod back showed it bound here with our
+    /// allocation (the API server committed it and the answer was lost).
+    BoundDespiteError,
+}
+
+/// What a failed commit left behind.
+enum AfterFailure {
+    /// The pod is bound to the requested node with our annotation: the bind succeeded.
+    BoundAnyway,
+    /// The pod could not be read back: it may or may not be bound.
+    Unknown,
+    /// The pod is not on the requested node (or gone): undo the assumed entry.
+    NotBound { clear_annotation: bool },
 }
 
 impl BindOutcome {
@@ -301,6 +314,7 @@ impl BindOutcome {
         match self {
             BindOutcome::Bound => "bound",
             BindOutcome::AlreadyBound => "already_bound",
+            BindOutcome::BoundDespiteError => "bound_despite_error",
         }
     }
 }
@@ -377,6 +391,18 @@ pub struct Binder {
     /// Pod UIDs with a bind in flight: a duplicate (kube-scheduler retrying after a timeout)
     /// must not replace, then roll back, the first attempt's assumed entry.
     in_flight: Mutex<std::collections::BTreeSet<PodUid>>,
+    /// Which pod each assumed entry belongs to, so expiry can ask the API server about it.
+    assumed: Mutex<std::collections::HashMap<PodUid, AssumedPod>>,
+}
+
+/// The pod behind an assumed ledger entry.
+#[derive(Clone, Debug)]
+struct AssumedPod {
+    namespace: String,
+    name: String,
+    node: String,
+    /// The entry's `EntryState::Assumed::at`: identifies this bind's entry.
+    at: std::time::Instant,
 }
 
 /// Removes the pod from the in-flight set however the bind ends.
@@ -406,6 +432,7 @@ impl Binder {
             scoring,
             metrics,
             in_flight: Mutex::new(Default::default()),
+            assumed: Mutex::new(Default::default()),
         }
     }
 
@@ -488,33 +515,48 @@ impl Binder {
                     DEVICE_ALLOCATED.to_string(),
                     Some(allocation.to_annotation()),
                 );
+                let at = std::time::Instant::now();
                 state.devices.record(
                     uid.clone(),
                     RecordedAllocation::Allocated(allocation),
-                    EntryState::Assumed {
-                        at: std::time::Instant::now(),
+                    EntryState::Assumed { at },
+                );
+                // Lock order: node, then the assumed map (expiry never holds both).
+                self.assumed.lock().insert(
+                    uid.clone(),
+                    AssumedPod {
+                        namespace: args.pod_namespace.clone(),
+                        name: args.pod_name.clone(),
+                        node: args.node.clone(),
+                        at,
                     },
                 );
                 assumed = true;
             }
         }
-        let result = self.commit(args, &pod_key, &annotations).await;
-        if let Err(e) = &result {
-            if assumed {
-                self.roll_back(&args.node, &uid);
-            }
-            if !annotations.is_empty()
-                && matches!(
-                    e,
-                    BindError::Api {
-                        step: "create the binding",
-                        ..
+        let mut outcome = BindOutcome::Bound;
+        if let Err(e) = self.commit(args, &pod_key, &annotations).await {
+            match self.after_failed_commit(&e, args, &annotations).await {
+                AfterFailure::BoundAnyway => {
+                    tracing::warn!(pod = %pod_key, node = %args.node, error = %e, "the binding failed but took effect: keeping the allocation");
+                    outcome = BindOutcome::BoundDespiteError;
+                }
+                AfterFailure::Unknown => {
+                    // The pod may be running on the node with our minors: keep the assumed
+                    // entry (the pod watch commits it, or it expires) and the annotation.
+                    tracing::warn!(pod = %pod_key, node = %args.node, error = %e, "cannot tell whether the failed binding took effect: keeping the allocation assumed");
+                    return Err(e);
+                }
+                AfterFailure::NotBound { clear_annotation } => {
+                    if assumed {
+                        self.roll_back(&args.node, &uid);
                     }
-                )
-            {
-                self.clear_annotation(args, &pod_key).await;
+                    if clear_annotation && !annotations.is_empty() {
+                        self.clear_annotation(args, &pod_key).await;
+                    }
+                    return Err(e);
+                }
             }
-            return result.map(|_| BindOutcome::Bound);
         }
         if !self.api.confirmed_by_watch() {
             let mut bound = pod.clone();
@@ -529,7 +571,67 @@ impl Binder {
                 tracing::info!(pod = %pod_key, node = %args.node, "offline mode: bind recorded in memory only");
             }
         }
-        Ok(BindOutcome::Bound)
+        Ok(outcome)
+    }
+
+    /// A failed binding may still have taken effect (a timeout or lost answer after the API
+    /// server committed it). Rolling back then would leave a pod running on the node with our
+    /// minors, uncounted, and clearing its annotation would hide them from koordlet too: the
+    /// next bind would hand out the same GPU. So read the pod back before undoing anything.
+    async fn after_failed_commit(
+        &self,
+        error: &BindError,
+        args: &ExtenderBindingArgs,
+        annotations: &BTreeMap<String, Option<String>>,
+    ) -> AfterFailure {
+        if !matches!(
+            error,
+            BindError::Api {
+                step: "create the binding",
+                ..
+            }
+        ) {
+            return AfterFailure::NotBound {
+                clear_annotation: false,
+            };
+        }
+        let pod = match self.api.get_pod(&args.pod_namespace, &args.pod_name).await {
+            Ok(Some(pod)) => pod,
+            // Deleted: nothing runs, nothing to clear.
+            Ok(None) => {
+                return AfterFailure::NotBound {
+                    clear_annotation: false,
+                };
+            }
+            Err(_) => return AfterFailure::Unknown,
+        };
+        if pod.metadata.uid.as_deref() != Some(args.pod_uid.as_str()) {
+            // Recreated: the new pod never carried our annotation (the patch was UID-guarded).
+            return AfterFailure::NotBound {
+                clear_annotation: false,
+            };
+        }
+        match pod.node_name() {
+            Some(node) if node == args.node => {
+                let ours = annotations
+                    .get(DEVICE_ALLOCATED)
+                    .and_then(|v| v.as_deref())
+                    .is_none_or(|v| pod.annotation(DEVICE_ALLOCATED) == Some(v));
+                if ours {
+                    AfterFailure::BoundAnyway
+                } else {
+                    // Bound here by someone else with another allocation: the watch records
+                    // theirs; ours must go, and their annotation must stay.
+                    AfterFailure::NotBound {
+                        clear_annotation: false,
+                    }
+                }
+            }
+            // Unbound, or bound elsewhere: it must not keep an allocation for our node.
+            _ => AfterFailure::NotBound {
+                clear_annotation: true,
+            },
+        }
     }
 
     async fn commit(
@@ -605,21 +707,93 @@ impl Binder {
     }
 
     /// Drops assumed entries that no pod watch confirmed within `ttl`; returns how many.
-    pub fn expire_assumed(&self, ttl: std::time::Duration) -> usize {
+    ///
+    /// Age alone is not proof: during a pod-watch outage longer than `ttl` a bound, running pod
+    /// is never confirmed either, and dropping its entry would hand its devices out again. So
+    /// each candidate's pod is read from the API server first: it is kept while the pod is
+    /// bound to that node and not terminal, and also when the read fails (checked again next
+    /// round). Only a pod that is gone, recreated, unbound, elsewhere or finished is expired.
+    pub async fn expire_assumed(&self, ttl: std::time::Duration) -> usize {
         let now = std::time::Instant::now();
-        let mut expired = 0;
+        let mut candidates = Vec::new();
         for name in self.cluster.node_names() {
             if let Some(entry) = self.cluster.node(&name) {
-                let gone = entry.write().devices.expire_assumed(now, ttl);
-                for uid in &gone {
-                    tracing::warn!(node = %name, pod_uid = %uid, "assumed allocation expired without bind confirmation");
+                let old = entry.read().devices.assumed_older_than(now, ttl);
+                candidates.extend(old.into_iter().map(|(uid, at)| (name.clone(), uid, at)));
+            }
+        }
+        self.forget_settled_assumptions();
+        let mut expired = 0;
+        for (node, uid, at) in candidates {
+            let pod = self
+                .assumed
+                .lock()
+                .get(&uid)
+                .filter(|p| p.at == at)
+                .cloned();
+            if let Some(pod) = &pod {
+                match self.api.get_pod(&pod.namespace, &pod.name).await {
+                    Err(error) => {
+                        tracing::debug!(%node, pod_uid = %uid, %error, "cannot confirm an old assumed allocation; keeping it");
+                        continue;
+                    }
+                    Ok(Some(p))
+                        if p.metadata.uid.as_deref() == Some(uid.as_str())
+                            && p.node_name() == Some(node.as_ref())
+                            && !matches!(
+                                p.status.phase.as_deref(),
+                                Some("Succeeded" | "Failed")
+                            ) =>
+                    {
+                        tracing::warn!(%node, pod = %format!("{}/{}", pod.namespace, pod.name), "assumed allocation unconfirmed by the pod watch, but the pod is bound here: keeping it");
+                        continue;
+                    }
+                    Ok(_) => {}
                 }
-                expired += gone.len();
+            }
+            let removed = self
+                .cluster
+                .node(&node)
+                .is_some_and(|e| e.write().devices.remove_if_assumed_at(&uid, at));
+            if removed {
+                tracing::warn!(%node, pod_uid = %uid, "assumed allocation expired without bind confirmation");
+                expired += 1;
+            }
+            let mut assumed = self.assumed.lock();
+            if assumed.get(&uid).is_some_and(|p| p.at == at) {
+                assumed.remove(&uid);
             }
         }
         if expired > 0 {
             self.metrics.assumed_expired.inc_by(expired as u64);
         }
         expired
+    }
+
+    /// Drops the pod keys of assumed entries that were committed, rolled back or replaced.
+    fn forget_settled_assumptions(&self) {
+        let snapshot: Vec<(PodUid, AssumedPod)> = self
+            .assumed
+            .lock()
+            .iter()
+            .map(|(u, p)| (u.clone(), p.clone()))
+            .collect();
+        let settled: Vec<(PodUid, std::time::Instant)> = snapshot
+            .into_iter()
+            .filter(|(uid, p)| {
+                let state = self
+                    .cluster
+                    .node(&p.node)
+                    .and_then(|e| e.read().devices.get(uid).map(|e| e.state));
+                !matches!(state, Some(EntryState::Assumed { at }) if at == p.at)
+            })
+            .map(|(uid, p)| (uid, p.at))
+            .collect();
+        let mut assumed = self.assumed.lock();
+        for (uid, at) in settled {
+            if assumed.get(&uid).is_some_and(|p| p.at == at) {
+                assumed.remove(&uid);
+            }
+        }
     }
 }

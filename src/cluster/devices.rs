@@ -332,6 +332,32 @@ impl DeviceLedger {
         self.entries.is_empty()
     }
 
+    /// Assumed entries older than `ttl`, with the instant each was assumed.
+    pub fn assumed_older_than(&self, now: Instant, ttl: Duration) -> Vec<(PodUid, Instant)> {
+        self.entries
+            .iter()
+            .filter_map(|(uid, e)| match e.state {
+                EntryState::Assumed { at } if now.saturating_duration_since(at) >= ttl => {
+                    Some((uid.clone(), at))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Removes `uid`'s entry only if it is still the one assumed at `at` (not committed by the
+    /// watch or re-assumed by a later bind in the meantime). True when removed.
+    pub fn remove_if_assumed_at(&mut self, uid: &PodUid, at: Instant) -> bool {
+        let same = matches!(
+            self.entries.get(uid).map(|e| e.state),
+            Some(EntryState::Assumed { at: a }) if a == at
+        );
+        if same {
+            self.remove(uid);
+        }
+        same
+    }
+
     /// Removes assumed entries older than `ttl` (a bind whose pod update never arrived).
     pub fn expire_assumed(&mut self, now: Instant, ttl: Duration) -> Vec<PodUid> {
         let expired: Vec<PodUid> = self

@@ -1,0 +1,379 @@
+//! GPU / device-sharing end-to-end tests: the real service, over HTTP, against the fake API
+//! server (and the real binary in offline mode). Shared helpers live here; each submodule is
+//! one theme.
+//!
+//! Every wait has a timeout: HTTP calls (30 s in [`Http`]), `eventually`, and the joins of
+//! concurrent bursts.
+
+mod concurrency;
+mod expiry;
+mod offline;
+mod restart;
+mod retry_rollback;
+mod verbs;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use device_numa_extender::app::Service;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use crate::support::service::{self, Http};
+use crate::support::{FakeApiServer, Kind};
+
+pub const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
+pub const RATIO: &str = "koordinator.sh/gpu-memory-ratio";
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A running service against a fake API server.
+pub struct Env {
+    pub fake: FakeApiServer,
+    pub svc: Service,
+    pub http: Http,
+}
+
+impl Env {
+    /// Starts the service with the fake's in-process client, waits for `/readyz` and for the
+    /// pod watch to be open (koordinator #3113: synced is not the same as watching).
+    pub async fn start(fake: &FakeApiServer, extra: &[&str]) -> Env {
+        Self::start_with(fake, fake.client(), extra).await
+    }
+
+    pub async fn start_with(fake: &FakeApiServer, client: kube::Client, extra: &[&str]) -> Env {
+        let svc = Service::start(service::serve_args(extra), Some(client))
+            .await
+            .expect("service starts");
+        let http = Http::new(svc.addr);
+        http.wait_ready(WAIT).await;
+        assert!(
+            fake.wait_for_watches(Kind::Pod, 1, WAIT).await,
+            "the pod watch never opened"
+        );
+        Env {
+            fake: fake.clone(),
+            svc,
+            http,
+        }
+    }
+
+    /// Binds over HTTP: `Ok` when `Error` is empty, else the error text.
+    pub async fn bind(&self, pod: &Value, node: &str) -> Result<(), String> {
+        bind(&self.http, pod, node).await
+    }
+
+    /// `/debug/nodes/{node}` → `state.devices` (the ledger view), `Null` if the node is unknown.
+    pub async fn ledger(&self, node: &str) -> Value {
+        ledger(&self.http, node).await
+    }
+
+    pub async fn filter(&self, pod: &Value, nodes: &[&str]) -> Value {
+        let (status, body) = self
+            .http
+            .post("/filter", &service::extender_args(pod, nodes))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// Waits until the pod watch has turned the uid's entry on `node` into `committed`.
+    pub async fn wait_committed(&self, node: &str, uid: &str) {
+        let cluster = self.svc.state.cluster.clone();
+        service::eventually(WAIT, &format!("{uid} committed on {node}"), || {
+            cluster
+                .snapshot()
+                .get(node)
+                .map(|n| n["devices"]["entries"][uid]["state"].clone())
+                == Some(json!("committed"))
+        })
+        .await;
+    }
+
+    /// The value of a counter (summed over label sets whose rendering contains `labels`).
+    pub async fn metric(&self, name: &str, labels: &str) -> f64 {
+        let (status, body) = self.http.get("/metrics").await;
+        assert_eq!(status, 200);
+        metric_value(body.as_str().unwrap_or_default(), name, labels)
+    }
+}
+
+pub async fn bind(http: &Http, pod: &Value, node: &str) -> Result<(), String> {
+    let (status, body) = http.post("/bind", &service::binding_args(pod, node)).await;
+    assert_eq!(status, 200, "bind answers 200 even on failure: {body}");
+    match body["Error"].as_str() {
+        Some("") => Ok(()),
+        Some(e) => Err(e.to_string()),
+        None => panic!("bind result without Error field: {body}"),
+    }
+}
+
+pub async fn ledger(http: &Http, node: &str) -> Value {
+    let (status, body) = http.get(&format!("/debug/nodes/{node}")).await;
+    match status {
+        200 => body["state"]["devices"].clone(),
+        404 => Value::Null,
+        s => panic!("/debug/nodes/{node} answered {s}: {body}"),
+    }
+}
+
+pub fn metric_value(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            let series = l.split_whitespace().next().unwrap_or("");
+            let base = series.split('{').next().unwrap_or("");
+            base == name && series.contains(labels)
+        })
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .sum()
+}
+
+pub fn add_gpu_node(fake: &FakeApiServer, name: &str, gpus: i32, unhealthy: &[i32]) {
+    fake.create(Kind::Node, service::node(name)).unwrap();
+    fake.create(
+        Kind::Device,
+        service::gpu_device(name, gpus, (gpus / 2).max(1), unhealthy),
+    )
+    .unwrap();
+}
+
+/// A pending pod in namespace `ml` with uid `uid-<name>`.
+pub fn pending(name: &str, requests: Value) -> Value {
+    service::pod("ml", name, &format!("uid-{name}"), requests, None, None)
+}
+
+pub fn whole_gpus(n: u32) -> Value {
+    json!({"nvidia.com/gpu": n.to_string()})
+}
+
+pub fn ratio(r: u32) -> Value {
+    json!({RATIO: r.to_string()})
+}
+
+pub fn uid(pod: &Value) -> String {
+    pod["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+pub fn name(pod: &Value) -> String {
+    pod["metadata"]["name"].as_str().unwrap().to_string()
+}
+
+/// The pod's `device-allocated` annotation in the fake API server.
+pub fn annotation_of(fake: &FakeApiServer, pod: &Value) -> Option<String> {
+    let p = fake.get(Kind::Pod, "ml", &name(pod))?;
+    p["metadata"]["annotations"][DEVICE_ALLOCATED]
+        .as_str()
+        .map(str::to_owned)
+}
+
+pub fn node_of(fake: &FakeApiServer, pod: &Value) -> Option<String> {
+    let p = fake.get(Kind::Pod, "ml", &name(pod))?;
+    p["spec"]["nodeName"].as_str().map(str::to_owned)
+}
+
+/// `(minor, memory ratio)` of every gpu entry of an annotation.
+pub fn gpu_shares(annotation: &str) -> Vec<(i64, i64)> {
+    let v: Value = serde_json::from_str(annotation).expect("annotation is JSON");
+    v["gpu"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let minor = e["minor"].as_i64().expect("minor");
+            let r = e["resources"][RATIO]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .expect("ratio recorded");
+            (minor, r)
+        })
+        .collect()
+}
+
+/// Checks a ledger view (`LedgerView` JSON) never puts more than 100% of a GPU on one minor,
+/// counted both from the per-minor `used` and from the recorded entries.
+pub fn check_capacity(view: &Value) -> Result<(), String> {
+    let mut from_entries: BTreeMap<i64, i64> = BTreeMap::new();
+    for (uid, e) in view["entries"].as_object().into_iter().flatten() {
+        if let Some(a) = e["allocation"].as_str() {
+            for (minor, r) in gpu_shares(a) {
+                *from_entries.entry(minor).or_default() += r;
+            }
+        } else if e["malformed"].is_null() {
+            return Err(format!(
+                "entry {uid} has neither allocation nor malformed: {e}"
+            ));
+        }
+    }
+    for (minor, sum) in &from_entries {
+        if *sum > 100 {
+            return Err(format!("minor {minor}: entries hold {sum}% > 100%: {view}"));
+        }
+    }
+    for (minor, m) in view["types"]["gpu"].as_object().into_iter().flatten() {
+        let used: i64 = m["used"][RATIO]
+            .as_str()
+            .map(|s| s.parse().expect("ratio"))
+            .unwrap_or(0);
+        if used > 100 {
+            return Err(format!("minor {minor}: used {used}% > 100%"));
+        }
+        let minor: i64 = minor.parse().expect("minor key");
+        let want = from_entries.get(&minor).copied().unwrap_or(0);
+        if used != want {
+            return Err(format!(
+                "minor {minor}: used {used}% but entries add up to {want}%"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Drops the time-dependent fields of a debug view so two caches can be compared.
+pub fn without_timings(mut v: Value) -> Value {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.remove("assumed_for_ms");
+                m.values_mut().for_each(walk);
+            }
+            Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut v);
+    v
+}
+
+// ---- API faults the fake's knobs cannot express ------------------------------------------
+
+/// One fault, consumed by the first request it applies to.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// `POST pods/{name}/binding` answers 500 without doing anything.
+    RefuseBinding,
+    /// The binding is applied, then the answer is lost: the client sees 504 (what a real API
+    /// server answers when a request outlives its timeout while the write may still commit).
+    LoseBindingAnswer,
+    /// [`Fault::LoseBindingAnswer`], and the next read of the pod fails too (the API server
+    /// is briefly unreachable), so the binder cannot tell whether the binding took effect.
+    LoseBindingAnswerAndNextRead,
+    /// `GET pods/{name}` answers 503.
+    RefuseRead,
+    /// Right after the annotation patch of a pod, another scheduler binds it to this node.
+    BindElsewhereAfterPatch(String),
+    /// The annotation patch of a pod is held back this long (a slow API server).
+    DelayPatch(Duration),
+}
+
+#[derive(Clone)]
+pub struct Faults {
+    fake: FakeApiServer,
+    queue: Arc<Mutex<Vec<Fault>>>,
+}
+
+impl Faults {
+    pub fn push(&self, fault: Fault) {
+        self.queue.lock().push(fault);
+    }
+    pub fn pending(&self) -> usize {
+        self.queue.lock().len()
+    }
+}
+
+/// A kube client to the fake with a fault-injecting layer in front of it.
+pub fn faulty_client(fake: &FakeApiServer) -> (kube::Client, Faults) {
+    let faults = Faults {
+        fake: fake.clone(),
+        queue: Arc::new(Mutex::new(Vec::new())),
+    };
+    let router = fake
+        .router()
+        .layer(axum::middleware::from_fn_with_state(faults.clone(), inject));
+    (kube::Client::new(router, "default"), faults)
+}
+
+fn status(code: u16, message: &str) -> Response {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                      "message": message, "reason": "InternalError", "code": code});
+    (
+        axum::http::StatusCode::from_u16(code).unwrap(),
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    // /api/v1/namespaces/{ns}/pods/{name}[/binding]
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let pod = match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", name, rest @ ..] => Some((
+            ns.to_string(),
+            name.to_string(),
+            rest.first().copied() == Some("binding"),
+        )),
+        _ => None,
+    };
+    let Some((ns, name, is_binding)) = pod else {
+        return next.run(request).await;
+    };
+    let is_patch = method == axum::http::Method::PATCH && !is_binding;
+    let is_bind = method == axum::http::Method::POST && is_binding;
+    let is_read = method == axum::http::Method::GET && !is_binding;
+    let fault = {
+        let mut q = faults.queue.lock();
+        let pos = q.iter().position(|f| match f {
+            Fault::RefuseBinding
+            | Fault::LoseBindingAnswer
+            | Fault::LoseBindingAnswerAndNextRead => is_bind,
+            Fault::RefuseRead => is_read,
+            Fault::BindElsewhereAfterPatch(_) | Fault::DelayPatch(_) => is_patch,
+        });
+        pos.map(|i| q.remove(i))
+    };
+    match fault {
+        None => next.run(request).await,
+        Some(Fault::RefuseBinding) => status(500, "injected: binding refused"),
+        Some(Fault::LoseBindingAnswer) => {
+            let response = next.run(request).await;
+            assert!(
+                response.status().is_success(),
+                "binding should have applied"
+            );
+            status(
+                504,
+                "injected: the binding committed but its answer was lost",
+            )
+        }
+        Some(Fault::LoseBindingAnswerAndNextRead) => {
+            let response = next.run(request).await;
+            assert!(
+                response.status().is_success(),
+                "binding should have applied"
+            );
+            faults.push(Fault::RefuseRead);
+            status(
+                504,
+                "injected: the binding committed but its answer was lost",
+            )
+        }
+        Some(Fault::RefuseRead) => status(503, "injected: API server unavailable"),
+        Some(Fault::BindElsewhereAfterPatch(node)) => {
+            let response = next.run(request).await;
+            faults
+                .fake
+                .bind_pod(&ns, &name, &node)
+                .expect("the competing bind succeeds");
+            response
+        }
+        Some(Fault::DelayPatch(d)) => {
+            tokio::time::sleep(d).await;
+            next.run(request).await
+        }
+    }
+}
