@@ -62,6 +62,20 @@ impl Http {
         content_type: Option<&str>,
         body: Vec<u8>,
     ) -> (u16, Value) {
+        self.try_send(method, path, content_type, body)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// Like [`Http::send`], but a refused or broken connection (a replica that stopped or was
+    /// killed) is an `Err` instead of a panic.
+    pub async fn try_send(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<(u16, Value), String> {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path));
@@ -71,13 +85,37 @@ impl Http {
         let req = req.body(Full::new(Bytes::from(body))).expect("request");
         let resp = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))
             .await
-            .expect("HTTP request timed out")
-            .expect("HTTP request");
+            .map_err(|_| "HTTP request timed out".to_string())?
+            .map_err(|e| format!("HTTP request: {e}"))?;
         let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e}"))?
+            .to_bytes();
         let value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        (status, value)
+        Ok((status, value))
+    }
+
+    /// `POST` that tolerates a dead replica.
+    pub async fn try_post(&self, path: &str, body: &Value) -> Result<(u16, Value), String> {
+        self.try_send(
+            "POST",
+            path,
+            Some("application/json"),
+            body.to_string().into_bytes(),
+        )
+        .await
+    }
+
+    /// `/readyz` status, or `None` when the replica does not answer.
+    pub async fn ready_status(&self) -> Option<u16> {
+        self.try_send("GET", "/readyz", None, Vec::new())
+            .await
+            .ok()
+            .map(|(status, _)| status)
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
