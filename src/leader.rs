@@ -195,12 +195,18 @@ fn set_leader(readiness: &Readiness, leader: bool, identity: &str) {
     readiness.set_leader(leader);
 }
 
-/// Runs leader election until shutdown; releases the lease on the way out when we hold it.
+/// Runs leader election until `stop`; releases the lease on the way out when we hold it.
+///
+/// Leadership is kept only while the last successful renewal *started* less than
+/// `renew_deadline` ago. Every attempt is bounded by what is left of that deadline and the
+/// pause between attempts never sleeps past it, so a leader whose API requests hang steps
+/// down on time, before a standby (which waits `lease_duration` from when *it* saw that
+/// renewal, which can only be later than the attempt's start) may take over.
 pub async fn run(
     client: kube::Client,
     mode: LeaderMode,
     readiness: Arc<Readiness>,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
 ) {
     let (cfg, follow) = match mode {
         LeaderMode::Elect(c) => (c, false),
@@ -212,36 +218,64 @@ pub async fn run(
         cfg: cfg.clone(),
         observed: None,
     };
+    // Start of the last attempt that confirmed us as holder, while we still are the leader.
     let mut last_renewed: Option<Instant> = None;
     loop {
-        let result = if follow {
-            elector.scheduler_holder_is_us().await
-        } else {
-            elector.try_acquire_or_renew().await
+        let started = Instant::now();
+        let deadline = last_renewed.map(|t| t + cfg.renew_deadline);
+        let budget = deadline.map_or(cfg.lease_duration, |d| d.saturating_duration_since(started));
+        let attempt = async {
+            if follow {
+                elector.scheduler_holder_is_us().await
+            } else {
+                elector.try_acquire_or_renew().await
+            }
+        };
+        let result = match tokio::time::timeout(budget, attempt).await {
+            Ok(Ok(held)) => Ok(held),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err(format!("no answer within {budget:?}")),
         };
         let leader = match result {
-            Ok(held) => {
-                if held {
-                    last_renewed = Some(Instant::now());
-                }
-                held
+            Ok(true) => {
+                last_renewed = Some(started);
+                true
             }
+            Ok(false) => false,
             Err(error) => {
                 tracing::warn!(%error, lease = %cfg.name, "lease request failed");
                 // Keep leadership only while still inside the renew deadline.
-                last_renewed.is_some_and(|t| t.elapsed() < cfg.renew_deadline)
+                let keep = last_renewed.is_some_and(|t| t.elapsed() < cfg.renew_deadline);
+                if !keep {
+                    last_renewed = None;
+                }
+                keep
             }
         };
         set_leader(&readiness, leader, &cfg.identity);
+        let pause = match last_renewed {
+            Some(t) => cfg
+                .retry_period
+                .min((t + cfg.renew_deadline).saturating_duration_since(Instant::now())),
+            None => cfg.retry_period,
+        };
         tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(cfg.retry_period) => {}
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(pause) => {}
         }
     }
     if !follow && readiness.is_leader() {
         readiness.set_leader(false);
-        if let Err(error) = release(&elector).await {
-            tracing::warn!(%error, "could not release the lease; a standby takes over when it expires");
+        let released = tokio::time::timeout(cfg.renew_deadline, release(&elector)).await;
+        match released {
+            Ok(Ok(())) => tracing::info!(identity = %cfg.identity, "released the lease"),
+            Ok(Err(error)) => tracing::warn!(
+                %error,
+                "could not release the lease; a standby takes over when it expires"
+            ),
+            Err(_) => tracing::warn!(
+                "releasing the lease timed out; a standby takes over when it expires"
+            ),
         }
     }
 }

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use device_numa_extender::api_calls::LEADER_ELECTION_API_CALLS;
 use serde_json::{Value, json};
 
-use crate::support::service::{self, Http};
+use crate::support::service::{self, Faults, Http, Link};
 use crate::support::{FakeApiServer, Kind};
 
 const LEASE: Duration = Duration::from_secs(2);
+const RENEW_DEADLINE: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_millis(100);
 const GPUS: i32 = 4;
 
@@ -260,6 +261,49 @@ async fn graceful_shutdown_hands_over_well_within_the_lease_duration() {
         .await;
     assert_eq!((status, &ok["Error"]), (200, &json!("")), "{ok}");
     assert_lease_rbac(&fake);
+    b.shutdown().await.unwrap();
+}
+
+/// The leader's link to the API server hangs (no error, no answer). It must stop serving
+/// within its renew deadline, before the standby may take over at lease expiry.
+#[tokio::test]
+async fn partitioned_leader_steps_down_before_the_standby_takes_over() {
+    let (fake, _pods) = cluster(0);
+    let (fa, fb) = (Faults::new(), Faults::new());
+    let a = service::start_with(&fake, &fa, &as_strs(&elect_flags("a"))).await;
+    let ha = Http::new(a.addr);
+    ha.wait_ready(Duration::from_secs(10)).await;
+    let b = service::start_with(&fake, &fb, &as_strs(&elect_flags("b"))).await;
+    let hb = Http::new(b.addr);
+
+    fa.set_link(Link::Hang);
+    let cut = Instant::now();
+    let mut a_down = None;
+    let mut b_up = None;
+    while cut.elapsed() < LEASE * 3 && (a_down.is_none() || b_up.is_none()) {
+        let (ra, rb) = (ready(&ha).await, ready(&hb).await);
+        assert!(!(ra && rb), "both ready {:?} after the cut", cut.elapsed());
+        if !ra && a_down.is_none() {
+            a_down = Some(cut.elapsed());
+        }
+        if rb && b_up.is_none() {
+            b_up = Some(cut.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a_down = a_down.expect("partitioned leader never stopped serving");
+    let b_up = b_up.expect("standby never took over");
+    assert!(
+        a_down <= RENEW_DEADLINE + RETRY * 3,
+        "old leader served for {a_down:?} without renewing"
+    );
+    assert!(
+        a_down < b_up,
+        "old leader down at {a_down:?}, new up at {b_up:?}"
+    );
+    assert!(b_up <= LEASE + RETRY * 5, "takeover took {b_up:?}");
+    fa.set_link(Link::Up);
+    a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
 
