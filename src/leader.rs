@@ -241,7 +241,12 @@ pub async fn run(
                 last_renewed = Some(started);
                 true
             }
-            Ok(false) => false,
+            Ok(false) => {
+                // Someone else holds it: the renew-deadline grace below is for a holder only,
+                // not for a replica that already lost.
+                last_renewed = None;
+                false
+            }
             Err(error) => {
                 tracing::warn!(%error, lease = %cfg.name, "lease request failed");
                 // Keep leadership only while still inside the renew deadline.

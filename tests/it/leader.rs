@@ -427,6 +427,36 @@ async fn follow_mode_tracks_the_scheduler_lease_and_never_writes_it() {
     );
 }
 
+/// After the scheduler lease moved to another pod, a failing lease read must not make us
+/// leader again (the renew-deadline grace is for a holder, not for a replica that lost).
+#[tokio::test]
+async fn follow_mode_stays_not_ready_when_reads_fail_after_losing() {
+    let (fake, _pods) = cluster(0);
+    fake.create(Kind::Lease, scheduler_lease("sched-a_1"))
+        .unwrap();
+    let faults = Faults::new();
+    let a = service::start_with(&fake, &faults, &as_strs(&follow_flags("sched-a"))).await;
+    let ha = Http::new(a.addr);
+    ha.wait_ready(Duration::from_secs(10)).await;
+    set_scheduler_holder(&fake, "sched-b_2");
+    service::eventually(Duration::from_secs(2), "not leader", || {
+        !a.state.readiness.is_leader()
+    })
+    .await;
+    faults.set_link(Link::Fail);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(800) {
+        assert!(
+            !a.state.readiness.is_leader(),
+            "leader again {:?} after losing, on a failed read",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    faults.set_link(Link::Up);
+    a.shutdown().await.unwrap();
+}
+
 // ---- real processes: SIGKILL the leader -----------------------------------------------------
 
 /// A child `serve` process, killed when dropped (also when a test fails).
