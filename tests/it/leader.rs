@@ -341,6 +341,85 @@ async fn contention_never_makes_both_ready() {
     b.shutdown().await.unwrap();
 }
 
+/// Binds of one-GPU pods go to both replicas all the time (like a scheduler behind a
+/// Service) while the leader shuts down mid-stream, its last bind's annotation write slow.
+/// The standby answers Error; after the handover the new leader fills the node; no GPU twice.
+#[tokio::test]
+async fn no_double_allocation_across_graceful_failover() {
+    let (fake, pods) = cluster(10);
+    let (fa, fb) = (Faults::new(), Faults::new());
+    let a = service::start_with(&fake, &fa, &as_strs(&elect_flags("a"))).await;
+    let ha = Http::new(a.addr);
+    ha.wait_ready(Duration::from_secs(10)).await;
+    let b = service::start_with(&fake, &fb, &as_strs(&elect_flags("b"))).await;
+    let hb = Http::new(b.addr);
+    service::eventually(Duration::from_secs(5), "b synced", || {
+        b.state.readiness.all_synced()
+    })
+    .await;
+
+    let stream = |ha: Http, hb: Http, pods: Vec<Value>, for_: Duration| async move {
+        let start = Instant::now();
+        let mut successes = 0usize;
+        let mut pending: Vec<Value> = pods;
+        while start.elapsed() < for_ && !pending.is_empty() {
+            let pod = pending.remove(0);
+            let body = service::binding_args(&pod, "n1");
+            let (ra, rb) = tokio::join!(ha.try_post("/bind", &body), hb.try_post("/bind", &body));
+            let (ea, eb) = (bind_error(&ra), bind_error(&rb));
+            assert!(
+                ea.is_some() || eb.is_some(),
+                "both replicas bound {}: {ra:?} {rb:?}",
+                pod["metadata"]["name"]
+            );
+            if ea.is_none() || eb.is_none() {
+                successes += 1;
+            } else if ea
+                .iter()
+                .chain(eb.iter())
+                .all(|e| !e.contains("cannot place"))
+            {
+                // Nobody could answer (failover in progress): the scheduler retries later.
+                pending.push(pod);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        successes
+    };
+    let first = stream(
+        ha.clone(),
+        hb.clone(),
+        pods[..2].to_vec(),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(first, 2);
+
+    // a's next bind is slow to write its annotation; a shuts down while it is in flight, and
+    // binds keep coming to both replicas.
+    fa.set_pod_patch_delay(Duration::from_millis(600));
+    let slow = {
+        let (ha, body) = (ha.clone(), service::binding_args(&pods[2], "n1"));
+        tokio::spawn(async move { ha.try_post("/bind", &body).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let shutdown = tokio::spawn(a.shutdown());
+    let rest = stream(ha.clone(), hb.clone(), pods[3..].to_vec(), LEASE * 4).await;
+    let slow = slow.await.unwrap();
+    shutdown.await.unwrap().unwrap();
+
+    let bound = assert_no_double_allocation(&fake);
+    let slow_ok = usize::from(bind_error(&slow).is_none());
+    assert!(
+        first + slow_ok + rest <= GPUS as usize,
+        "{first}+{slow_ok}+{rest} successful binds on {GPUS} GPUs"
+    );
+    assert_eq!(bound, GPUS as usize, "the new leader did not fill the node");
+    assert!(ready(&hb).await);
+    assert_lease_rbac(&fake);
+    b.shutdown().await.unwrap();
+}
+
 // ---- follow mode ----------------------------------------------------------------------------
 
 fn scheduler_lease(holder: &str) -> Value {
