@@ -31,6 +31,8 @@ pub enum ServeError {
     },
     #[error("invalid scoring flags: {0}")]
     Scoring(#[from] crate::placement::device::score::ScoringConfigError),
+    #[error("invalid leader election flags: {0}")]
+    LeaderElection(String),
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
 }
@@ -101,6 +103,9 @@ impl Service {
         args: ServeArgs,
         client: Option<kube::Client>,
     ) -> Result<Service, ServeError> {
+        if let Some(crate::leader::LeaderMode::Elect(config)) = args.leader_mode() {
+            config.validate().map_err(ServeError::LeaderElection)?;
+        }
         let metrics = Metrics::new();
         let cluster = Arc::new(ClusterState::new());
         let readiness = Readiness::new(sync::declared_kinds(), args.max_staleness, metrics.clone());

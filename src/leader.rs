@@ -35,6 +35,39 @@ pub struct LeaseConfig {
     pub retry_period: Duration,
 }
 
+impl LeaseConfig {
+    /// client-go's rule: `lease_duration > renew_deadline > retry_period > 0`. A renew
+    /// deadline at or past the lease duration lets a standby take over while the old leader
+    /// still serves.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.retry_period.is_zero() {
+            return Err("--leader-elect-retry-period must be positive".into());
+        }
+        if self.renew_deadline <= self.retry_period {
+            return Err(format!(
+                "--leader-elect-renew-deadline ({:?}) must be longer than --leader-elect-retry-period ({:?})",
+                self.renew_deadline, self.retry_period
+            ));
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return Err(format!(
+                "--leader-elect-lease-duration ({:?}) must be longer than --leader-elect-renew-deadline ({:?})",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        Ok(())
+    }
+
+    /// `leaseDurationSeconds` to write: rounded *up*, so standbys (which trust the field)
+    /// never wait less than our renew deadline assumes.
+    fn lease_duration_seconds(&self) -> i32 {
+        self.lease_duration
+            .as_secs_f64()
+            .ceil()
+            .clamp(1.0, i32::MAX as f64) as i32
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum LeaderMode {
     Elect(LeaseConfig),
@@ -103,7 +136,7 @@ impl Elector {
 
     /// One client-go `tryAcquireOrRenew`. Ok(true) = we hold the lease now.
     async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
-        let duration_secs = self.cfg.lease_duration.as_secs().max(1) as i32;
+        let duration_secs = self.cfg.lease_duration_seconds();
         let Some(current) = self.api.get_opt(&self.cfg.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -301,4 +334,39 @@ async fn release(elector: &Elector) -> Result<(), kube::Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(lease: u64, renew: u64, retry: u64) -> LeaseConfig {
+        LeaseConfig {
+            name: "l".into(),
+            namespace: "default".into(),
+            identity: "a".into(),
+            lease_duration: Duration::from_millis(lease),
+            renew_deadline: Duration::from_millis(renew),
+            retry_period: Duration::from_millis(retry),
+        }
+    }
+
+    #[test]
+    fn timings_must_nest() {
+        assert!(cfg(15_000, 10_000, 2_000).validate().is_ok());
+        assert!(cfg(2_000, 1_000, 100).validate().is_ok());
+        assert!(cfg(10_000, 10_000, 2_000).validate().is_err());
+        assert!(cfg(5_000, 10_000, 2_000).validate().is_err());
+        assert!(cfg(15_000, 2_000, 2_000).validate().is_err());
+        assert!(cfg(15_000, 10_000, 0).validate().is_err());
+    }
+
+    #[test]
+    fn lease_seconds_round_up() {
+        // 1.5 s written as 1 s would let a standby take over 200 ms before a leader with a
+        // 1.2 s renew deadline stops.
+        assert_eq!(cfg(1_500, 1_200, 100).lease_duration_seconds(), 2);
+        assert_eq!(cfg(2_000, 1_000, 100).lease_duration_seconds(), 2);
+        assert_eq!(cfg(300, 200, 100).lease_duration_seconds(), 1);
+    }
 }

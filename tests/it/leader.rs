@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use device_numa_extender::api_calls::LEADER_ELECTION_API_CALLS;
+use device_numa_extender::app::Service;
 use serde_json::{Value, json};
 
 use crate::support::service::{self, Faults, Http, Link};
@@ -673,4 +674,21 @@ async fn sigkilled_leader_is_replaced_within_lease_duration_and_nothing_is_alloc
     assert_eq!(bound, GPUS as usize);
     drop(replicas);
     served.stop().await;
+}
+
+#[tokio::test]
+async fn inconsistent_lease_timings_are_refused_at_start() {
+    let fake = FakeApiServer::new();
+    let args = service::serve_args(&[
+        "--leader-elect",
+        "--leader-elect-lease-duration",
+        "1s",
+        "--leader-elect-renew-deadline",
+        "1s",
+    ]);
+    let err = Service::start(args, Some(fake.client()))
+        .await
+        .err()
+        .expect("renew deadline = lease duration must be refused");
+    assert!(err.to_string().contains("renew-deadline"), "{err}");
 }
