@@ -31,6 +31,8 @@ pub enum ServeError {
     },
     #[error("invalid scoring flags: {0}")]
     Scoring(#[from] crate::placement::device::score::ScoringConfigError),
+    #[error("invalid leader election flags: {0}")]
+    LeaderElection(String),
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
 }
@@ -106,6 +108,8 @@ pub struct Service {
     shutdown: CancellationToken,
     shutdown_delay: std::time::Duration,
     server: tokio::task::JoinHandle<Result<(), ServeError>>,
+    /// Leader election: stopped (and the lease released) only after the server drained.
+    elector: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
 impl Service {
@@ -115,6 +119,9 @@ impl Service {
         args: ServeArgs,
         client: Option<kube::Client>,
     ) -> Result<Service, ServeError> {
+        if let Some(crate::leader::LeaderMode::Elect(config)) = args.leader_mode() {
+            config.validate().map_err(ServeError::LeaderElection)?;
+        }
         let metrics = Metrics::new();
         let cluster = Arc::new(ClusterState::new());
         let readiness = Readiness::new(sync::declared_kinds(), args.max_staleness, metrics.clone());
@@ -129,6 +136,7 @@ impl Service {
             args.score_weights.as_deref(),
         )?);
 
+        let mut elector = None;
         let (pod_api, offline_file): (Arc<dyn PodApi>, Option<ClusterFile>) =
             match &args.cluster_file {
                 Some(path) => {
@@ -151,12 +159,14 @@ impl Service {
                     if let Some(mode) = args.leader_mode() {
                         // Not the leader until the first successful acquire.
                         readiness.set_leader(false);
-                        tokio::spawn(crate::leader::run(
+                        let stop = CancellationToken::new();
+                        let task = tokio::spawn(crate::leader::run(
                             client.clone(),
                             mode,
                             readiness.clone(),
-                            shutdown.clone(),
+                            stop.clone(),
                         ));
+                        elector = Some((stop, task));
                     }
                     tokio::spawn(sync::run_kube(
                         ctx.clone(),
@@ -238,10 +248,13 @@ impl Service {
             shutdown,
             shutdown_delay: args.shutdown_delay,
             server,
+            elector,
         })
     }
 
-    /// Fails /readyz, keeps serving for the shutdown delay, then stops and drains.
+    /// Fails /readyz, keeps serving for the shutdown delay, then stops and drains, and only
+    /// then gives up the lease: a bind still in flight writes while we are the only leader,
+    /// and the standby that takes over sees its result instead of allocating the same device.
     pub async fn shutdown(self) -> Result<(), ServeError> {
         tracing::info!(delay = ?self.shutdown_delay, "termination requested: failing /readyz, then stopping");
         self.state.readiness.set_shutting_down();
@@ -251,6 +264,10 @@ impl Service {
             Ok(r) => r,
             Err(e) => Err(ServeError::Serve(std::io::Error::other(e))),
         };
+        if let Some((stop, task)) = self.elector {
+            stop.cancel();
+            let _ = task.await;
+        }
         tracing::info!("stopped");
         result
     }

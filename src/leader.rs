@@ -35,6 +35,39 @@ pub struct LeaseConfig {
     pub retry_period: Duration,
 }
 
+impl LeaseConfig {
+    /// client-go's rule: `lease_duration > renew_deadline > retry_period > 0`. A renew
+    /// deadline at or past the lease duration lets a standby take over while the old leader
+    /// still serves.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.retry_period.is_zero() {
+            return Err("--leader-elect-retry-period must be positive".into());
+        }
+        if self.renew_deadline <= self.retry_period {
+            return Err(format!(
+                "--leader-elect-renew-deadline ({:?}) must be longer than --leader-elect-retry-period ({:?})",
+                self.renew_deadline, self.retry_period
+            ));
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return Err(format!(
+                "--leader-elect-lease-duration ({:?}) must be longer than --leader-elect-renew-deadline ({:?})",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        Ok(())
+    }
+
+    /// `leaseDurationSeconds` to write: rounded *up*, so standbys (which trust the field)
+    /// never wait less than our renew deadline assumes.
+    fn lease_duration_seconds(&self) -> i32 {
+        self.lease_duration
+            .as_secs_f64()
+            .ceil()
+            .clamp(1.0, i32::MAX as f64) as i32
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum LeaderMode {
     Elect(LeaseConfig),
@@ -103,7 +136,7 @@ impl Elector {
 
     /// One client-go `tryAcquireOrRenew`. Ok(true) = we hold the lease now.
     async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
-        let duration_secs = self.cfg.lease_duration.as_secs().max(1) as i32;
+        let duration_secs = self.cfg.lease_duration_seconds();
         let Some(current) = self.api.get_opt(&self.cfg.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -195,12 +228,18 @@ fn set_leader(readiness: &Readiness, leader: bool, identity: &str) {
     readiness.set_leader(leader);
 }
 
-/// Runs leader election until shutdown; releases the lease on the way out when we hold it.
+/// Runs leader election until `stop`; releases the lease on the way out when we hold it.
+///
+/// Leadership is kept only while the last successful renewal *started* less than
+/// `renew_deadline` ago. Every attempt is bounded by what is left of that deadline and the
+/// pause between attempts never sleeps past it, so a leader whose API requests hang steps
+/// down on time, before a standby (which waits `lease_duration` from when *it* saw that
+/// renewal, which can only be later than the attempt's start) may take over.
 pub async fn run(
     client: kube::Client,
     mode: LeaderMode,
     readiness: Arc<Readiness>,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
 ) {
     let (cfg, follow) = match mode {
         LeaderMode::Elect(c) => (c, false),
@@ -212,36 +251,69 @@ pub async fn run(
         cfg: cfg.clone(),
         observed: None,
     };
+    // Start of the last attempt that confirmed us as holder, while we still are the leader.
     let mut last_renewed: Option<Instant> = None;
     loop {
-        let result = if follow {
-            elector.scheduler_holder_is_us().await
-        } else {
-            elector.try_acquire_or_renew().await
+        let started = Instant::now();
+        let deadline = last_renewed.map(|t| t + cfg.renew_deadline);
+        let budget = deadline.map_or(cfg.lease_duration, |d| d.saturating_duration_since(started));
+        let attempt = async {
+            if follow {
+                elector.scheduler_holder_is_us().await
+            } else {
+                elector.try_acquire_or_renew().await
+            }
+        };
+        let result = match tokio::time::timeout(budget, attempt).await {
+            Ok(Ok(held)) => Ok(held),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err(format!("no answer within {budget:?}")),
         };
         let leader = match result {
-            Ok(held) => {
-                if held {
-                    last_renewed = Some(Instant::now());
-                }
-                held
+            Ok(true) => {
+                last_renewed = Some(started);
+                true
+            }
+            Ok(false) => {
+                // Someone else holds it: the renew-deadline grace below is for a holder only,
+                // not for a replica that already lost.
+                last_renewed = None;
+                false
             }
             Err(error) => {
                 tracing::warn!(%error, lease = %cfg.name, "lease request failed");
                 // Keep leadership only while still inside the renew deadline.
-                last_renewed.is_some_and(|t| t.elapsed() < cfg.renew_deadline)
+                let keep = last_renewed.is_some_and(|t| t.elapsed() < cfg.renew_deadline);
+                if !keep {
+                    last_renewed = None;
+                }
+                keep
             }
         };
         set_leader(&readiness, leader, &cfg.identity);
+        let pause = match last_renewed {
+            Some(t) => cfg
+                .retry_period
+                .min((t + cfg.renew_deadline).saturating_duration_since(Instant::now())),
+            None => cfg.retry_period,
+        };
         tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(cfg.retry_period) => {}
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(pause) => {}
         }
     }
     if !follow && readiness.is_leader() {
         readiness.set_leader(false);
-        if let Err(error) = release(&elector).await {
-            tracing::warn!(%error, "could not release the lease; a standby takes over when it expires");
+        let released = tokio::time::timeout(cfg.renew_deadline, release(&elector)).await;
+        match released {
+            Ok(Ok(())) => tracing::info!(identity = %cfg.identity, "released the lease"),
+            Ok(Err(error)) => tracing::warn!(
+                %error,
+                "could not release the lease; a standby takes over when it expires"
+            ),
+            Err(_) => tracing::warn!(
+                "releasing the lease timed out; a standby takes over when it expires"
+            ),
         }
     }
 }
@@ -262,4 +334,39 @@ async fn release(elector: &Elector) -> Result<(), kube::Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(lease: u64, renew: u64, retry: u64) -> LeaseConfig {
+        LeaseConfig {
+            name: "l".into(),
+            namespace: "default".into(),
+            identity: "a".into(),
+            lease_duration: Duration::from_millis(lease),
+            renew_deadline: Duration::from_millis(renew),
+            retry_period: Duration::from_millis(retry),
+        }
+    }
+
+    #[test]
+    fn timings_must_nest() {
+        assert!(cfg(15_000, 10_000, 2_000).validate().is_ok());
+        assert!(cfg(2_000, 1_000, 100).validate().is_ok());
+        assert!(cfg(10_000, 10_000, 2_000).validate().is_err());
+        assert!(cfg(5_000, 10_000, 2_000).validate().is_err());
+        assert!(cfg(15_000, 2_000, 2_000).validate().is_err());
+        assert!(cfg(15_000, 10_000, 0).validate().is_err());
+    }
+
+    #[test]
+    fn lease_seconds_round_up() {
+        // 1.5 s written as 1 s would let a standby take over 200 ms before a leader with a
+        // 1.2 s renew deadline stops.
+        assert_eq!(cfg(1_500, 1_200, 100).lease_duration_seconds(), 2);
+        assert_eq!(cfg(2_000, 1_000, 100).lease_duration_seconds(), 2);
+        assert_eq!(cfg(300, 200, 100).lease_duration_seconds(), 1);
+    }
 }

@@ -6,4 +6,5 @@ mod support;
 
 mod fake_apiserver;
 mod gpu;
+mod leader;
 mod smoke;

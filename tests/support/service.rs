@@ -2,6 +2,7 @@
 //! fixtures for the objects the service watches.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -12,7 +13,9 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
+use tower::ServiceExt;
 
 use super::fake_apiserver::FakeApiServer;
 
@@ -35,6 +38,77 @@ pub fn serve_args(extra: &[&str]) -> ServeArgs {
 /// Starts the service with the fake API server's in-process client.
 pub async fn start(fake: &FakeApiServer, extra: &[&str]) -> Service {
     Service::start(serve_args(extra), Some(fake.client()))
+        .await
+        .expect("service starts")
+}
+
+// ---- a per-service API connection with faults ----------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    Up,
+    /// Requests never answer (a partition where packets are dropped).
+    Hang,
+    /// Requests answer 503 at once.
+    Fail,
+}
+
+#[derive(Clone)]
+pub struct Faults(Arc<Mutex<(Link, Duration)>>);
+
+impl Faults {
+    pub fn new() -> Self {
+        Faults(Arc::new(Mutex::new((Link::Up, Duration::ZERO))))
+    }
+    pub fn set_link(&self, link: Link) {
+        self.0.lock().0 = link;
+    }
+    /// Delays this replica's pod PATCHes (the bind's annotation write).
+    pub fn set_pod_patch_delay(&self, d: Duration) {
+        self.0.lock().1 = d;
+    }
+}
+
+/// A kube client to the fake, in-process like [`FakeApiServer::client`], whose link can be
+/// cut or slowed for the one service that uses it (the fake's own knobs hit every client).
+pub fn faulty_client(fake: &FakeApiServer, faults: Faults) -> kube::Client {
+    let router = fake.router();
+    let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let router = router.clone();
+        let faults = faults.clone();
+        async move {
+            let (link, patch_delay) = *faults.0.lock();
+            match link {
+                Link::Up => {}
+                Link::Hang => futures::future::pending::<()>().await,
+                Link::Fail => {
+                    let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                      "message": "injected", "reason": "ServiceUnavailable", "code": 503});
+                    return Ok(http::Response::builder()
+                        .status(503)
+                        .header("content-type", "application/json")
+                        .body(axum::body::Body::from(body.to_string()))
+                        .unwrap());
+                }
+            }
+            if req.method() == http::Method::PATCH && req.uri().path().contains("/pods/") {
+                tokio::time::sleep(patch_delay).await;
+            }
+            router.oneshot(req).await
+        }
+    });
+    kube::Client::new(svc, "default")
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Starts the service on a [`faulty_client`].
+pub async fn start_with(fake: &FakeApiServer, faults: &Faults, extra: &[&str]) -> Service {
+    Service::start(serve_args(extra), Some(faulty_client(fake, faults.clone())))
         .await
         .expect("service starts")
 }
@@ -62,6 +136,20 @@ impl Http {
         content_type: Option<&str>,
         body: Vec<u8>,
     ) -> (u16, Value) {
+        self.try_send(method, path, content_type, body)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// Like [`Http::send`], but a refused or broken connection (a replica that stopped or was
+    /// killed) is an `Err` instead of a panic.
+    pub async fn try_send(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<(u16, Value), String> {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path));
@@ -71,13 +159,37 @@ impl Http {
         let req = req.body(Full::new(Bytes::from(body))).expect("request");
         let resp = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))
             .await
-            .expect("HTTP request timed out")
-            .expect("HTTP request");
+            .map_err(|_| "HTTP request timed out".to_string())?
+            .map_err(|e| format!("HTTP request: {e}"))?;
         let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e}"))?
+            .to_bytes();
         let value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        (status, value)
+        Ok((status, value))
+    }
+
+    /// `POST` that tolerates a dead replica.
+    pub async fn try_post(&self, path: &str, body: &Value) -> Result<(u16, Value), String> {
+        self.try_send(
+            "POST",
+            path,
+            Some("application/json"),
+            body.to_string().into_bytes(),
+        )
+        .await
+    }
+
+    /// `/readyz` status, or `None` when the replica does not answer.
+    pub async fn ready_status(&self) -> Option<u16> {
+        self.try_send("GET", "/readyz", None, Vec::new())
+            .await
+            .ok()
+            .map(|(status, _)| status)
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
