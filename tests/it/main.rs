@@ -5,4 +5,5 @@
 mod support;
 
 mod fake_apiserver;
+mod readiness;
 mod smoke;
