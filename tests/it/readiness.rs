@@ -104,7 +104,7 @@ async fn watch_readiness_flip(
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_waits_for_the_last_page_of_a_slowly_paginated_kind() {
     // kube's watcher pages at 500: 1,234 pods are three pages, each delayed.
     const PODS: usize = 1234;
@@ -159,7 +159,7 @@ async fn readyz_waits_for_the_last_page_of_a_slowly_paginated_kind() {
     svc.shutdown().await.unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_waits_for_a_delayed_list() {
     const DEVICES: usize = 300;
     let fake = FakeApiServer::new();
@@ -193,7 +193,7 @@ async fn readyz_waits_for_a_delayed_list() {
     svc.shutdown().await.unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absent_optional_crd_is_disabled_and_named() {
     let fake = FakeApiServer::new();
     fake.create(Kind::Node, service::node("n0")).unwrap();
@@ -217,7 +217,7 @@ async fn absent_optional_crd_is_disabled_and_named() {
     svc.shutdown().await.unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insisted_on_absent_crd_keeps_readyz_failing() {
     let fake = FakeApiServer::new();
     fake.create(Kind::Node, service::node("n0")).unwrap();
