@@ -7,3 +7,4 @@ mod support;
 mod fake_apiserver;
 mod readiness;
 mod smoke;
+mod sync;
