@@ -8,3 +8,4 @@ mod fake_apiserver;
 mod readiness;
 mod smoke;
 mod sync;
+mod sync_prop;
