@@ -9,3 +9,4 @@ mod readiness;
 mod smoke;
 mod sync;
 mod sync_prop;
+mod wire;
