@@ -80,6 +80,24 @@ impl Http {
         (status, value)
     }
 
+    /// A GET that reports a connection failure instead of panicking (for polling a process
+    /// that is still starting or already gone).
+    pub async fn try_get(&self, path: &str) -> Option<(u16, Value)> {
+        let req = hyper::Request::builder()
+            .uri(format!("{}{}", self.base, path))
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let resp = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
+            .await
+            .ok()?
+            .ok()?;
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        Some((status, value))
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         self.send(
             "POST",
