@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod api_calls;
 mod binary;
 mod fake_apiserver;
 mod readiness;
