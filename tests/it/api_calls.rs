@@ -19,7 +19,14 @@ async fn every_request_of_a_bootstrap_and_bind_is_granted_by_api_calls() {
         .unwrap();
     fake.create(Kind::NodeResourceTopology, service::nrt("n1"))
         .unwrap();
-    let pending = service::pod("ml", "p", "uid-p", json!({"nvidia.com/gpu": "2"}), None, None);
+    let pending = service::pod(
+        "ml",
+        "p",
+        "uid-p",
+        json!({"nvidia.com/gpu": "2"}),
+        None,
+        None,
+    );
     fake.create(Kind::Pod, pending.clone()).unwrap();
 
     let svc = service::start(&fake, &[]).await;
@@ -62,7 +69,8 @@ async fn every_request_of_a_bootstrap_and_bind_is_granted_by_api_calls() {
         assert!(seen.contains(&want), "{want:?} not seen in {seen:#?}");
     }
     assert!(
-        seen.iter().any(|r| r.resource == "pods" && r.verb == "patch"),
+        seen.iter()
+            .any(|r| r.resource == "pods" && r.verb == "patch"),
         "the bind annotates the pod: {seen:#?}"
     );
 }

@@ -101,7 +101,10 @@ async fn wait_ready(http: &Http, p: &mut Running) -> Value {
             return body;
         }
         if let Some(status) = p.child.try_wait().expect("try_wait") {
-            panic!("the binary exited with {status} before becoming ready:\n{}", p.log());
+            panic!(
+                "the binary exited with {status} before becoming ready:\n{}",
+                p.log()
+            );
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -165,7 +168,11 @@ async fn binary_serves_the_example_cluster_file_and_answers_the_example_requests
     assert_eq!(ready["kinds"]["devices"]["phase"], "synced", "{ready}");
 
     let requests = example_requests();
-    assert!(requests.len() >= 5, "{:?}", requests.iter().map(|r| &r.0).collect::<Vec<_>>());
+    assert!(
+        requests.len() >= 5,
+        "{:?}",
+        requests.iter().map(|r| &r.0).collect::<Vec<_>>()
+    );
     // Filters and prioritizes first, binds last (a bind changes what fits).
     let verb = |name: &str| name.split(['-', '.']).next().unwrap_or("").to_string();
     let mut ordered = requests.clone();

@@ -8,6 +8,7 @@ mod api_calls;
 mod binary;
 mod fake_apiserver;
 mod readiness;
+mod scale;
 mod smoke;
 mod sync;
 mod sync_prop;

@@ -34,11 +34,13 @@ async fn assert_verbs_not_ready(http: &Http, waiting_for: &str) {
         error.starts_with("not ready:") && error.contains(waiting_for),
         "filter before readiness: {body}"
     );
-    assert_eq!(body["NodeNames"], Value::Null, "no decision before readiness");
+    assert_eq!(
+        body["NodeNames"],
+        Value::Null,
+        "no decision before readiness"
+    );
 
-    let (status, body) = http
-        .post("/bind", &service::binding_args(&pod, "n0"))
-        .await;
+    let (status, body) = http.post("/bind", &service::binding_args(&pod, "n0")).await;
     assert_eq!(status, 200, "{body}");
     let error = body["Error"].as_str().unwrap_or_default();
     assert!(
@@ -81,7 +83,10 @@ async fn watch_readiness_flip(
         }
         assert_eq!(status, 503, "{body}");
         assert_eq!(body["ready"], false, "{body}");
-        let phase = body["kinds"][kind]["phase"].as_str().unwrap_or("").to_string();
+        let phase = body["kinds"][kind]["phase"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         assert!(
             phase == "pending" || phase == "listing",
             "{kind} is not synced yet, so its phase is pending or listing: {body}"
@@ -144,7 +149,10 @@ async fn readyz_waits_for_the_last_page_of_a_slowly_paginated_kind() {
         }
     })
     .await;
-    assert_eq!(at_flip.pods, PODS, "every pod is cached the moment /readyz flips");
+    assert_eq!(
+        at_flip.pods, PODS,
+        "every pod is cached the moment /readyz flips"
+    );
     assert_eq!(at_flip.nodes, 1);
     assert!(
         seen.iter()
@@ -184,7 +192,10 @@ async fn readyz_waits_for_a_delayed_list() {
         }
     })
     .await;
-    assert_eq!(at_flip.devices, DEVICES, "all Devices cached when /readyz flips");
+    assert_eq!(
+        at_flip.devices, DEVICES,
+        "all Devices cached when /readyz flips"
+    );
     assert_eq!(at_flip.nodes, DEVICES);
     assert!(
         !seen.is_empty(),
@@ -229,7 +240,10 @@ async fn insisted_on_absent_crd_keeps_readyz_failing() {
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     let body = loop {
         let (status, body) = http.get("/readyz").await;
-        assert_eq!(status, 503, "never ready without the insisted-on kind: {body}");
+        assert_eq!(
+            status, 503,
+            "never ready without the insisted-on kind: {body}"
+        );
         if ["nodes", "pods", "noderesourcetopologies"]
             .iter()
             .all(|k| body["kinds"][k]["phase"] == "synced")
@@ -239,7 +253,10 @@ async fn insisted_on_absent_crd_keeps_readyz_failing() {
         assert!(tokio::time::Instant::now() < deadline, "{body}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(body["kinds"]["devices"]["requirement"], "unavailable", "{body}");
+    assert_eq!(
+        body["kinds"]["devices"]["requirement"], "unavailable",
+        "{body}"
+    );
     let reasons = body["reasons"].to_string();
     assert!(
         reasons.contains("devices required but unavailable"),

@@ -38,18 +38,41 @@ impl Annotation {
 
 #[derive(Clone, Debug)]
 enum Op {
-    UpsertNode { node: usize, rev: u8 },
+    UpsertNode {
+        node: usize,
+        rev: u8,
+    },
     DeleteNode(usize),
-    UpsertDevice { node: usize, gpus: i32, unhealthy: Vec<i32> },
+    UpsertDevice {
+        node: usize,
+        gpus: i32,
+        unhealthy: Vec<i32>,
+    },
     DeleteDevice(usize),
-    UpsertNrt { node: usize, cpus: u8 },
+    UpsertNrt {
+        node: usize,
+        cpus: u8,
+    },
     DeleteNrt(usize),
     /// Creates the pod, or deletes and recreates it under a new UID when it exists.
-    CreatePod { pod: usize, node: Option<usize>, annotation: Annotation },
+    CreatePod {
+        pod: usize,
+        node: Option<usize>,
+        annotation: Annotation,
+    },
     DeletePod(usize),
-    Annotate { pod: usize, annotation: Annotation },
-    Terminate { pod: usize, phase: &'static str },
-    Bind { pod: usize, node: usize },
+    Annotate {
+        pod: usize,
+        annotation: Annotation,
+    },
+    Terminate {
+        pod: usize,
+        phase: &'static str,
+    },
+    Bind {
+        pod: usize,
+        node: usize,
+    },
     CloseWatches,
     CompactAndClose,
     Pause(u64),

@@ -162,10 +162,18 @@ async fn not_ready_filter_answer_is_pascal_case_with_nulls() {
     let http = Http::new(svc.addr);
     let r = post_fixture(&http, "/filter", "filter-names.json").await;
     assert_eq!(keys(&r), FILTER_KEYS, "{r}");
-    for k in ["Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes"] {
+    for k in [
+        "Nodes",
+        "NodeNames",
+        "FailedNodes",
+        "FailedAndUnresolvableNodes",
+    ] {
         assert_eq!(r[k], Value::Null, "{r}");
     }
-    assert!(r["Error"].as_str().unwrap().starts_with("not ready:"), "{r}");
+    assert!(
+        r["Error"].as_str().unwrap().starts_with("not ready:"),
+        "{r}"
+    );
     let r = post_fixture(&http, "/bind", "bind.json").await;
     assert_eq!(keys(&r), ["Error"], "{r}");
     svc.shutdown().await.unwrap();
@@ -334,7 +342,11 @@ async fn malformed_input_gets_a_4xx_naming_the_problem_and_changes_nothing() {
         "no malformed bind reached the API server"
     );
 
-    for (method, path) in [("GET", "/nope"), ("POST", "/filter/extra"), ("POST", "/v1/bind")] {
+    for (method, path) in [
+        ("GET", "/nope"),
+        ("POST", "/filter/extra"),
+        ("POST", "/v1/bind"),
+    ] {
         let (status, body) = http.send(method, path, json_ct, b"{}".to_vec()).await;
         assert_eq!(status, 404, "{method} {path}: {body}");
         assert_eq!(
@@ -345,9 +357,7 @@ async fn malformed_input_gets_a_4xx_naming_the_problem_and_changes_nothing() {
     }
 
     // Still serving real requests.
-    let (status, r) = http
-        .send("POST", "/filter", json_ct, filter.clone())
-        .await;
+    let (status, r) = http.send("POST", "/filter", json_ct, filter.clone()).await;
     assert_eq!(status, 200);
     assert_eq!(r["Error"], "", "{r}");
     svc.shutdown().await.unwrap();

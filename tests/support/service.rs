@@ -283,7 +283,11 @@ pub fn snapshot_diff(
 ) -> String {
     let mut out = String::new();
     let names: std::collections::BTreeSet<&String> = got.keys().chain(want.keys()).collect();
-    for name in names.into_iter().filter(|n| got.get(*n) != want.get(*n)).take(5) {
+    for name in names
+        .into_iter()
+        .filter(|n| got.get(*n) != want.get(*n))
+        .take(5)
+    {
         out.push_str(&format!(
             "\nnode {name}:\n  live:  {}\n  fresh: {}",
             got.get(name).map_or("<absent>".into(), Value::to_string),
