@@ -356,6 +356,16 @@ async fn malformed_input_gets_a_4xx_naming_the_problem_and_changes_nothing() {
         );
     }
 
+    for (method, path) in [("GET", "/filter"), ("PUT", "/bind"), ("POST", "/readyz")] {
+        let (status, body) = http.send(method, path, json_ct, b"{}".to_vec()).await;
+        assert_eq!(status, 405, "{method} {path}: {body}");
+        assert_eq!(
+            body,
+            json!({"error": format!("method {method} is not allowed on {path}")}),
+            "{method} {path}"
+        );
+    }
+
     // Still serving real requests.
     let (status, r) = http.send("POST", "/filter", json_ct, filter.clone()).await;
     assert_eq!(status, 200);
