@@ -88,6 +88,8 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))
         .merge(verbs)
+        // After the merge: it applies to the routes registered so far.
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .with_state(state)
 }
@@ -126,6 +128,18 @@ async fn not_found(request: Request) -> Response {
         StatusCode::NOT_FOUND,
         axum::Json(serde_json::json!({
             "error": format!("no route for {} {}", request.method(), request.uri().path())
+        })),
+    )
+        .into_response()
+}
+
+/// A known path with the wrong method: a JSON 405 like every other rejection, instead of
+/// axum's empty body.
+async fn method_not_allowed(request: Request) -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        axum::Json(serde_json::json!({
+            "error": format!("method {} is not allowed on {}", request.method(), request.uri().path())
         })),
     )
         .into_response()

@@ -4,7 +4,14 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod api_calls;
+mod binary;
 mod fake_apiserver;
 mod gpu;
 mod leader;
+mod readiness;
+mod scale;
 mod smoke;
+mod sync;
+mod sync_prop;
+mod wire;

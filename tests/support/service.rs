@@ -192,6 +192,24 @@ impl Http {
             .map(|(status, _)| status)
     }
 
+    /// A GET that reports a connection failure instead of panicking (for polling a process
+    /// that is still starting or already gone).
+    pub async fn try_get(&self, path: &str) -> Option<(u16, Value)> {
+        let req = hyper::Request::builder()
+            .uri(format!("{}{}", self.base, path))
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let resp = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
+            .await
+            .ok()?
+            .ok()?;
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        Some((status, value))
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         self.send(
             "POST",
@@ -315,4 +333,134 @@ pub fn binding_args(pod: &Value, node: &str) -> Value {
         "PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
         "PodUID": pod["metadata"]["uid"], "Node": node
     })
+}
+
+// ---- cache comparison -----------------------------------------------------------------------
+
+/// The kinds a service started with default flags watches, in the fake's terms.
+pub const WATCHED: [super::Kind; 4] = [
+    super::Kind::Node,
+    super::Kind::Pod,
+    super::Kind::Device,
+    super::Kind::NodeResourceTopology,
+];
+
+/// Waits until every watched kind has an open watch: kube's watcher opens it only after
+/// `InitDone`, so mutating before this could land in the list instead of the watch.
+pub async fn wait_for_all_watches(fake: &FakeApiServer, timeout: Duration) {
+    for kind in WATCHED {
+        assert!(
+            fake.wait_for_watches(kind, 1, timeout).await,
+            "no {kind:?} watch opened within {timeout:?}"
+        );
+    }
+}
+
+/// `ClusterState::snapshot()` minus what only history can know. `device_object_seen` records
+/// that a node's Device object existed once (a deleted Device makes the node "nothing
+/// allocatable" rather than "left to the kubelet"); a fresh bootstrap cannot see deleted
+/// objects, so that flag legitimately differs and is left out of comparisons.
+pub fn comparable(
+    snapshot: std::collections::BTreeMap<String, Value>,
+) -> std::collections::BTreeMap<String, Value> {
+    snapshot
+        .into_iter()
+        .map(|(name, mut v)| {
+            if let Some(o) = v.as_object_mut() {
+                o.remove("device_object_seen");
+            }
+            (name, v)
+        })
+        .collect()
+}
+
+/// The cache a fresh service builds from the fake's current state.
+pub async fn fresh_snapshot(
+    fake: &FakeApiServer,
+    extra: &[&str],
+) -> std::collections::BTreeMap<String, Value> {
+    let svc = start(fake, extra).await;
+    Http::new(svc.addr)
+        .wait_ready(Duration::from_secs(30))
+        .await;
+    let snap = comparable(svc.state.cluster.snapshot());
+    svc.shutdown().await.expect("fresh service shuts down");
+    snap
+}
+
+/// A readable account of how two snapshots differ (first few nodes only).
+pub fn snapshot_diff(
+    got: &std::collections::BTreeMap<String, Value>,
+    want: &std::collections::BTreeMap<String, Value>,
+) -> String {
+    let mut out = String::new();
+    let names: std::collections::BTreeSet<&String> = got.keys().chain(want.keys()).collect();
+    for name in names
+        .into_iter()
+        .filter(|n| got.get(*n) != want.get(*n))
+        .take(5)
+    {
+        out.push_str(&format!(
+            "\nnode {name}:\n  live:  {}\n  fresh: {}",
+            got.get(name).map_or("<absent>".into(), Value::to_string),
+            want.get(name).map_or("<absent>".into(), Value::to_string),
+        ));
+    }
+    out
+}
+
+/// Waits until the live cache equals `want`, failing with the difference after `timeout`.
+pub async fn eventually_equal(
+    cluster: &device_numa_extender::cluster::ClusterState,
+    want: &std::collections::BTreeMap<String, Value>,
+    timeout: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let got = comparable(cluster.snapshot());
+        if &got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "live cache differs from a fresh bootstrap after {timeout:?}:{}",
+            snapshot_diff(&got, want)
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// What the cache holds, counted per kind (cheap enough for 50,000 pods).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CacheCounts {
+    pub nodes: usize,
+    pub pods: usize,
+    pub devices: usize,
+    pub topologies: usize,
+}
+
+pub fn cache_counts(cluster: &device_numa_extender::cluster::ClusterState) -> CacheCounts {
+    let mut c = CacheCounts::default();
+    for name in cluster.node_names() {
+        if let Some(entry) = cluster.node(&name) {
+            let s = entry.read();
+            c.nodes += usize::from(s.node.is_some());
+            c.pods += s.pods.len();
+            c.devices += usize::from(s.devices.devices().is_some());
+            c.topologies += usize::from(s.topology.is_some());
+        }
+    }
+    c
+}
+
+/// The `device-allocated` annotation for whole 80Gi GPUs at `minors`.
+pub fn whole_gpus(minors: &[i32]) -> String {
+    let entries: Vec<Value> = minors
+        .iter()
+        .map(|m| {
+            json!({"minor": m, "resources": {"koordinator.sh/gpu-core": "100",
+                "koordinator.sh/gpu-memory": "80Gi", "koordinator.sh/gpu-memory-ratio": "100"}})
+        })
+        .collect();
+    json!({ "gpu": entries }).to_string()
 }

@@ -1,0 +1,76 @@
+//! Every Kubernetes API call the service makes is in `api_calls::API_CALLS`, the table the
+//! chart's ClusterRole is generated from: a call missing there is a 403 in a real cluster.
+
+use std::time::Duration;
+
+use device_numa_extender::api_calls::API_CALLS;
+use serde_json::json;
+
+use crate::support::service::{self, Http, wait_for_all_watches};
+use crate::support::{FakeApiServer, Kind, RbacRequest};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_of_a_bootstrap_and_bind_is_granted_by_api_calls() {
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Node, service::node("n1")).unwrap();
+    fake.create(Kind::Device, service::gpu_device("n1", 8, 4, &[]))
+        .unwrap();
+    fake.create(Kind::NodeResourceTopology, service::nrt("n1"))
+        .unwrap();
+    let pending = service::pod(
+        "ml",
+        "p",
+        "uid-p",
+        json!({"nvidia.com/gpu": "2"}),
+        None,
+        None,
+    );
+    fake.create(Kind::Pod, pending.clone()).unwrap();
+
+    let svc = service::start(&fake, &[]).await;
+    let http = Http::new(svc.addr);
+    http.wait_ready(TIMEOUT).await;
+    wait_for_all_watches(&fake, TIMEOUT).await;
+    let (_, r) = http
+        .post("/bind", &service::binding_args(&pending, "n1"))
+        .await;
+    assert_eq!(r["Error"], "", "{r}");
+    // A relist too, so every list/watch path has been exercised after a 410.
+    fake.compact();
+    fake.close_watches();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    svc.shutdown().await.unwrap();
+
+    let granted = |r: &RbacRequest| {
+        API_CALLS.iter().any(|c| {
+            c.group == r.group && c.resource == r.resource && c.verbs.contains(&r.verb.as_str())
+        })
+    };
+    let seen = fake.rbac_requests();
+    let missing: Vec<&RbacRequest> = seen.iter().filter(|r| !granted(r)).collect();
+    assert!(missing.is_empty(), "not in API_CALLS: {missing:#?}");
+    // The run really exercised the interesting calls (so an empty log cannot pass).
+    for (group, resource, verb) in [
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods/binding", "create"),
+        ("scheduling.koordinator.sh", "devices", "watch"),
+        ("topology.node.k8s.io", "noderesourcetopologies", "watch"),
+    ] {
+        let want = RbacRequest {
+            group: group.into(),
+            resource: resource.into(),
+            verb: verb.into(),
+        };
+        assert!(seen.contains(&want), "{want:?} not seen in {seen:#?}");
+    }
+    assert!(
+        seen.iter()
+            .any(|r| r.resource == "pods" && r.verb == "patch"),
+        "the bind annotates the pod: {seen:#?}"
+    );
+}

@@ -1,0 +1,271 @@
+//! `/readyz` and the verbs' not-ready answers while a kind's initial list is slow, and the
+//! readiness of absent optional CRDs (DESIGN.md §2).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::service::{self, Http, cache_counts};
+use crate::support::{FakeApiServer, Kind};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A pending pod asking for one whole GPU, used to probe the verbs.
+fn probe_pod() -> Value {
+    service::pod(
+        "ml",
+        "probe",
+        "uid-probe",
+        json!({"nvidia.com/gpu": "1"}),
+        None,
+        None,
+    )
+}
+
+/// Before readiness every verb answers 200 with its not-ready shape, never a decision.
+async fn assert_verbs_not_ready(http: &Http, waiting_for: &str) {
+    let pod = probe_pod();
+    let (status, body) = http
+        .post("/filter", &service::extender_args(&pod, &["n0"]))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let error = body["Error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("not ready:") && error.contains(waiting_for),
+        "filter before readiness: {body}"
+    );
+    assert_eq!(
+        body["NodeNames"],
+        Value::Null,
+        "no decision before readiness"
+    );
+
+    let (status, body) = http.post("/bind", &service::binding_args(&pod, "n0")).await;
+    assert_eq!(status, 200, "{body}");
+    let error = body["Error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("not ready:") && error.contains(waiting_for),
+        "bind before readiness: {body}"
+    );
+
+    let (status, body) = http
+        .post("/prioritize", &service::extender_args(&pod, &["n0"]))
+        .await;
+    assert_eq!((status, body), (200, json!([])), "prioritize: no opinion");
+
+    let preempt = json!({"Pod": pod, "NodeNameToVictims": null,
+        "NodeNameToMetaVictims": {"n0": {"Pods": [{"UID": "uid-p0"}], "NumPDBViolations": 0}}});
+    let (status, body) = http.post("/preempt", &preempt).await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"NodeNameToMetaVictims": {}})),
+        "preempt: no candidates"
+    );
+}
+
+/// Polls `/readyz` until 200, checking every 503 body on the way with `check(body, counts
+/// taken just before the request)`. Returns the counts taken right after the flip, and every
+/// `(phase, listing)` the slow kind showed.
+async fn watch_readiness_flip(
+    http: &Http,
+    svc: &device_numa_extender::app::Service,
+    kind: &str,
+    mut check: impl FnMut(&Value, service::CacheCounts),
+) -> (service::CacheCounts, Vec<(String, u64)>) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut seen = Vec::new();
+    loop {
+        let before = cache_counts(&svc.state.cluster);
+        let (status, body) = http.get("/readyz").await;
+        if status == 200 {
+            // The flip happens only after the diff is applied: everything is in the cache now.
+            return (cache_counts(&svc.state.cluster), seen);
+        }
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["ready"], false, "{body}");
+        let phase = body["kinds"][kind]["phase"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(
+            phase == "pending" || phase == "listing",
+            "{kind} is not synced yet, so its phase is pending or listing: {body}"
+        );
+        let reasons = body["reasons"].to_string();
+        assert!(
+            reasons.contains("waiting for") && reasons.contains(kind),
+            "the 503 body names the kind it waits for: {body}"
+        );
+        let listing = body["kinds"][kind]["listing"].as_u64().unwrap_or(0);
+        check(&body, before);
+        if seen.last() != Some(&(phase.clone(), listing)) {
+            seen.push((phase, listing));
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not ready after {TIMEOUT:?}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_waits_for_the_last_page_of_a_slowly_paginated_kind() {
+    // kube's watcher pages at 500: 1,234 pods are three pages, each delayed.
+    const PODS: usize = 1234;
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Node, service::node("n0")).unwrap();
+    fake.create_many(
+        Kind::Pod,
+        (0..PODS).map(|i| {
+            service::pod(
+                "default",
+                &format!("p{i:04}"),
+                &format!("uid-p{i}"),
+                json!({"cpu": "100m"}),
+                Some("n0"),
+                None,
+            )
+        }),
+    )
+    .unwrap();
+    fake.set_list_delay(Kind::Pod, Duration::from_millis(600));
+
+    let svc = service::start(&fake, &[]).await;
+    let http = Http::new(svc.addr);
+    assert_verbs_not_ready(&http, "pods").await;
+    let (status, body) = http.get("/readyz").await;
+    assert_eq!(
+        status, 503,
+        "the verbs above must have run before readiness: {body}"
+    );
+
+    let (at_flip, seen) = watch_readiness_flip(&http, &svc, "pods", |body, before| {
+        let listing = body["kinds"]["pods"]["listing"].as_u64().unwrap_or(0);
+        // Until the last page is buffered nothing of the first list may be applied (the
+        // counts were taken before the request, so the list was at most this far then).
+        if (listing as usize) < PODS {
+            assert_eq!(before.pods, 0, "pods applied before InitDone: {body}");
+        }
+    })
+    .await;
+    assert_eq!(
+        at_flip.pods, PODS,
+        "every pod is cached the moment /readyz flips"
+    );
+    assert_eq!(at_flip.nodes, 1);
+    assert!(
+        seen.iter()
+            .any(|(p, n)| p == "listing" && *n > 0 && (*n as usize) < PODS),
+        "the 503 body shows the list progressing page by page: {seen:?}"
+    );
+
+    let (_, body) = http.get("/readyz").await;
+    assert_eq!(body["kinds"]["pods"]["phase"], "synced");
+    assert_eq!(body["kinds"]["pods"]["replayed"], PODS);
+    assert_eq!(body["kinds"]["pods"]["cached"], PODS);
+    svc.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_waits_for_a_delayed_list() {
+    const DEVICES: usize = 300;
+    let fake = FakeApiServer::new();
+    fake.create_many(
+        Kind::Node,
+        (0..DEVICES).map(|i| service::node(&format!("n{i:03}"))),
+    )
+    .unwrap();
+    fake.create_many(
+        Kind::Device,
+        (0..DEVICES).map(|i| service::gpu_device(&format!("n{i:03}"), 8, 4, &[])),
+    )
+    .unwrap();
+    fake.set_list_delay(Kind::Device, Duration::from_millis(1500));
+
+    let svc = service::start(&fake, &[]).await;
+    let http = Http::new(svc.addr);
+    assert_verbs_not_ready(&http, "devices").await;
+    let (at_flip, seen) = watch_readiness_flip(&http, &svc, "devices", |body, before| {
+        if body["kinds"]["devices"]["listing"].as_u64().unwrap_or(0) == 0 {
+            assert_eq!(before.devices, 0, "devices applied before InitDone: {body}");
+        }
+    })
+    .await;
+    assert_eq!(
+        at_flip.devices, DEVICES,
+        "all Devices cached when /readyz flips"
+    );
+    assert_eq!(at_flip.nodes, DEVICES);
+    assert!(
+        !seen.is_empty(),
+        "the delay must have been observed as a 503 at least once"
+    );
+    svc.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absent_optional_crd_is_disabled_and_named() {
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Node, service::node("n0")).unwrap();
+    fake.set_crd_served(Kind::Device, false);
+
+    let svc = service::start(&fake, &[]).await;
+    let http = Http::new(svc.addr);
+    let body = http.wait_ready(TIMEOUT).await;
+    let devices = &body["kinds"]["devices"];
+    assert_eq!(devices["requirement"], "disabled", "{body}");
+    let reason = devices["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("devices.scheduling.koordinator.sh") && reason.contains("not served"),
+        "the reason names the missing CRD: {body}"
+    );
+    assert!(
+        reason.contains("disabled:"),
+        "and what is switched off: {body}"
+    );
+    assert_eq!(body["kinds"]["noderesourcetopologies"]["phase"], "synced");
+    svc.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insisted_on_absent_crd_keeps_readyz_failing() {
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Node, service::node("n0")).unwrap();
+    fake.set_crd_served(Kind::Device, false);
+
+    let svc = service::start(&fake, &["--require-kinds", "devices"]).await;
+    let http = Http::new(svc.addr);
+    // Wait until everything that can sync has, then check it still is not ready.
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let body = loop {
+        let (status, body) = http.get("/readyz").await;
+        assert_eq!(
+            status, 503,
+            "never ready without the insisted-on kind: {body}"
+        );
+        if ["nodes", "pods", "noderesourcetopologies"]
+            .iter()
+            .all(|k| body["kinds"][k]["phase"] == "synced")
+        {
+            break body;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        body["kinds"]["devices"]["requirement"], "unavailable",
+        "{body}"
+    );
+    let reasons = body["reasons"].to_string();
+    assert!(
+        reasons.contains("devices required but unavailable"),
+        "the 503 body names the missing kind: {body}"
+    );
+    // Still failing a while later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _) = http.get("/readyz").await;
+    assert_eq!(status, 503);
+    assert_verbs_not_ready(&http, "devices").await;
+    svc.shutdown().await.unwrap();
+}
