@@ -31,8 +31,13 @@ use crate::placement::device::score::ScoringConfig;
 use crate::sync::{Kind, Readiness};
 
 /// The device policy for one node, shared by filter, preempt and bind:
-/// `Ok(None)` = nothing to allocate here (the node never had a Device object: its devices
-/// belong to the kubelet's device plugins), `Ok(Some)` = the allocation, `Err` = no fit.
+/// `Ok(None)` = nothing to allocate here, `Ok(Some)` = the allocation, `Err` = no fit.
+///
+/// A node without a Device object is left to the kubelet's device plugins (koordinator #1594)
+/// unless pods on it hold koordinator device allocations: then its Device object is missing
+/// (deleted, or not yet arrived) and nothing is allocatable until it is back, while what those
+/// pods hold stays counted (koordinator #1186). The rule depends only on current API state, so
+/// a restarted or standby replica decides exactly as a long-running one.
 pub fn allocate_on(
     node: Option<&NodeState>,
     req: &PodDeviceRequest,
@@ -43,13 +48,13 @@ pub fn allocate_on(
         return Ok(None);
     };
     if node.devices.devices().is_none() {
-        return if node.device_object_seen {
+        return if node.devices.is_empty() {
+            Ok(None)
+        } else {
             Err(FitError {
-                reason: "device object deleted".into(),
+                reason: "device object missing".into(),
                 unresolvable: false,
             })
-        } else {
-            Ok(None)
         };
     }
     fit_with(&node.devices, req, ignore, scoring).map(Some)

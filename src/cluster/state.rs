@@ -79,9 +79,6 @@ pub struct NodeState {
     /// Device totals (from the Device object) and who holds what (by pod UID).
     #[serde(skip)]
     pub devices: DeviceLedger,
-    /// A Device object has existed for this node. A node that never had one is left to the
-    /// kubelet's device plugins; one whose Device was deleted has nothing allocatable.
-    pub device_object_seen: bool,
     /// Assigned, non-terminal pods on this node, by UID.
     pub pods: BTreeMap<PodUid, PodRecord>,
 }
@@ -195,12 +192,7 @@ impl ClusterState {
     /// leaves nothing allocatable but keeps what pods hold (koordinator #1186).
     pub fn set_devices(&self, name: &str, devices: Option<NodeDevices>) {
         let removed = devices.is_none();
-        self.with_node(name, |s| {
-            if devices.is_some() {
-                s.device_object_seen = true;
-            }
-            s.devices.set_devices(devices);
-        });
+        self.with_node(name, |s| s.devices.set_devices(devices));
         if removed {
             self.gc(name);
         }

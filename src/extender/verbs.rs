@@ -2,11 +2,11 @@
 //! never mutate the caches: they take node read locks and compute on copies.
 //!
 //! Device policy for nodes (reference koord-deviceshare §2.6, koordinator #1594):
-//! - a node that never had a `Device` object passes device filtering: its devices, if any,
-//!   are managed by the kubelet's device plugins, which kube-scheduler's own resource fit
-//!   checks;
-//! - a node whose `Device` object was deleted has nothing allocatable until it returns
-//!   (resolvable: koordlet recreates it), while what its pods hold stays counted;
+//! - a node without a `Device` object passes device filtering: its devices, if any, are
+//!   managed by the kubelet's device plugins, which kube-scheduler's own resource fit checks;
+//! - unless pods on it hold device allocations: then its `Device` is missing (deleted, or not
+//!   yet arrived) and nothing is allocatable until it returns (resolvable: koordlet recreates
+//!   it), while what its pods hold stays counted;
 //! - when the Device CRD is not served at all, device filtering is off.
 
 use std::collections::BTreeMap;

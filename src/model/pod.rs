@@ -22,13 +22,15 @@ pub struct Pod {
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Aliases: Go decodes JSON keys case-insensitively, so lower-cased bodies (which
+    // kube-scheduler's own compatibility test produces) must mean the same.
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "nodename")]
     pub node_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "schedulername")]
     pub scheduler_name: Option<String>,
     #[serde(default)]
     pub containers: Vec<Container>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", alias = "initcontainers")]
     pub init_containers: Vec<Container>,
     /// Pod overhead (RuntimeClass); added to the pod's requests as Kubernetes does.
     #[serde(
@@ -47,7 +49,7 @@ pub struct Container {
     #[serde(default)]
     pub resources: ResourceRequirements,
     /// `Always` on an init container marks a restartable sidecar (KEP-753).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "restartpolicy")]
     pub restart_policy: Option<String>,
 }
 
@@ -71,6 +73,21 @@ pub struct ResourceRequirements {
 pub struct PodStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lower_cased_multi_word_keys_decode_like_go() {
+        let pod: Pod = serde_json::from_str(
+            r#"{"metadata":{"name":"p"},"spec":{"nodename":"n1","initcontainers":[{"name":"i","restartpolicy":"Always"}],"containers":[]}}"#,
+        )
+        .unwrap();
+        assert_eq!(pod.node_name(), Some("n1"));
+        assert_eq!(pod.spec.init_containers[0].restart_policy.as_deref(), Some("Always"));
+    }
 }
 
 impl Pod {

@@ -356,22 +356,12 @@ pub async fn wait_for_all_watches(fake: &FakeApiServer, timeout: Duration) {
     }
 }
 
-/// `ClusterState::snapshot()` minus what only history can know. `device_object_seen` records
-/// that a node's Device object existed once (a deleted Device makes the node "nothing
-/// allocatable" rather than "left to the kubelet"); a fresh bootstrap cannot see deleted
-/// objects, so that flag legitimately differs and is left out of comparisons.
+/// `ClusterState::snapshot()` as compared between services: everything in the cache is a
+/// function of current API state, so nothing is left out.
 pub fn comparable(
     snapshot: std::collections::BTreeMap<String, Value>,
 ) -> std::collections::BTreeMap<String, Value> {
     snapshot
-        .into_iter()
-        .map(|(name, mut v)| {
-            if let Some(o) = v.as_object_mut() {
-                o.remove("device_object_seen");
-            }
-            (name, v)
-        })
-        .collect()
 }
 
 /// The cache a fresh service builds from the fake's current state.

@@ -127,7 +127,7 @@ async fn deleted_device_object_fails_resolvably_and_keeps_the_used_ledger() {
     let f = env.filter(&b, &["n1"]).await;
     assert!(names(&f).is_empty(), "{f}");
     let why = reason(&f, "FailedNodes", "n1").unwrap_or_else(|| panic!("not resolvable: {f}"));
-    assert!(why.contains("device object deleted"), "{why}");
+    assert!(why.contains("device object missing"), "{why}");
     assert!(env.bind(&b, "n1").await.is_err());
     let view = env.ledger("n1").await;
     assert_eq!(view["entries"][uid(&a)]["state"], "committed", "{view}");
