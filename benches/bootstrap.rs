@@ -32,7 +32,7 @@ use serde::de::DeserializeOwned;
 use support::{FakeApiServer, Kind};
 
 const NODES: usize = 5_000;
-const ROUNDS: usize = 2;
+const ROUNDS: usize = 3;
 const PAGE: u32 = 500;
 
 fn main() {

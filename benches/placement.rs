@@ -358,7 +358,11 @@ fn main() {
     // `cargo test --benches` runs bench binaries with --test: only check they start.
     let quick = args.iter().any(|a| a == "--test" || a == "--list");
     let started = Instant::now();
-    let state = state();
+    // Build the caches on another thread, as the service's sync tasks do: glibc gives each
+    // thread its own malloc arena, and measuring on the arena fragmented by building 150,000
+    // pod records made every allocation (baseline included) several times slower than in the
+    // service, where requests mostly run on other arenas (see BENCHMARKS.md).
+    let state = std::thread::spawn(state).join().expect("build the cluster");
     eprintln!("cluster of {NODES} nodes built in {:?}", started.elapsed());
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
