@@ -416,18 +416,19 @@ impl DeviceLedger {
                 let mut free = DeviceResources::new();
                 if !blocked {
                     free = slot.total.clone();
-                    let mut used = self
-                        .used
-                        .get(t)
-                        .and_then(|m| m.get(&slot.minor))
-                        .cloned()
-                        .unwrap_or_default();
-                    let rel = released
-                        .get(t)
-                        .and_then(|m| m.get(&slot.minor))
-                        .unwrap_or(&empty);
-                    sub_resources(&mut used, rel);
-                    sub_resources(&mut free, &used);
+                    let used = self.used.get(t).and_then(|m| m.get(&slot.minor));
+                    let rel = released.get(t).and_then(|m| m.get(&slot.minor));
+                    // Filter and bind call this per node: clone `used` only when victims are
+                    // released from it.
+                    match (used, rel) {
+                        (Some(used), Some(rel)) => {
+                            let mut used = used.clone();
+                            sub_resources(&mut used, rel);
+                            sub_resources(&mut free, &used);
+                        }
+                        (Some(used), None) => sub_resources(&mut free, used),
+                        (None, _) => sub_resources(&mut free, &empty),
+                    }
                 }
                 by_minor.insert(slot.minor, free);
             }

@@ -181,19 +181,38 @@ pub fn score_node(ledger: &DeviceLedger, req: &PodDeviceRequest, cfg: &ScoringCo
     let Some(devices) = ledger.devices() else {
         return 0;
     };
-    let free = ledger.free(&[]);
+    // What `ledger.free(&[])` would say per minor, summed, without building the per-minor map:
+    // prioritize runs this for every candidate node, and that map's cloned resource names were
+    // most of its cost. Free per minor = max(total − used, 0) per name of the total; everything
+    // is used while a malformed entry blocks the node.
+    let blocked = ledger.has_malformed();
     let mut sum = 0i64;
     let mut n = 0i64;
     for (t, r) in &req.types {
-        let mut total = DeviceResources::new();
-        let mut free_sum = DeviceResources::new();
+        let used = ledger.used().get(t);
+        let mut total: BTreeMap<&str, Quantity> = BTreeMap::new();
+        let mut free_sum: BTreeMap<&str, Quantity> = BTreeMap::new();
         for slot in devices.slots(t) {
-            crate::cluster::devices::add_resources(&mut total, &slot.total);
-            if let Some(f) = free.get(t).and_then(|m| m.get(&slot.minor)) {
-                crate::cluster::devices::add_resources(&mut free_sum, f);
+            let slot_used = used.and_then(|m| m.get(&slot.minor));
+            for (name, q) in &slot.total {
+                let e = total.entry(name.as_str()).or_insert(Quantity::ZERO);
+                *e = *e + *q;
+                if !blocked {
+                    let u = slot_used
+                        .and_then(|u| u.get(name))
+                        .map_or(0, Quantity::milli);
+                    let e = free_sum.entry(name.as_str()).or_insert(Quantity::ZERO);
+                    *e = *e + Quantity::from_milli((q.milli() - u).max(0));
+                }
             }
         }
-        sum += cfg.score(&r.per_device, &total, &free_sum);
+        let owned = |m: BTreeMap<&str, Quantity>| -> DeviceResources {
+            m.into_iter()
+                .filter(|(_, q)| !q.is_zero())
+                .map(|(k, q)| (k.to_string(), q))
+                .collect()
+        };
+        sum += cfg.score(&r.per_device, &owned(total), &owned(free_sum));
         n += 1;
     }
     if n == 0 { 0 } else { (sum / n).clamp(0, 100) }
@@ -346,5 +365,63 @@ mod tests {
         assert!(score_node(&busy, &req, &most) > score_node(&empty, &req, &most));
         assert_eq!(score_node(&DeviceLedger::new(), &req, &least), 0);
         assert_eq!(normalize_scores(&[95, 70]), vec![10, 7]);
+
+        // score_node sums free per minor without `DeviceLedger::free`; it must agree with it,
+        // including over-use (clamped at zero), minors no longer present and malformed entries.
+        let reference = |ledger: &DeviceLedger, cfg: &ScoringConfig| -> i64 {
+            let Some(devices) = ledger.devices() else {
+                return 0;
+            };
+            let free = ledger.free(&[]);
+            let (mut sum, mut n) = (0i64, 0i64);
+            for (t, r) in &req.types {
+                let mut total = DeviceResources::new();
+                let mut free_sum = DeviceResources::new();
+                for slot in devices.slots(t) {
+                    crate::cluster::devices::add_resources(&mut total, &slot.total);
+                    if let Some(f) = free.get(t).and_then(|m| m.get(&slot.minor)) {
+                        crate::cluster::devices::add_resources(&mut free_sum, f);
+                    }
+                }
+                sum += cfg.score(&r.per_device, &total, &free_sum);
+                n += 1;
+            }
+            if n == 0 { 0 } else { (sum / n).clamp(0, 100) }
+        };
+        let alloc = |minor: i32, pairs: &[(&str, &str)]| {
+            RecordedAllocation::Allocated(DeviceAllocations(BTreeMap::from([(
+                DeviceType::Gpu,
+                vec![DeviceAllocation {
+                    minor,
+                    resources: res(pairs),
+                    id: String::new(),
+                    extension: None,
+                }],
+            )])))
+        };
+        let mut over = busy.clone();
+        over.record(
+            PodUid::new("q"),
+            alloc(0, &[(GPU_CORE, "100"), (GPU_MEMORY, "80Gi")]),
+            EntryState::Committed,
+        );
+        over.record(
+            PodUid::new("gone"),
+            alloc(7, &[(GPU_CORE, "100")]),
+            EntryState::Committed,
+        );
+        let mut malformed = busy.clone();
+        malformed.record(
+            PodUid::new("m"),
+            RecordedAllocation::Malformed {
+                reason: "bad".into(),
+            },
+            EntryState::Committed,
+        );
+        for ledger in [&empty, &busy, &over, &malformed, &DeviceLedger::new()] {
+            for cfg in [&least, &most] {
+                assert_eq!(score_node(ledger, &req, cfg), reference(ledger, cfg));
+            }
+        }
     }
 }

@@ -1,0 +1,231 @@
+//! Shared by the benches: one deterministic synthetic cluster (nodes × 8 GPUs with realistic
+//! partial occupancy, ~30 pods per node), the extender request bodies, and small statistics
+//! helpers. Included with `mod common;` next to `#[path = "../tests/support/mod.rs"] mod support;`.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::service;
+
+pub const GPUS_PER_NODE: i32 = 8;
+pub const PODS_PER_NODE: usize = 30;
+
+pub fn node_name(i: usize) -> String {
+    format!("node-{i:05}")
+}
+
+/// What the pods of node `i` hold, in minors: `whole` GPUs 0..whole held by one pod each, and
+/// optionally half of GPU `whole` held by a shared pod. Every tenth node is full.
+///
+/// Over the cluster: ~42% of GPUs held, ~1/3 of nodes with a half-used GPU, 10% of nodes full;
+/// a 2-GPU request fails on ~1/4 of the nodes, a shared one on ~1/10.
+pub fn occupancy(i: usize) -> (i32, bool) {
+    if i % 10 == 9 {
+        return (GPUS_PER_NODE, false);
+    }
+    let whole = (i % 7) as i32;
+    (whole, i.is_multiple_of(3) && whole < GPUS_PER_NODE)
+}
+
+fn whole_annotation(minor: i32) -> String {
+    json!({"gpu": [{"minor": minor, "resources": {
+        "koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "80Gi",
+        "koordinator.sh/gpu-memory-ratio": "100"}}]})
+    .to_string()
+}
+
+fn shared_annotation(minor: i32) -> String {
+    json!({"gpu": [{"minor": minor, "resources": {
+        "koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory": "40Gi",
+        "koordinator.sh/gpu-memory-ratio": "50"}}]})
+    .to_string()
+}
+
+/// The `PODS_PER_NODE` assigned, running pods of node `i`: the device holders of
+/// [`occupancy`] first, then CPU-only pods.
+pub fn node_pods(i: usize) -> Vec<Value> {
+    let node = node_name(i);
+    let (whole, shared) = occupancy(i);
+    let mut pods = Vec::with_capacity(PODS_PER_NODE);
+    let ns = format!("team-{}", i % 50);
+    let mut push = |j: usize, requests: Value, allocated: Option<String>| {
+        let name = format!("{node}-p{j:02}");
+        let uid = format!("uid-{i:05}-{j:02}");
+        pods.push(service::pod(
+            &ns,
+            &name,
+            &uid,
+            requests,
+            Some(&node),
+            allocated.as_deref(),
+        ));
+    };
+    let mut j = 0;
+    for minor in 0..whole {
+        push(
+            j,
+            json!({"nvidia.com/gpu": "1", "cpu": "8", "memory": "32Gi"}),
+            Some(whole_annotation(minor)),
+        );
+        j += 1;
+    }
+    if shared {
+        push(
+            j,
+            json!({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50", "cpu": "4"}),
+            Some(shared_annotation(whole)),
+        );
+        j += 1;
+    }
+    while j < PODS_PER_NODE {
+        push(j, json!({"cpu": "500m", "memory": "1Gi"}), None);
+        j += 1;
+    }
+    pods
+}
+
+/// Every object of a cluster of `nodes` nodes, by kind.
+pub struct Cluster {
+    pub nodes: Vec<Value>,
+    pub devices: Vec<Value>,
+    pub topologies: Vec<Value>,
+    pub pods: Vec<Value>,
+}
+
+pub fn cluster(nodes: usize, with_pods: bool) -> Cluster {
+    let mut c = Cluster {
+        nodes: Vec::with_capacity(nodes),
+        devices: Vec::with_capacity(nodes),
+        topologies: Vec::with_capacity(nodes),
+        pods: Vec::with_capacity(if with_pods { nodes * PODS_PER_NODE } else { 0 }),
+    };
+    for i in 0..nodes {
+        let name = node_name(i);
+        c.nodes.push(service::node(&name));
+        c.devices
+            .push(service::gpu_device(&name, GPUS_PER_NODE, 4, &[]));
+        c.topologies.push(service::nrt(&name));
+        if with_pods {
+            c.pods.extend(node_pods(i));
+        }
+    }
+    c
+}
+
+impl Cluster {
+    /// One `kind: List` with every object, for `--cluster-file`.
+    pub fn to_list_json(&self) -> Vec<u8> {
+        let items: Vec<&Value> = self
+            .nodes
+            .iter()
+            .chain(&self.devices)
+            .chain(&self.topologies)
+            .chain(&self.pods)
+            .collect();
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "List", "items": items}))
+            .expect("serialize cluster")
+    }
+}
+
+/// The pods the benches schedule: pending, unassigned.
+#[derive(Clone, Copy, Debug)]
+pub enum Case {
+    /// Half a GPU (gpu-core 50, gpu-memory-ratio 50).
+    SharedGpu,
+    /// Two whole GPUs (`nvidia.com/gpu: 2`).
+    TwoGpus,
+    /// CPU and memory only.
+    NoDevices,
+}
+
+impl Case {
+    pub const ALL: [Case; 3] = [Case::SharedGpu, Case::TwoGpus, Case::NoDevices];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Case::SharedGpu => "shared_gpu",
+            Case::TwoGpus => "two_gpus",
+            Case::NoDevices => "no_devices",
+        }
+    }
+
+    pub fn pending_pod(self, name: &str, uid: &str) -> Value {
+        let requests = match self {
+            Case::SharedGpu => json!({"koordinator.sh/gpu-core": "50",
+                "koordinator.sh/gpu-memory-ratio": "50", "cpu": "4", "memory": "16Gi"}),
+            Case::TwoGpus => json!({"nvidia.com/gpu": "2", "cpu": "16", "memory": "64Gi"}),
+            Case::NoDevices => json!({"cpu": "2", "memory": "4Gi"}),
+        };
+        service::pod("bench", name, uid, requests, None, None)
+    }
+}
+
+/// The names-mode filter/prioritize body for `case` over the first `nodes` nodes.
+pub fn extender_body(case: Case, nodes: usize) -> Vec<u8> {
+    let names: Vec<String> = (0..nodes).map(node_name).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let pod = case.pending_pod("pending", "uid-pending");
+    serde_json::to_vec(&service::extender_args(&pod, &names)).expect("serialize body")
+}
+
+/// Percentiles of a sample, nearest-rank.
+pub struct Summary {
+    pub n: usize,
+    pub mean: Duration,
+    pub p50: Duration,
+    pub p90: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+pub fn summarize(samples: &mut [Duration]) -> Summary {
+    assert!(!samples.is_empty(), "no samples");
+    samples.sort_unstable();
+    let n = samples.len();
+    let at = |q: f64| samples[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+    let total: Duration = samples.iter().sum();
+    Summary {
+        n,
+        mean: total / n as u32,
+        p50: at(0.50),
+        p90: at(0.90),
+        p99: at(0.99),
+        max: samples[n - 1],
+    }
+}
+
+pub fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "n={:<6} mean={:>10} p50={:>10} p90={:>10} p99={:>10} max={:>10}",
+            self.n,
+            ms(self.mean),
+            ms(self.p50),
+            ms(self.p90),
+            ms(self.p99),
+            ms(self.max)
+        )
+    }
+}
+
+/// The machine, for the report.
+pub fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpus} CPUs available, {model}")
+}

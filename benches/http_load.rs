@@ -1,0 +1,353 @@
+//! HTTP load over loopback: the real service (started in-process from a generated cluster file,
+//! 5,000 nodes × 8 GPUs, ~30 pods per node) and a baseline axum server that only decodes the
+//! same request with the same input path and writes the same response, both driven by a
+//! keep-alive hyper client in this process.
+//!
+//! Reports
+//! - filter + prioritize latency at 5,000 nodes, names mode, one pod at a time over one
+//!   connection (client-side timing: send → last response byte; plus the server-side mean from
+//!   `dne_http_request_duration_seconds` sum/count over the same requests);
+//! - filter throughput at 1,000 candidate nodes with several keep-alive connections for a fixed
+//!   time.
+//!
+//! Bounded: a fixed request count (and a time cap) per phase, loopback only.
+//! Run: `cargo bench --bench http_load` (see BENCHMARKS.md).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use common::{Case, extender_body, ms, summarize};
+use device_numa_extender::app::Service;
+use device_numa_extender::extender::input::{decode, read_json};
+use device_numa_extender::extender::verbs;
+use device_numa_extender::extender::wire::{ExtenderArgs, ExtenderFilterResult, HostPriority};
+
+const NODES: usize = 5_000;
+const THROUGHPUT_NODES: usize = 1_000;
+/// Sequential filter+prioritize pairs per case and server.
+const LATENCY_PAIRS: usize = 400;
+/// Cap on each latency phase, whatever the machine does.
+const LATENCY_CAP: Duration = Duration::from_secs(30);
+const THROUGHPUT_TIME: Duration = Duration::from_secs(5);
+const THROUGHPUT_CONNECTIONS: usize = 4;
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The baseline server's answers, keyed by the `x-bench-case` header: the very responses the
+/// service gives for that case, computed once.
+#[derive(Default)]
+struct Canned {
+    filter: HashMap<String, Arc<ExtenderFilterResult>>,
+    prioritize: HashMap<String, Arc<Vec<HostPriority>>>,
+}
+
+fn case_of(headers: &HeaderMap) -> String {
+    headers
+        .get("x-bench-case")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+async fn baseline_filter(State(c): State<Arc<Canned>>, headers: HeaderMap, body: Body) -> Response {
+    let args: ExtenderArgs = match read_json(&headers, body, 16 << 20).await {
+        Ok(a) => a,
+        Err(bad) => return bad.into_response(),
+    };
+    std::hint::black_box(&args);
+    axum::Json(c.filter[&case_of(&headers)].clone()).into_response()
+}
+
+async fn baseline_prioritize(
+    State(c): State<Arc<Canned>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let args: ExtenderArgs = match read_json(&headers, body, 16 << 20).await {
+        Ok(a) => a,
+        Err(bad) => return bad.into_response(),
+    };
+    std::hint::black_box(&args);
+    axum::Json(c.prioritize[&case_of(&headers)].clone()).into_response()
+}
+
+async fn start_baseline(canned: Canned) -> SocketAddr {
+    let app = Router::new()
+        .route("/filter", routing::post(baseline_filter))
+        .route("/prioritize", routing::post(baseline_prioritize))
+        .with_state(Arc::new(canned));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// POSTs and reads the whole answer; returns its status and size.
+async fn post(client: &HttpClient, url: &str, case: &str, body: &Bytes) -> (u16, usize) {
+    let req = hyper::Request::post(url)
+        .header("content-type", "application/json")
+        .header("x-bench-case", case)
+        .body(Full::new(body.clone()))
+        .expect("request");
+    let resp = client.request(req).await.expect("response");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, bytes.len())
+}
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build_http()
+}
+
+/// Server-side (count, sum seconds) of `dne_http_request_duration_seconds{verb, outcome="ok"}`.
+fn server_metric(state: &device_numa_extender::extender::AppState, verb: &str) -> (u64, f64) {
+    let h = state
+        .metrics
+        .request_duration
+        .with_label_values(&[verb, "ok"]);
+    (h.get_sample_count(), h.get_sample_sum())
+}
+
+struct Target {
+    name: &'static str,
+    base: String,
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--test" || a == "--list") {
+        // `cargo test --benches`: nothing quick to check here.
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run());
+}
+
+async fn run() {
+    println!("== http_load: service vs parse+write baseline, loopback, keep-alive ==");
+    println!("{}", common::machine());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.json");
+    let t = Instant::now();
+    std::fs::write(&path, common::cluster(NODES, true).to_list_json()).expect("write cluster");
+    let path_str = path.to_str().expect("utf-8 path");
+    let args = support::service::serve_args(&["--cluster-file", path_str]);
+    let svc = Service::start(args, None).await.expect("service starts");
+    let http = support::service::Http::new(svc.addr);
+    http.wait_ready(Duration::from_secs(120)).await;
+    println!(
+        "service ready at {} with {NODES} nodes x 8 GPUs, {} pods/node ({:.1?} to generate, load and sync)",
+        svc.addr,
+        common::PODS_PER_NODE,
+        t.elapsed()
+    );
+
+    // Canned baseline answers: exactly what the service answers for each case.
+    let mut canned = Canned::default();
+    let mut bodies = HashMap::new();
+    for (nodes, cases) in [
+        (NODES, &Case::ALL[..]),
+        (THROUGHPUT_NODES, &[Case::SharedGpu][..]),
+    ] {
+        for case in cases {
+            let key = format!("{}@{nodes}", case.label());
+            let body = extender_body(*case, nodes);
+            let args: ExtenderArgs = decode(&body).expect("body");
+            canned
+                .prioritize
+                .insert(key.clone(), Arc::new(verbs::prioritize(&svc.state, &args)));
+            canned
+                .filter
+                .insert(key.clone(), Arc::new(verbs::filter(&svc.state, args)));
+            bodies.insert(key, Bytes::from(body));
+        }
+    }
+    let baseline_addr = start_baseline(canned).await;
+    let targets = [
+        Target {
+            name: "service",
+            base: format!("http://{}", svc.addr),
+        },
+        Target {
+            name: "baseline",
+            base: format!("http://{baseline_addr}"),
+        },
+    ];
+    let client = client();
+
+    println!(
+        "\n-- filter+prioritize latency, {NODES} nodes, names mode, 1 connection, sequential; client-side timing (send -> last byte, both verbs) --"
+    );
+    for case in Case::ALL {
+        let key = format!("{}@{NODES}", case.label());
+        let body = &bodies[&key];
+        let mut results = Vec::new();
+        let before = (
+            server_metric(&svc.state, "filter"),
+            server_metric(&svc.state, "prioritize"),
+        );
+        // Alternate blocks so load drifts on the shared machine hit both servers alike.
+        let mut samples: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+        let mut sizes = (0, 0);
+        for _ in 0..4 {
+            for (i, target) in targets.iter().enumerate() {
+                let (s, f, p) = latency(&client, target, &key, body, LATENCY_PAIRS / 4).await;
+                samples[i].extend(s);
+                sizes = (f, p);
+            }
+        }
+        let after = (
+            server_metric(&svc.state, "filter"),
+            server_metric(&svc.state, "prioritize"),
+        );
+        for (i, target) in targets.iter().enumerate() {
+            results.push((target.name, summarize(&mut samples[i])));
+        }
+        let mean = |a: (u64, f64), b: (u64, f64)| {
+            Duration::from_secs_f64((a.1 - b.1) / ((a.0 - b.0) as f64).max(1.0))
+        };
+        let (filter_mean, prio_mean) = (mean(after.0, before.0), mean(after.1, before.1));
+        println!(
+            "{} (body {} B, filter answer {} B, prioritize answer {} B)",
+            case.label(),
+            body.len(),
+            sizes.0,
+            sizes.1
+        );
+        for (name, s) in &results {
+            println!("  {name:<8} {s}");
+        }
+        let (w, b) = (&results[0].1, &results[1].1);
+        println!(
+            "  ratio    mean {:.2}x  p50 {:.2}x  p99 {:.2}x\n  service-side mean (dne_http_request_duration_seconds sum/count): filter {}, prioritize {}",
+            w.mean.as_secs_f64() / b.mean.as_secs_f64(),
+            w.p50.as_secs_f64() / b.p50.as_secs_f64(),
+            w.p99.as_secs_f64() / b.p99.as_secs_f64(),
+            ms(filter_mean),
+            ms(prio_mean),
+        );
+    }
+
+    println!(
+        "\n-- filter throughput, {THROUGHPUT_NODES} candidate nodes, shared-GPU pod, {THROUGHPUT_CONNECTIONS} keep-alive connections, {THROUGHPUT_TIME:?} each, client in the same process --"
+    );
+    let key = format!("{}@{THROUGHPUT_NODES}", Case::SharedGpu.label());
+    let body = &bodies[&key];
+    let mut rates = [Vec::new(), Vec::new()];
+    for _ in 0..2 {
+        for (i, target) in targets.iter().enumerate() {
+            let r = throughput(&client, target, &key, body).await;
+            rates[i].push(r);
+        }
+    }
+    for (i, target) in targets.iter().enumerate() {
+        let best = rates[i].iter().copied().fold(0.0, f64::max);
+        println!(
+            "  {:<8} {:>8.0} req/s (runs: {})",
+            target.name,
+            best,
+            rates[i]
+                .iter()
+                .map(|r| format!("{r:.0}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let svc_best = rates[0].iter().copied().fold(0.0, f64::max);
+    let base_best = rates[1].iter().copied().fold(0.0, f64::max);
+    println!("  service/baseline throughput {:.2}", svc_best / base_best);
+    svc.shutdown().await.expect("shutdown");
+}
+
+/// One pod at a time over one keep-alive connection: filter, then prioritize. `key` names the
+/// case for the baseline server. Returns the pair timings and the answer sizes.
+async fn latency(
+    client: &HttpClient,
+    target: &Target,
+    key: &str,
+    body: &Bytes,
+    pairs: usize,
+) -> (Vec<Duration>, usize, usize) {
+    let filter_url = format!("{}/filter", target.base);
+    let prio_url = format!("{}/prioritize", target.base);
+    let mut out = Vec::with_capacity(pairs);
+    let (mut fsize, mut psize) = (0, 0);
+    let cap = Instant::now() + LATENCY_CAP;
+    for i in 0..pairs + pairs / 10 {
+        let t = Instant::now();
+        let (s1, n1) = post(client, &filter_url, key, body).await;
+        let (s2, n2) = post(client, &prio_url, key, body).await;
+        let took = t.elapsed();
+        assert_eq!((s1, s2), (200, 200), "{} answered an error", target.name);
+        (fsize, psize) = (n1, n2);
+        // The first tenth warms the connection, allocator and caches.
+        if i >= pairs / 10 {
+            out.push(took);
+        }
+        if Instant::now() > cap {
+            break;
+        }
+    }
+    (out, fsize, psize)
+}
+
+/// Closed-loop clients on `THROUGHPUT_CONNECTIONS` connections sending filter for
+/// `THROUGHPUT_TIME`, after one warm-up request each; returns requests/s.
+async fn throughput(client: &HttpClient, target: &Target, key: &str, body: &Bytes) -> f64 {
+    let url = format!("{}/filter", target.base);
+    let key: Arc<str> = Arc::from(key);
+    let done = Arc::new(AtomicU64::new(0));
+    for _ in 0..THROUGHPUT_CONNECTIONS {
+        post(client, &url, &key, body).await;
+    }
+    let started = Instant::now();
+    let deadline = started + THROUGHPUT_TIME;
+    let tasks: Vec<_> = (0..THROUGHPUT_CONNECTIONS)
+        .map(|_| {
+            let (c, u, b, k, done) = (
+                client.clone(),
+                url.clone(),
+                body.clone(),
+                key.clone(),
+                done.clone(),
+            );
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let (status, _) = post(&c, &u, &k, &b).await;
+                    assert_eq!(status, 200);
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("load task");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}

@@ -1,0 +1,378 @@
+//! Library-level placement benches (no HTTP): filter and prioritize over 5,000 nodes × 8 GPUs
+//! in names mode, each measured as the server does it (decode the body, decide, serialize the
+//! answer), next to the baseline of only decoding the same body and serializing the same
+//! answer; and bind's allocate+record under the node lock, plus a whole bind against an
+//! in-memory `PodApi` (no API round trips).
+//!
+//! Criterion reports means; budgets are about p99, so after the criterion groups this binary
+//! also samples each case and prints percentiles and the ratio to the baseline, both measured
+//! in this run. Run: `cargo bench --bench placement` (see BENCHMARKS.md).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
+use futures::future::BoxFuture;
+
+use common::{Case, extender_body, summarize};
+use device_numa_extender::bind::{ApiError, Binder, PodApi, allocate_on};
+use device_numa_extender::cluster::ClusterState;
+use device_numa_extender::cluster::devices::{EntryState, RecordedAllocation};
+use device_numa_extender::extender::AppState;
+use device_numa_extender::extender::input::decode;
+use device_numa_extender::extender::verbs;
+use device_numa_extender::extender::wire::{ExtenderArgs, ExtenderFilterResult, HostPriority};
+use device_numa_extender::metrics::Metrics;
+use device_numa_extender::model::ids::PodUid;
+use device_numa_extender::model::pod::Pod;
+use device_numa_extender::placement::device::pod_device_request;
+use device_numa_extender::placement::device::request::PodDeviceRequest;
+use device_numa_extender::placement::device::score::ScoringConfig;
+use device_numa_extender::sync::file_source::ClusterFile;
+use device_numa_extender::sync::{self, Readiness, SyncContext};
+
+const NODES: usize = 5_000;
+
+/// A `PodApi` that answers from memory and writes nowhere: bind minus the API round trips.
+/// `confirmed_by_watch` is true, as in the live service, so bind only records an assumed entry.
+struct MemoryPodApi {
+    pods: BTreeMap<String, Pod>,
+}
+
+impl PodApi for MemoryPodApi {
+    fn get_pod<'a>(
+        &'a self,
+        _namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Pod>, ApiError>> {
+        let pod = self.pods.get(name).cloned();
+        Box::pin(async move { Ok(pod) })
+    }
+    fn patch_annotations<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+        _uid: &'a str,
+        annotations: &'a BTreeMap<String, Option<String>>,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        black_box(annotations);
+        Box::pin(async { Ok(()) })
+    }
+    fn create_binding<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+        _uid: &'a str,
+        _node: &'a str,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn confirmed_by_watch(&self) -> bool {
+        true
+    }
+}
+
+fn pod_of(case: Case, name: &str, uid: &str) -> Pod {
+    serde_json::from_value(case.pending_pod(name, uid)).expect("pod decodes")
+}
+
+/// The synthetic cluster, replayed through the offline sync path, behind a ready `AppState`.
+fn state() -> AppState {
+    let c = common::cluster(NODES, true);
+    fn typed<T: serde::de::DeserializeOwned>(v: Vec<serde_json::Value>) -> Vec<T> {
+        v.into_iter()
+            .map(|o| serde_json::from_value(o).expect("fixture decodes"))
+            .collect()
+    }
+    let file = ClusterFile {
+        nodes: typed(c.nodes),
+        pods: typed(c.pods),
+        devices: c.devices,
+        topologies: typed(c.topologies),
+        ignored: 0,
+    };
+    let metrics = Metrics::new();
+    let cluster = Arc::new(ClusterState::new());
+    let readiness = Readiness::new(sync::declared_kinds(), None, metrics.clone());
+    let ctx = SyncContext {
+        cluster: cluster.clone(),
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
+    };
+    sync::run_file(&ctx, file);
+    assert!(readiness.is_ready(), "{:?}", readiness.not_ready_reason());
+    let scoring = Arc::new(ScoringConfig::default());
+    let pods = Case::ALL
+        .iter()
+        .map(|case| {
+            let name = format!("bind-{}", case.label());
+            let pod = pod_of(*case, &name, &format!("uid-{name}"));
+            (name, pod)
+        })
+        .collect();
+    let binder = Arc::new(Binder::new(
+        Arc::new(MemoryPodApi { pods }),
+        cluster.clone(),
+        readiness.clone(),
+        scoring.clone(),
+        metrics.clone(),
+    ));
+    AppState {
+        cluster,
+        readiness,
+        metrics,
+        binder,
+        scoring,
+        body_limit: 16 << 20,
+    }
+}
+
+// ---- the server's work per request, and the baseline --------------------------------------
+
+fn filter(state: &AppState, body: &[u8]) -> Vec<u8> {
+    let args: ExtenderArgs = decode(body).expect("valid body");
+    serde_json::to_vec(&verbs::filter(state, args)).expect("serialize")
+}
+
+fn prioritize(state: &AppState, body: &[u8]) -> Vec<u8> {
+    let args: ExtenderArgs = decode(body).expect("valid body");
+    serde_json::to_vec(&verbs::prioritize(state, &args)).expect("serialize")
+}
+
+/// The answers of one case, computed once: the baseline serializes exactly these.
+struct Answers {
+    filter: ExtenderFilterResult,
+    prioritize: Vec<HostPriority>,
+}
+
+fn answers(state: &AppState, body: &[u8]) -> Answers {
+    let args: ExtenderArgs = decode(body).expect("valid body");
+    let prioritize = verbs::prioritize(state, &args);
+    Answers {
+        filter: verbs::filter(state, args),
+        prioritize,
+    }
+}
+
+/// Baseline: decode the same body, serialize a response of the same size (the same one).
+fn baseline_filter(answers: &Answers, body: &[u8]) -> Vec<u8> {
+    let args: ExtenderArgs = decode(body).expect("valid body");
+    black_box(&args);
+    serde_json::to_vec(&answers.filter).expect("serialize")
+}
+
+fn baseline_prioritize(answers: &Answers, body: &[u8]) -> Vec<u8> {
+    let args: ExtenderArgs = decode(body).expect("valid body");
+    black_box(&args);
+    serde_json::to_vec(&answers.prioritize).expect("serialize")
+}
+
+// ---- bind -----------------------------------------------------------------------------------
+
+/// A node with room for both device cases (1 whole GPU used of 8, no shared one).
+const BIND_NODE: &str = "node-00001";
+
+fn device_request(case: Case) -> PodDeviceRequest {
+    pod_device_request(&pod_of(case, "x", "x"))
+        .expect("valid")
+        .expect("needs devices")
+}
+
+/// Bind's critical section: lock the node, allocate against committed + assumed, record the
+/// assumed entry (and render the annotation). [`undo`] it outside the timed region.
+fn allocate_record(state: &AppState, req: &PodDeviceRequest, uid: &PodUid) {
+    let entry = state.cluster.node_or_create(BIND_NODE);
+    let started = Instant::now();
+    let mut node = entry.write();
+    let allocation = allocate_on(Some(&node), req, &[], &state.scoring)
+        .expect("fits")
+        .expect("node has devices");
+    let annotation = allocation.to_annotation();
+    node.devices.record(
+        uid.clone(),
+        RecordedAllocation::Allocated(allocation),
+        EntryState::Assumed { at: started },
+    );
+    drop(node);
+    black_box(annotation);
+}
+
+fn undo(state: &AppState, uid: &PodUid) {
+    let entry = state.cluster.node(BIND_NODE).expect("bind node");
+    entry.write().devices.remove(uid);
+}
+
+fn bind_args(case: Case) -> device_numa_extender::extender::wire::ExtenderBindingArgs {
+    let name = format!("bind-{}", case.label());
+    device_numa_extender::extender::wire::ExtenderBindingArgs {
+        pod_uid: format!("uid-{name}"),
+        pod_name: name,
+        pod_namespace: "bench".into(),
+        node: BIND_NODE.into(),
+    }
+}
+
+// ---- criterion ------------------------------------------------------------------------------
+
+fn benches(c: &mut Criterion, state: &AppState, rt: &tokio::runtime::Runtime) {
+    let mut g = c.benchmark_group(format!("placement_{NODES}_nodes"));
+    g.sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for case in Case::ALL {
+        let body = extender_body(case, NODES);
+        let ans = answers(state, &body);
+        g.throughput(Throughput::Elements(NODES as u64));
+        g.bench_function(format!("filter/{}", case.label()), |b| {
+            b.iter(|| filter(state, black_box(&body)))
+        });
+        g.bench_function(format!("prioritize/{}", case.label()), |b| {
+            b.iter(|| prioritize(state, black_box(&body)))
+        });
+        g.bench_function(format!("baseline_filter/{}", case.label()), |b| {
+            b.iter(|| baseline_filter(&ans, black_box(&body)))
+        });
+        g.bench_function(format!("baseline_prioritize/{}", case.label()), |b| {
+            b.iter(|| baseline_prioritize(&ans, black_box(&body)))
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("bind");
+    g.sample_size(50).measurement_time(Duration::from_secs(3));
+    for case in [Case::SharedGpu, Case::TwoGpus] {
+        let uid = PodUid::new(format!("uid-bind-{}", case.label()));
+        let req = device_request(case);
+        g.bench_function(format!("allocate_record/{}", case.label()), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = Instant::now();
+                    allocate_record(state, &req, &uid);
+                    total += t.elapsed();
+                    undo(state, &uid);
+                }
+                total
+            })
+        });
+        let args = bind_args(case);
+        g.bench_function(format!("bind_in_memory/{}", case.label()), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = Instant::now();
+                    rt.block_on(state.binder.bind(&args)).expect("binds");
+                    total += t.elapsed();
+                    undo(state, &uid);
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+// ---- percentiles and ratios -----------------------------------------------------------------
+
+fn sample(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
+    for _ in 0..n / 10 {
+        f();
+    }
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .collect()
+}
+
+fn percentiles(state: &AppState, rt: &tokio::runtime::Runtime) {
+    println!("\n== placement percentiles, {NODES} nodes x 8 GPUs, names mode, library level ==");
+    println!("{}", common::machine());
+    println!("(filter+prioritize = decode + decide + serialize, both verbs, one pod)");
+    for case in Case::ALL {
+        let body = extender_body(case, NODES);
+        let ans = answers(state, &body);
+        let passing = ans.filter.node_names.as_ref().map_or(0, Vec::len);
+        // Interleave the two so drifts in machine load hit both alike.
+        let mut work = Vec::new();
+        let mut base = Vec::new();
+        for _ in 0..10 {
+            work.extend(sample(40, || {
+                black_box(filter(state, &body));
+                black_box(prioritize(state, &body));
+            }));
+            base.extend(sample(40, || {
+                black_box(baseline_filter(&ans, &body));
+                black_box(baseline_prioritize(&ans, &body));
+            }));
+        }
+        let w = summarize(&mut work);
+        let b = summarize(&mut base);
+        println!(
+            "{:<11} body={:>7} B passing={:>5}\n  work     {w}\n  baseline {b}\n  ratio    mean {:.2}x  p50 {:.2}x  p99 {:.2}x",
+            case.label(),
+            body.len(),
+            passing,
+            w.mean.as_secs_f64() / b.mean.as_secs_f64(),
+            w.p50.as_secs_f64() / b.p50.as_secs_f64(),
+            w.p99.as_secs_f64() / b.p99.as_secs_f64(),
+        );
+    }
+    println!("\n== bind without API round trips (in-memory PodApi) ==");
+    for case in [Case::SharedGpu, Case::TwoGpus] {
+        let uid = PodUid::new(format!("uid-bind-{}", case.label()));
+        let req = device_request(case);
+        let mut ar = Vec::new();
+        let mut full = Vec::new();
+        let args = bind_args(case);
+        for _ in 0..2_000 {
+            let t = Instant::now();
+            allocate_record(state, &req, &uid);
+            ar.push(t.elapsed());
+            undo(state, &uid);
+            let t = Instant::now();
+            rt.block_on(state.binder.bind(&args)).expect("binds");
+            full.push(t.elapsed());
+            undo(state, &uid);
+        }
+        println!(
+            "{:<11}\n  allocate+record {}\n  whole bind      {}",
+            case.label(),
+            summarize(&mut ar),
+            summarize(&mut full)
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `cargo test --benches` runs bench binaries with --test: only check they start.
+    let quick = args.iter().any(|a| a == "--test" || a == "--list");
+    let started = Instant::now();
+    // Build the caches on another thread, as the service's sync tasks do: glibc gives each
+    // thread its own malloc arena, and measuring on the arena fragmented by building 150,000
+    // pod records made every allocation (baseline included) several times slower than in the
+    // service, where requests mostly run on other arenas (see BENCHMARKS.md).
+    let state = std::thread::spawn(state).join().expect("build the cluster");
+    eprintln!("cluster of {NODES} nodes built in {:?}", started.elapsed());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let mut c = Criterion::default().configure_from_args();
+    benches(&mut c, &state, &rt);
+    c.final_summary();
+    // PLACEMENT_PERCENTILES=0 skips the percentile pass (e.g. when filtering criterion benches).
+    let percentiles_on = std::env::var("PLACEMENT_PERCENTILES").map_or(true, |v| v != "0");
+    if !quick && percentiles_on {
+        percentiles(&state, &rt);
+    }
+}
