@@ -6,6 +6,7 @@
 //! derived from recorded entries only. This module is pure data: it never locks, never talks
 //! to the network, and never decides placement (that is `placement::device`).
 
+use std::sync::Arc;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -254,6 +255,72 @@ pub struct DeviceLedger {
     entries: BTreeMap<PodUid, LedgerEntry>,
     used: UsedMap,
     malformed: usize,
+    /// Fixed-size per-minor totals and free, built on first read after a change: filter and
+    /// prioritize read it for every candidate node and must not rebuild string-keyed maps.
+    /// Every mutation resets it.
+    index: std::sync::OnceLock<Arc<LedgerIndex>>,
+}
+
+/// The resource dimensions the fast placement path understands, by index.
+pub const INDEX_DIMS: [&str; 5] = [
+    crate::model::device::GPU_CORE,
+    crate::model::device::GPU_MEMORY,
+    crate::model::device::GPU_MEMORY_RATIO,
+    crate::model::device::RDMA,
+    crate::model::device::FPGA,
+];
+
+/// Milli-units per dimension of [`INDEX_DIMS`].
+pub type DimVec = [i128; INDEX_DIMS.len()];
+
+/// Position of a resource name in [`INDEX_DIMS`].
+pub fn dim_of(name: &str) -> Option<usize> {
+    INDEX_DIMS.iter().position(|d| *d == name)
+}
+
+/// One minor in the index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotIndex {
+    pub minor: i32,
+    pub healthy: bool,
+    pub total: DimVec,
+    pub free: DimVec,
+    /// True when the total carries a resource outside [`INDEX_DIMS`] (the fast path then
+    /// defers to the full allocator for this node).
+    pub has_other_dims: bool,
+    /// The total map is empty (unhealthy devices have an empty total).
+    pub total_empty: bool,
+    /// The free map is empty.
+    pub free_empty: bool,
+}
+
+/// A ledger's state in fixed-size form, per device type in `NodeDevices` order.
+#[derive(Clone, Debug, Default)]
+pub struct LedgerIndex {
+    pub blocked: bool,
+    pub types: Vec<(DeviceType, Vec<SlotIndex>)>,
+}
+
+impl LedgerIndex {
+    pub fn slots(&self, t: &DeviceType) -> &[SlotIndex] {
+        self.types
+            .iter()
+            .find(|(k, _)| k == t)
+            .map(|(_, v)| v.as_slice())
+            .unwrap_or(&[])
+    }
+}
+
+fn dims(r: &DeviceResources) -> (DimVec, bool) {
+    let mut out = [0i128; INDEX_DIMS.len()];
+    let mut other = false;
+    for (name, q) in r {
+        match dim_of(name) {
+            Some(d) => out[d] = q.milli(),
+            None => other = true,
+        }
+    }
+    (out, other)
 }
 
 fn apply(used: &mut UsedMap, allocs: &DeviceAllocations, add: bool) {
@@ -285,6 +352,48 @@ impl DeviceLedger {
     /// (koordinator #1186: dropping it double-allocated once koordlet recreated the object).
     pub fn set_devices(&mut self, devices: Option<NodeDevices>) {
         self.devices = devices;
+        self.index = Default::default();
+    }
+
+    /// The fixed-size view of totals and free (as `free(&[])` computes them), cached until the
+    /// next change.
+    pub fn index(&self) -> Arc<LedgerIndex> {
+        self.index
+            .get_or_init(|| {
+                let Some(devices) = &self.devices else {
+                    return Arc::new(LedgerIndex::default());
+                };
+                let free = self.free(&[]);
+                let types = devices
+                    .types()
+                    .map(|t| {
+                        let slots = devices
+                            .slots(t)
+                            .map(|slot| {
+                                let (total, other_total) = dims(&slot.total);
+                                let slot_free = free.get(t).and_then(|m| m.get(&slot.minor));
+                                let (free_dims, other_free) =
+                                    slot_free.map(dims).unwrap_or(([0; INDEX_DIMS.len()], false));
+                                SlotIndex {
+                                    minor: slot.minor,
+                                    healthy: slot.healthy,
+                                    total,
+                                    free: free_dims,
+                                    has_other_dims: other_total || other_free,
+                                    total_empty: slot.total.is_empty(),
+                                    free_empty: slot_free.is_none_or(|f| f.is_empty()),
+                                }
+                            })
+                            .collect();
+                        (t.clone(), slots)
+                    })
+                    .collect();
+                Arc::new(LedgerIndex {
+                    blocked: self.malformed > 0,
+                    types,
+                })
+            })
+            .clone()
     }
     pub fn devices(&self) -> Option<&NodeDevices> {
         self.devices.as_ref()
@@ -298,6 +407,7 @@ impl DeviceLedger {
         allocation: RecordedAllocation,
         state: EntryState,
     ) -> Option<LedgerEntry> {
+        self.index = Default::default();
         let previous = self.remove(&uid);
         match &allocation {
             RecordedAllocation::Allocated(a) => apply(&mut self.used, a, true),
@@ -309,6 +419,7 @@ impl DeviceLedger {
 
     /// Removes a pod's entry, subtracting what it recorded. Removing an absent pod is a no-op.
     pub fn remove(&mut self, uid: &PodUid) -> Option<LedgerEntry> {
+        self.index = Default::default();
         let entry = self.entries.remove(uid)?;
         match &entry.allocation {
             RecordedAllocation::Allocated(a) => apply(&mut self.used, a, false),

@@ -20,6 +20,7 @@ use crate::cluster::NodeState;
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
 use crate::placement::device::allocate::FitError;
+use crate::placement::device::fast::{self, FastRequest};
 use crate::placement::device::pod_device_request;
 use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::{normalize_scores, score_node};
@@ -34,28 +35,42 @@ pub fn device_request(state: &AppState, pod: &Pod) -> Result<Option<PodDeviceReq
 }
 
 /// Does the pod's device request fit this node, with `ignore`'s allocations released?
+/// Without victims, the cached fixed-size index answers (same result as the full allocator,
+/// see `placement::device::fast`); otherwise the full allocator does.
 pub fn device_fit(
     state: &AppState,
     node: Option<&NodeState>,
     req: &PodDeviceRequest,
+    fast: Option<&FastRequest>,
     ignore: &[PodUid],
 ) -> Result<(), FitError> {
+    if let (Some(n), Some(fr), true) = (node, fast, ignore.is_empty())
+        && n.devices.devices().is_some()
+        && let Some(verdict) = fast::feasible(&n.devices, fr)
+    {
+        return verdict;
+    }
     crate::bind::allocate_on(node, req, ignore, &state.scoring).map(|_| ())
 }
 
 /// Filter: the subset of candidates that fit, and a categorical reason for every other one.
-pub fn filter(state: &AppState, args: ExtenderArgs) -> ExtenderFilterResult {
-    let Some(pod) = args.pod.as_ref() else {
+pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult {
+    let Some(pod) = args.pod.take() else {
         return ExtenderFilterResult::error("filter request has no Pod");
     };
     let mut failed = BTreeMap::new();
     let mut unresolvable = BTreeMap::new();
-    let candidates: Vec<String> = args
-        .candidate_names()
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    let passing: Vec<String> = match device_request(state, pod) {
+    // Names mode: move the names into the answer instead of copying them.
+    let nodes_mode = args.nodes_mode();
+    let candidates: Vec<String> = match args.node_names.take() {
+        Some(names) => names,
+        None => args
+            .candidate_names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+    };
+    let passing: Vec<String> = match device_request(state, &pod) {
         // No device needs: pass through untouched and cheaply.
         Ok(None) => candidates,
         Err(reason) => {
@@ -65,11 +80,12 @@ pub fn filter(state: &AppState, args: ExtenderArgs) -> ExtenderFilterResult {
             Vec::new()
         }
         Ok(Some(req)) => {
+            let fast = FastRequest::new(&req, &state.scoring);
             let mut passing = Vec::with_capacity(candidates.len());
             for name in candidates {
                 let entry = state.cluster.node(&name);
                 let guard = entry.as_ref().map(|e| e.read());
-                match device_fit(state, guard.as_deref(), &req, &[]) {
+                match device_fit(state, guard.as_deref(), &req, fast.as_ref(), &[]) {
                     Ok(()) => passing.push(name),
                     Err(e) if e.unresolvable => {
                         unresolvable.insert(name, e.reason);
@@ -82,7 +98,7 @@ pub fn filter(state: &AppState, args: ExtenderArgs) -> ExtenderFilterResult {
             passing
         }
     };
-    if args.nodes_mode() {
+    if nodes_mode {
         let nodes = args.nodes.unwrap_or_default();
         let items = nodes
             .items
@@ -126,10 +142,16 @@ pub fn prioritize(state: &AppState, args: &ExtenderArgs) -> Vec<HostPriority> {
                 .collect();
         }
     };
+    let fast = FastRequest::new(&req, &state.scoring);
     let raw: Vec<i64> = names
         .iter()
         .map(|name| match state.cluster.node(name) {
-            Some(entry) => score_node(&entry.read().devices, &req, &state.scoring),
+            Some(entry) => {
+                let node = entry.read();
+                fast.as_ref()
+                    .and_then(|fr| fast::score(&node.devices, fr))
+                    .unwrap_or_else(|| score_node(&node.devices, &req, &state.scoring))
+            }
             None => 0,
         })
         .collect();
@@ -191,7 +213,7 @@ pub fn preempt(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderPreemp
             .collect();
         let entry = state.cluster.node(node);
         let guard = entry.as_ref().map(|e| e.read());
-        device_fit(state, guard.as_deref(), &req, &ignore).is_ok()
+        device_fit(state, guard.as_deref(), &req, None, &ignore).is_ok()
     });
     ExtenderPreemptionResult {
         node_name_to_meta_victims: Some(candidates),

@@ -3,6 +3,7 @@
 //! mutates it.
 
 pub mod allocate;
+pub mod fast;
 pub mod request;
 pub mod score;
 

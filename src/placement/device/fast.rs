@@ -1,0 +1,395 @@
+//! Filter and prioritize at cluster scale: the same answers as [`super::allocate::fit_with`]'s
+//! feasibility and [`super::score::score_node`], computed on the ledger's cached fixed-size
+//! [`LedgerIndex`] instead of string-keyed resource maps.
+//!
+//! Filter and prioritize visit every candidate node (5,000 in the budget) for every pod, while
+//! bind allocates on one. So bind keeps the full allocator, which also chooses the minors, and
+//! the read-only verbs ask only "does it fit" and "how well": whether at least `count` devices
+//! of each type can each hold the per-device request, which is exactly when the topology-tree
+//! and default allocators succeed (both take any `count` capable devices; topology only ranks
+//! them). Requests this module cannot answer exactly (joint allocation, resource names outside
+//! [`INDEX_DIMS`]) and nodes whose devices report other resources return `None`, and callers
+//! fall back to the full allocator. A property test holds the two paths equal.
+
+use crate::cluster::devices::{DeviceLedger, DimVec, INDEX_DIMS, LedgerIndex, SlotIndex, dim_of};
+use crate::model::device::{DeviceType, GPU_MEMORY, GPU_MEMORY_RATIO};
+use crate::model::quantity::Quantity;
+
+use super::allocate::FitError;
+use super::request::PodDeviceRequest;
+use super::score::{ScoringConfig, ScoringStrategy};
+
+const NDIMS: usize = INDEX_DIMS.len();
+
+/// One device type's request in fixed-size form.
+#[derive(Clone, Debug)]
+struct TypeRequest {
+    device_type: DeviceType,
+    per_device: DimVec,
+    has: [bool; NDIMS],
+    count: usize,
+}
+
+/// A pod's device request prepared for the fast path, once per verb call.
+#[derive(Clone, Debug)]
+pub struct FastRequest {
+    types: Vec<TypeRequest>,
+    /// (dimension, weight) of every scoring weight that names an indexed dimension.
+    weights: Vec<(usize, i128)>,
+    strategy: ScoringStrategy,
+}
+
+impl FastRequest {
+    /// `None` when the request needs the full allocator (joint allocation, or resource names
+    /// the index does not carry).
+    pub fn new(req: &PodDeviceRequest, cfg: &ScoringConfig) -> Option<Self> {
+        if req.joint.is_some() {
+            return None;
+        }
+        let mut types = Vec::with_capacity(req.types.len());
+        for (t, r) in &req.types {
+            let mut per_device = [0i128; NDIMS];
+            let mut has = [false; NDIMS];
+            for (name, q) in &r.per_device {
+                let d = dim_of(name)?;
+                per_device[d] = q.milli();
+                has[d] = true;
+            }
+            types.push(TypeRequest {
+                device_type: t.clone(),
+                per_device,
+                has,
+                count: r.count,
+            });
+        }
+        let weights = cfg
+            .weights
+            .0
+            .iter()
+            .filter_map(|(name, w)| dim_of(name).map(|d| (d, i128::from(*w))))
+            .collect();
+        Some(FastRequest {
+            types,
+            weights,
+            strategy: cfg.strategy,
+        })
+    }
+}
+
+fn units(milli: i128) -> i128 {
+    Quantity::from_milli(milli).value() as i128
+}
+
+const MEM: usize = 1;
+const RATIO: usize = 2;
+
+/// `capable_of`: can this device hold the per-device request, given `avail` (its total or its
+/// free)? GPUs are checked in filled form (both memory dimensions, converted with this
+/// device's memory size), as `fill_gpu_memory` records them.
+fn capable(gpu: bool, slot: &SlotIndex, r: &TypeRequest, avail: &DimVec, avail_empty: bool) -> bool {
+    if !slot.healthy || avail_empty {
+        return false;
+    }
+    let mut need = r.per_device;
+    let mut has = r.has;
+    if gpu {
+        debug_assert_eq!(INDEX_DIMS[MEM], GPU_MEMORY);
+        debug_assert_eq!(INDEX_DIMS[RATIO], GPU_MEMORY_RATIO);
+        // `fill_gpu_memory` reads the total with `value()` and fails without a positive one.
+        let total = units(slot.total[MEM]);
+        if total <= 0 {
+            return false;
+        }
+        match (has[MEM], has[RATIO]) {
+            (true, false) => {
+                let bytes = units(need[MEM]) as i64;
+                let ratio = (bytes as f64 / total as f64 * 100.0) as i64;
+                need[RATIO] = i128::from(ratio) * 1000;
+                has[RATIO] = true;
+            }
+            (false, true) => {
+                let bytes = units(need[RATIO]) * total / 100;
+                if i64::try_from(bytes).is_err() {
+                    return false;
+                }
+                need[MEM] = bytes * 1000;
+                has[MEM] = true;
+            }
+            _ => {}
+        }
+    }
+    (0..NDIMS).all(|d| !has[d] || avail[d] >= need[d])
+}
+
+/// The index when this node can be answered on the fast path.
+fn usable_index(ledger: &DeviceLedger) -> Option<std::sync::Arc<LedgerIndex>> {
+    let index = ledger.index();
+    let other = index
+        .types
+        .iter()
+        .any(|(_, slots)| slots.iter().any(|s| s.has_other_dims));
+    (!other).then_some(index)
+}
+
+/// Does the pod fit this node's devices? Same answer (and reason) as `fit_with(.., &[], ..)`;
+/// `None` when this node needs the full allocator.
+pub fn feasible(ledger: &DeviceLedger, req: &FastRequest) -> Option<Result<(), FitError>> {
+    if ledger.devices().is_none() {
+        return Some(Err(FitError {
+            reason: "node has no Device object".into(),
+            unresolvable: true,
+        }));
+    }
+    let index = usable_index(ledger)?;
+    let insufficient = |t: &DeviceType, unresolvable| FitError {
+        reason: format!("insufficient {t} devices"),
+        unresolvable,
+    };
+    for r in &req.types {
+        let gpu = r.device_type == DeviceType::Gpu;
+        let capable_total = index
+            .slots(&r.device_type)
+            .iter()
+            .filter(|s| capable(gpu, s, r, &s.total, s.total_empty))
+            .count();
+        if capable_total < r.count {
+            return Some(Err(insufficient(&r.device_type, true)));
+        }
+    }
+    if index.blocked {
+        return Some(Err(FitError {
+            reason: "node has a pod with a malformed device allocation".into(),
+            unresolvable: false,
+        }));
+    }
+    for r in &req.types {
+        let gpu = r.device_type == DeviceType::Gpu;
+        let capable_free = index
+            .slots(&r.device_type)
+            .iter()
+            .filter(|s| capable(gpu, s, r, &s.free, s.free_empty))
+            .count();
+        if capable_free < r.count {
+            return Some(Err(insufficient(&r.device_type, false)));
+        }
+    }
+    Some(Ok(()))
+}
+
+/// The node's device score in 0..=100, as `score_node`; `None` when this node needs the full
+/// scorer.
+pub fn score(ledger: &DeviceLedger, req: &FastRequest) -> Option<i64> {
+    if ledger.devices().is_none() {
+        return Some(0);
+    }
+    let index = usable_index(ledger)?;
+    let mut sum = 0i64;
+    let mut n = 0i64;
+    for r in &req.types {
+        let mut total = [0i128; NDIMS];
+        let mut free = [0i128; NDIMS];
+        for s in index.slots(&r.device_type) {
+            for d in 0..NDIMS {
+                total[d] += s.total[d];
+                if !index.blocked {
+                    free[d] += s.free[d];
+                }
+            }
+        }
+        sum += score_dims(req, &r.per_device, &total, &free);
+        n += 1;
+    }
+    Some(if n == 0 { 0 } else { (sum / n).clamp(0, 100) })
+}
+
+/// `ScoringConfig::score` over fixed-size vectors.
+fn score_dims(req: &FastRequest, request: &DimVec, total: &DimVec, free: &DimVec) -> i64 {
+    let (mut sum, mut weight_sum) = (0i128, 0i128);
+    for &(d, w) in &req.weights {
+        let capacity = units(total[d]);
+        if capacity <= 0 {
+            continue;
+        }
+        let f = units(free[d]);
+        let used = if f <= capacity { capacity - f.max(0) } else { 0 };
+        let requested = used + units(request[d]).max(0);
+        let s = match req.strategy {
+            ScoringStrategy::LeastAllocated if requested > capacity => 0,
+            ScoringStrategy::LeastAllocated => (capacity - requested) * 100 / capacity,
+            ScoringStrategy::MostAllocated => requested.min(capacity) * 100 / capacity,
+        };
+        sum += s * w;
+        weight_sum += w;
+    }
+    if weight_sum == 0 {
+        return 0;
+    }
+    (sum / weight_sum).clamp(0, 100) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::devices::{DeviceSlot, EntryState, NodeDevices, RecordedAllocation};
+    use crate::model::device::{
+        DeviceResources, DeviceTopology, FPGA, GPU_CORE, GPU_SHARED, NVIDIA_GPU, RDMA,
+    };
+    use crate::model::ids::PodUid;
+    use crate::placement::device::allocate::fit_with;
+    use crate::placement::device::request::parse_device_request;
+    use crate::placement::device::score::score_node;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn slot(t: &DeviceType, minor: i32, healthy: bool, mem_gi: i64, numa: i32) -> DeviceSlot {
+        let total: DeviceResources = if !healthy {
+            DeviceResources::new()
+        } else if *t == DeviceType::Gpu {
+            [
+                (GPU_CORE.to_string(), Quantity::from_units(100)),
+                (GPU_MEMORY.to_string(), Quantity::from_units(mem_gi << 30)),
+                (GPU_MEMORY_RATIO.to_string(), Quantity::from_units(100)),
+            ]
+            .into_iter()
+            .collect()
+        } else {
+            let name = if *t == DeviceType::Rdma { RDMA } else { FPGA };
+            [(name.to_string(), Quantity::from_units(100))].into_iter().collect()
+        };
+        DeviceSlot {
+            minor,
+            id: format!("{t}-{minor}"),
+            healthy,
+            total,
+            topology: Some(DeviceTopology {
+                socket_id: numa,
+                node_id: numa,
+                pcie_id: format!("pci{}", minor / 2),
+                bus_id: String::new(),
+            }),
+        }
+    }
+
+    /// Requests as a pod would write them (resource name, quantity).
+    fn arb_request() -> impl Strategy<Value = Vec<(&'static str, String)>> {
+        prop_oneof![
+            (1u32..=6).prop_map(|n| vec![(NVIDIA_GPU, n.to_string())]),
+            (1u32..=100).prop_map(|r| vec![(GPU_MEMORY_RATIO, r.to_string())]),
+            (1u32..=48).prop_map(|g| vec![(GPU_MEMORY, format!("{g}Gi"))]),
+            ((1u32..=100), (1u32..=100)).prop_map(|(c, r)| vec![
+                (GPU_CORE, c.to_string()),
+                (GPU_MEMORY_RATIO, r.to_string())
+            ]),
+            ((2u32..=4), (1u32..=60)).prop_map(|(n, r)| vec![
+                (GPU_SHARED, n.to_string()),
+                (GPU_MEMORY_RATIO, (n * r).to_string())
+            ]),
+            (1u32..=100).prop_map(|r| vec![(RDMA, r.to_string())]),
+            (1u32..=3).prop_map(|n| vec![(FPGA, (n * 100).to_string())]),
+            ((1u32..=2), (1u32..=100)).prop_map(|(n, r)| vec![
+                (NVIDIA_GPU, n.to_string()),
+                (RDMA, r.to_string())
+            ]),
+        ]
+    }
+
+    fn parse(pairs: &[(&str, String)]) -> crate::placement::device::request::PodDeviceRequest {
+        let map: BTreeMap<String, Quantity> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
+            .collect();
+        parse_device_request(&map, None).unwrap().unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// The fast path gives exactly the full allocator's feasibility (and reason) and the
+        /// full scorer's score, on random layouts, occupancies and malformed entries.
+        #[test]
+        fn fast_path_equals_full_allocator_and_scorer(
+            gpus in proptest::collection::vec((any::<bool>(), prop_oneof![Just(16i64), Just(40), Just(80)]), 0..10),
+            nics in proptest::collection::vec(any::<bool>(), 0..3),
+            fpgas in 0usize..3,
+            occupants in proptest::collection::vec(arb_request(), 0..12),
+            malformed in any::<bool>(),
+            probes in proptest::collection::vec(arb_request(), 1..6),
+            most_allocated in any::<bool>(),
+            deleted in any::<bool>(),
+        ) {
+            let mut slots = Vec::new();
+            for (i, (sick, mem)) in gpus.iter().enumerate() {
+                let healthy = !(*sick && i % 3 == 0);
+                slots.push((DeviceType::Gpu, slot(&DeviceType::Gpu, i as i32, healthy, *mem, (i / 4) as i32)));
+            }
+            for (i, healthy) in nics.iter().enumerate() {
+                slots.push((DeviceType::Rdma, slot(&DeviceType::Rdma, i as i32, *healthy, 0, i as i32)));
+            }
+            for i in 0..fpgas {
+                slots.push((DeviceType::Fpga, slot(&DeviceType::Fpga, i as i32, true, 0, 0)));
+            }
+            let mut cfg = ScoringConfig::default();
+            if most_allocated {
+                cfg.strategy = ScoringStrategy::MostAllocated;
+            }
+            let mut ledger = DeviceLedger::new();
+            ledger.set_devices(Some(NodeDevices::from_slots(slots)));
+            for (i, o) in occupants.iter().enumerate() {
+                let req = parse(o);
+                if let Ok(a) = fit_with(&ledger, &req, &[], &cfg) {
+                    ledger.record(PodUid::new(format!("p{i}")), RecordedAllocation::Allocated(a), EntryState::Committed);
+                }
+                // Every read in between must see the change (the index is reset per change).
+                if let Some(fr) = FastRequest::new(&parse(&probes[0]), &cfg) {
+                    prop_assert_eq!(
+                        feasible(&ledger, &fr).unwrap(),
+                        fit_with(&ledger, &parse(&probes[0]), &[], &cfg).map(|_| ())
+                    );
+                }
+            }
+            if malformed {
+                ledger.record(PodUid::new("bad"), RecordedAllocation::Malformed { reason: "x".into() }, EntryState::Committed);
+            }
+            if deleted {
+                ledger.set_devices(None);
+            }
+            for p in &probes {
+                let req = parse(p);
+                let fast = FastRequest::new(&req, &cfg).expect("no joint or foreign names here");
+                prop_assert_eq!(
+                    feasible(&ledger, &fast).expect("indexed dims only"),
+                    fit_with(&ledger, &req, &[], &cfg).map(|_| ()),
+                    "request {:?}", p
+                );
+                prop_assert_eq!(score(&ledger, &fast).unwrap(), score_node(&ledger, &req, &cfg), "request {:?}", p);
+            }
+        }
+    }
+
+    #[test]
+    fn joint_requests_and_foreign_dims_defer_to_the_full_allocator() {
+        let cfg = ScoringConfig::default();
+        let mut ann = BTreeMap::new();
+        ann.insert(
+            crate::model::device::DEVICE_JOINT_ALLOCATE.to_string(),
+            r#"{"deviceTypes":["gpu","rdma"],"requiredScope":"SamePCIe"}"#.to_string(),
+        );
+        let map: BTreeMap<String, Quantity> = [
+            (NVIDIA_GPU.to_string(), Quantity::from_units(1)),
+            (RDMA.to_string(), Quantity::from_units(1)),
+        ]
+        .into_iter()
+        .collect();
+        let joint = parse_device_request(&map, Some(&ann)).unwrap().unwrap();
+        assert!(FastRequest::new(&joint, &cfg).is_none());
+
+        let mut odd = slot(&DeviceType::Gpu, 0, true, 80, 0);
+        odd.total
+            .insert("example.com/gpu-bandwidth".into(), Quantity::from_units(5));
+        let mut ledger = DeviceLedger::new();
+        ledger.set_devices(Some(NodeDevices::from_slots([(DeviceType::Gpu, odd)])));
+        let fr = FastRequest::new(&parse(&[(NVIDIA_GPU, "1".into())]), &cfg).unwrap();
+        assert!(feasible(&ledger, &fr).is_none());
+        assert!(score(&ledger, &fr).is_none());
+    }
+}
