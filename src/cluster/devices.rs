@@ -6,8 +6,8 @@
 //! derived from recorded entries only. This module is pure data: it never locks, never talks
 //! to the network, and never decides placement (that is `placement::device`).
 
-use std::sync::Arc;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -298,6 +298,8 @@ pub struct SlotIndex {
 #[derive(Clone, Debug, Default)]
 pub struct LedgerIndex {
     pub blocked: bool,
+    /// Some device reports a resource outside [`INDEX_DIMS`].
+    pub other_dims: bool,
     pub types: Vec<(DeviceType, Vec<SlotIndex>)>,
 }
 
@@ -364,7 +366,7 @@ impl DeviceLedger {
                     return Arc::new(LedgerIndex::default());
                 };
                 let free = self.free(&[]);
-                let types = devices
+                let types: Vec<(DeviceType, Vec<SlotIndex>)> = devices
                     .types()
                     .map(|t| {
                         let slots = devices
@@ -372,8 +374,9 @@ impl DeviceLedger {
                             .map(|slot| {
                                 let (total, other_total) = dims(&slot.total);
                                 let slot_free = free.get(t).and_then(|m| m.get(&slot.minor));
-                                let (free_dims, other_free) =
-                                    slot_free.map(dims).unwrap_or(([0; INDEX_DIMS.len()], false));
+                                let (free_dims, other_free) = slot_free
+                                    .map(dims)
+                                    .unwrap_or(([0; INDEX_DIMS.len()], false));
                                 SlotIndex {
                                     minor: slot.minor,
                                     healthy: slot.healthy,
@@ -388,8 +391,12 @@ impl DeviceLedger {
                         (t.clone(), slots)
                     })
                     .collect();
+                let other_dims = types
+                    .iter()
+                    .any(|(_, slots)| slots.iter().any(|s| s.has_other_dims));
                 Arc::new(LedgerIndex {
                     blocked: self.malformed > 0,
+                    other_dims,
                     types,
                 })
             })

@@ -81,11 +81,17 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
         }
         Ok(Some(req)) => {
             let fast = FastRequest::new(&req, &state.scoring);
+            let verdicts: Vec<_> = candidates
+                .iter()
+                .map(|name| {
+                    let entry = state.cluster.node(name);
+                    let guard = entry.as_ref().map(|e| e.read());
+                    device_fit(state, guard.as_deref(), &req, fast.as_ref(), &[])
+                })
+                .collect();
             let mut passing = Vec::with_capacity(candidates.len());
-            for name in candidates {
-                let entry = state.cluster.node(&name);
-                let guard = entry.as_ref().map(|e| e.read());
-                match device_fit(state, guard.as_deref(), &req, fast.as_ref(), &[]) {
+            for (name, verdict) in candidates.into_iter().zip(verdicts) {
+                match verdict {
                     Ok(()) => passing.push(name),
                     Err(e) if e.unresolvable => {
                         unresolvable.insert(name, e.reason);
@@ -100,10 +106,11 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
     };
     if nodes_mode {
         let nodes = args.nodes.unwrap_or_default();
+        let passing: std::collections::HashSet<&str> = passing.iter().map(String::as_str).collect();
         let items = nodes
             .items
             .into_iter()
-            .filter(|n| passing.contains(&n.name))
+            .filter(|n| passing.contains(n.name.as_str()))
             .collect();
         ExtenderFilterResult {
             nodes: Some(NodeList {

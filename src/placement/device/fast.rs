@@ -76,8 +76,15 @@ impl FastRequest {
     }
 }
 
+/// Whole units rounded up, as `Quantity::value()`. Called several times per device of every
+/// candidate node: stays in 64-bit hardware division whenever the value fits (128-bit
+/// division is a slow library call).
+#[inline]
 fn units(milli: i128) -> i128 {
-    Quantity::from_milli(milli).value() as i128
+    match i64::try_from(milli) {
+        Ok(m) => i128::from(m.div_euclid(1000) + i64::from(m.rem_euclid(1000) != 0)),
+        Err(_) => Quantity::from_milli(milli).value() as i128,
+    }
 }
 
 const MEM: usize = 1;
@@ -86,7 +93,13 @@ const RATIO: usize = 2;
 /// `capable_of`: can this device hold the per-device request, given `avail` (its total or its
 /// free)? GPUs are checked in filled form (both memory dimensions, converted with this
 /// device's memory size), as `fill_gpu_memory` records them.
-fn capable(gpu: bool, slot: &SlotIndex, r: &TypeRequest, avail: &DimVec, avail_empty: bool) -> bool {
+fn capable(
+    gpu: bool,
+    slot: &SlotIndex,
+    r: &TypeRequest,
+    avail: &DimVec,
+    avail_empty: bool,
+) -> bool {
     if !slot.healthy || avail_empty {
         return false;
     }
@@ -108,7 +121,14 @@ fn capable(gpu: bool, slot: &SlotIndex, r: &TypeRequest, avail: &DimVec, avail_e
                 has[RATIO] = true;
             }
             (false, true) => {
-                let bytes = units(need[RATIO]) * total / 100;
+                let ratio = units(need[RATIO]);
+                let bytes = match (i64::try_from(ratio), i64::try_from(total)) {
+                    (Ok(r), Ok(t)) => match r.checked_mul(t) {
+                        Some(p) => i128::from(p / 100),
+                        None => ratio * total / 100,
+                    },
+                    _ => ratio * total / 100,
+                };
                 if i64::try_from(bytes).is_err() {
                     return false;
                 }
@@ -124,11 +144,7 @@ fn capable(gpu: bool, slot: &SlotIndex, r: &TypeRequest, avail: &DimVec, avail_e
 /// The index when this node can be answered on the fast path.
 fn usable_index(ledger: &DeviceLedger) -> Option<std::sync::Arc<LedgerIndex>> {
     let index = ledger.index();
-    let other = index
-        .types
-        .iter()
-        .any(|(_, slots)| slots.iter().any(|s| s.has_other_dims));
-    (!other).then_some(index)
+    (!index.other_dims).then_some(index)
 }
 
 /// Does the pod fit this node's devices? Same answer (and reason) as `fit_with(.., &[], ..)`;
@@ -211,7 +227,11 @@ fn score_dims(req: &FastRequest, request: &DimVec, total: &DimVec, free: &DimVec
             continue;
         }
         let f = units(free[d]);
-        let used = if f <= capacity { capacity - f.max(0) } else { 0 };
+        let used = if f <= capacity {
+            capacity - f.max(0)
+        } else {
+            0
+        };
         let requested = used + units(request[d]).max(0);
         let s = match req.strategy {
             ScoringStrategy::LeastAllocated if requested > capacity => 0,
@@ -254,7 +274,9 @@ mod tests {
             .collect()
         } else {
             let name = if *t == DeviceType::Rdma { RDMA } else { FPGA };
-            [(name.to_string(), Quantity::from_units(100))].into_iter().collect()
+            [(name.to_string(), Quantity::from_units(100))]
+                .into_iter()
+                .collect()
         };
         DeviceSlot {
             minor,
@@ -286,10 +308,8 @@ mod tests {
             ]),
             (1u32..=100).prop_map(|r| vec![(RDMA, r.to_string())]),
             (1u32..=3).prop_map(|n| vec![(FPGA, (n * 100).to_string())]),
-            ((1u32..=2), (1u32..=100)).prop_map(|(n, r)| vec![
-                (NVIDIA_GPU, n.to_string()),
-                (RDMA, r.to_string())
-            ]),
+            ((1u32..=2), (1u32..=100))
+                .prop_map(|(n, r)| vec![(NVIDIA_GPU, n.to_string()), (RDMA, r.to_string())]),
         ]
     }
 
@@ -299,6 +319,14 @@ mod tests {
             .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
             .collect();
         parse_device_request(&map, None).unwrap().unwrap()
+    }
+
+    proptest! {
+        /// The 64-bit shortcut rounds exactly like `Quantity::value()`.
+        #[test]
+        fn units_matches_quantity_value(m in any::<i128>()) {
+            prop_assert_eq!(units(m), Quantity::from_milli(m).value() as i128);
+        }
     }
 
     proptest! {
