@@ -26,11 +26,19 @@ pub struct PodSpec {
     // kube-scheduler's own compatibility test produces) must mean the same.
     #[serde(default, skip_serializing_if = "Option::is_none", alias = "nodename")]
     pub node_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none", alias = "schedulername")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        alias = "schedulername"
+    )]
     pub scheduler_name: Option<String>,
     #[serde(default)]
     pub containers: Vec<Container>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty", alias = "initcontainers")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        alias = "initcontainers"
+    )]
     pub init_containers: Vec<Container>,
     /// Pod overhead (RuntimeClass); added to the pod's requests as Kubernetes does.
     #[serde(
@@ -49,7 +57,11 @@ pub struct Container {
     #[serde(default)]
     pub resources: ResourceRequirements,
     /// `Always` on an init container marks a restartable sidecar (KEP-753).
-    #[serde(default, skip_serializing_if = "Option::is_none", alias = "restartpolicy")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        alias = "restartpolicy"
+    )]
     pub restart_policy: Option<String>,
 }
 
@@ -86,7 +98,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(pod.node_name(), Some("n1"));
-        assert_eq!(pod.spec.init_containers[0].restart_policy.as_deref(), Some("Always"));
+        assert_eq!(
+            pod.spec.init_containers[0].restart_policy.as_deref(),
+            Some("Always")
+        );
     }
 }
 
