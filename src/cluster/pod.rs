@@ -25,8 +25,6 @@ fn serialize_requests<S: serde::Serializer>(r: &Requests, s: S) -> Result<S::Ok,
 pub struct PodRecord {
     pub uid: PodUid,
     pub key: ObjectKey,
-    #[serde(skip)]
-    pub resource_version: String,
     /// `spec.nodeName`, if assigned.
     pub node: Option<Arc<str>>,
     pub phase: Option<String>,
@@ -52,7 +50,6 @@ impl PodRecord {
         Some(PodRecord {
             uid: PodUid::new(uid),
             key: ObjectKey::namespaced(namespace, name),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
             node: pod.node_name().map(Arc::from),
             phase: pod.status.phase.clone(),
             requests: pod_requests(&pod.spec).unwrap_or_default(),

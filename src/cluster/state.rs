@@ -79,8 +79,9 @@ pub struct NodeState {
     /// Device totals (from the Device object) and who holds what (by pod UID).
     #[serde(skip)]
     pub devices: DeviceLedger,
-    /// Assigned, non-terminal pods on this node, by UID.
-    pub pods: BTreeMap<PodUid, PodRecord>,
+    /// Assigned, non-terminal pods on this node, by UID. The records are shared with the pod
+    /// sync's store (one copy per pod).
+    pub pods: BTreeMap<PodUid, Arc<PodRecord>>,
 }
 
 impl NodeState {
@@ -123,7 +124,8 @@ impl NodeEntry {
 /// The shared cache. Cloning the `Arc<ClusterState>` is how every component sees it.
 #[derive(Debug, Default)]
 pub struct ClusterState {
-    nodes: RwLock<HashMap<Arc<str>, Arc<NodeEntry>>>,
+    /// Looked up once per pod event: a fast (randomly seeded) hasher, not SipHash.
+    nodes: RwLock<HashMap<Arc<str>, Arc<NodeEntry>, ahash::RandomState>>,
 }
 
 impl ClusterState {
@@ -229,6 +231,11 @@ impl ClusterState {
     /// Applies a pod add or update. `old` is the record the pod sync recorded for this key,
     /// which is what gets undone: never the pod's current annotations.
     pub fn upsert_pod(&self, old: Option<&PodRecord>, new: &PodRecord) {
+        self.upsert_pod_shared(old, &Arc::new(new.clone()));
+    }
+
+    /// [`Self::upsert_pod`] keeping `new` itself (not a copy) in the node's pod map.
+    pub fn upsert_pod_shared(&self, old: Option<&PodRecord>, new: &Arc<PodRecord>) {
         if let Some(old) = old {
             let same_holder = old.uid == new.uid && old.holding_node() == new.holding_node();
             if !same_holder {
@@ -237,7 +244,7 @@ impl ClusterState {
         }
         if let Some(node) = new.holding_node() {
             self.with_node(node, |s| {
-                s.pods.insert(new.uid.clone(), new.clone());
+                s.pods.insert(new.uid.clone(), Arc::clone(new));
                 // The watch confirms what the pod holds: this replaces any assumed entry.
                 match &new.devices {
                     PodDevices::None => {

@@ -18,6 +18,10 @@ impl PodUid {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+    /// The same string, shared rather than copied.
+    pub fn shared(&self) -> Arc<str> {
+        self.0.clone()
+    }
 }
 
 impl fmt::Debug for PodUid {
@@ -45,6 +49,10 @@ impl ObjectKey {
     }
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+    /// The same string, shared rather than copied.
+    pub fn shared(&self) -> Arc<str> {
+        self.0.clone()
     }
 }
 impl fmt::Display for ObjectKey {

@@ -13,21 +13,37 @@ use crate::model::node::Node;
 use crate::model::nrt::NodeResourceTopology;
 use crate::model::pod::Pod;
 
+/// Name, UID and resourceVersion, borrowed; a missing or empty name or UID makes the object
+/// unusable.
 fn identity(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Result<(String, String, String), Invalid> {
+) -> Result<(&str, &str, &str), Invalid> {
     let name = meta
         .name
-        .clone()
+        .as_deref()
         .filter(|n| !n.is_empty())
         .ok_or(Invalid("missing metadata.name"))?;
     let uid = meta
         .uid
-        .clone()
+        .as_deref()
         .filter(|u| !u.is_empty())
         .ok_or(Invalid("missing metadata.uid"))?;
-    let rv = meta.resource_version.clone().unwrap_or_default();
+    let rv = meta.resource_version.as_deref().unwrap_or_default();
     Ok((name, uid, rv))
+}
+
+/// A cluster-scoped object keyed by its name.
+fn decoded<R>(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    record: impl FnOnce(&str) -> R,
+) -> Result<Decoded<R>, Invalid> {
+    let (name, uid, rv) = identity(meta)?;
+    Ok(Decoded {
+        key: Arc::from(name),
+        uid: Arc::from(uid),
+        resource_version: rv.to_owned(),
+        record: record(name),
+    })
 }
 
 pub struct NodeHandler(pub Arc<ClusterState>);
@@ -38,13 +54,7 @@ impl Handler for NodeHandler {
     const KIND: Kind = Kind::Nodes;
 
     fn decode(&self, node: &Node) -> Result<Decoded<NodeRecord>, Invalid> {
-        let (name, uid, rv) = identity(&node.metadata)?;
-        Ok(Decoded {
-            key: name,
-            uid,
-            resource_version: rv,
-            record: NodeRecord::from_node(node),
-        })
+        decoded(&node.metadata, |_| NodeRecord::from_node(node))
     }
     fn apply(&self, key: &str, _old: Option<&NodeRecord>, new: &NodeRecord) {
         self.0.set_node(key, Some(new.clone()));
@@ -67,11 +77,12 @@ impl PodHandler {
 
 impl Handler for PodHandler {
     type Object = Pod;
-    type Record = PodRecord;
+    /// Shared with the node's pod map: one record per pod, however many maps refer to it.
+    type Record = Arc<PodRecord>;
     const KIND: Kind = Kind::Pods;
 
-    fn decode(&self, pod: &Pod) -> Result<Decoded<PodRecord>, Invalid> {
-        let (_, uid, rv) = identity(&pod.metadata)?;
+    fn decode(&self, pod: &Pod) -> Result<Decoded<Arc<PodRecord>>, Invalid> {
+        let (_, _, rv) = identity(&pod.metadata)?;
         let record = PodRecord::from_pod(pod).ok_or(Invalid("missing metadata.uid"))?;
         if let PodDevices::Malformed(reason) = &record.devices {
             tracing::warn!(pod = %record.key, node = ?record.node, reason, "malformed device-allocated annotation: counting the node's devices as used");
@@ -81,16 +92,16 @@ impl Handler for PodHandler {
                 .inc();
         }
         Ok(Decoded {
-            key: record.key.to_string(),
-            uid,
-            resource_version: rv,
-            record,
+            key: record.key.shared(),
+            uid: record.uid.shared(),
+            resource_version: rv.to_owned(),
+            record: Arc::new(record),
         })
     }
-    fn apply(&self, _key: &str, old: Option<&PodRecord>, new: &PodRecord) {
-        self.cluster.upsert_pod(old, new);
+    fn apply(&self, _key: &str, old: Option<&Arc<PodRecord>>, new: &Arc<PodRecord>) {
+        self.cluster.upsert_pod_shared(old.map(|o| &**o), new);
     }
-    fn remove(&self, _key: &str, old: &PodRecord) {
+    fn remove(&self, _key: &str, old: &Arc<PodRecord>) {
         self.cluster.remove_pod(old);
     }
 }
@@ -103,13 +114,7 @@ impl Handler for TopologyHandler {
     const KIND: Kind = Kind::NodeResourceTopologies;
 
     fn decode(&self, nrt: &NodeResourceTopology) -> Result<Decoded<TopologyRecord>, Invalid> {
-        let (name, uid, rv) = identity(&nrt.metadata)?;
-        Ok(Decoded {
-            key: name,
-            uid,
-            resource_version: rv,
-            record: TopologyRecord::from_nrt(nrt),
-        })
+        decoded(&nrt.metadata, |_| TopologyRecord::from_nrt(nrt))
     }
     fn apply(&self, key: &str, _old: Option<&TopologyRecord>, new: &TopologyRecord) {
         self.0.set_topology(key, Some(new.clone()));
@@ -157,20 +162,16 @@ impl Handler for DeviceHandler {
     const KIND: Kind = Kind::Devices;
 
     fn decode(&self, device: &Device) -> Result<Decoded<NodeDevices>, Invalid> {
-        let (name, uid, rv) = identity(&device.metadata)?;
-        let (devices, problems) = NodeDevices::from_device(device);
-        for problem in &problems {
-            tracing::warn!(node = %name, %problem, "ignoring bad Device entry");
-            self.metrics
-                .device_problems
-                .with_label_values(&[problem.class()])
-                .inc();
-        }
-        Ok(Decoded {
-            key: name,
-            uid,
-            resource_version: rv,
-            record: devices,
+        decoded(&device.metadata, |name| {
+            let (devices, problems) = NodeDevices::from_device(device);
+            for problem in &problems {
+                tracing::warn!(node = %name, %problem, "ignoring bad Device entry");
+                self.metrics
+                    .device_problems
+                    .with_label_values(&[problem.class()])
+                    .inc();
+            }
+            devices
         })
     }
     fn apply(&self, key: &str, _old: Option<&NodeDevices>, new: &NodeDevices) {

@@ -22,6 +22,11 @@ impl Kind {
         Kind::NodeResourceTopologies,
     ];
 
+    /// Position in [`Kind::ALL`], for per-kind arrays.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Nodes => "nodes",

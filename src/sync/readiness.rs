@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -44,8 +44,6 @@ struct KindState {
     phase: Phase,
     /// Objects applied by the latest completed (re)list.
     replayed: u64,
-    /// Objects buffered by the (re)list in progress.
-    listing: u64,
     relists: u64,
     cached: u64,
     first_error_unhealthy: Option<Instant>,
@@ -84,8 +82,19 @@ fn is_zero(v: &u64) -> bool {
 /// backs off at most 30 s between attempts, so a still-failing watch errors more often.
 const ERROR_QUIET_PERIOD: Duration = Duration::from_secs(65);
 
+/// Per kind, what `on_init_apply` touches, so buffering an object takes no lock.
+#[derive(Default)]
+struct ListingCounter {
+    /// Objects buffered by the (re)list in progress.
+    listing: AtomicU64,
+    /// `first_error_unhealthy` is set: the next healthy event must take the lock to clear it.
+    unhealthy: AtomicBool,
+}
+
 pub struct Readiness {
     kinds: Mutex<BTreeMap<Kind, KindState>>,
+    /// Indexed by `Kind::index`.
+    listing: [ListingCounter; Kind::ALL.len()],
     shutting_down: AtomicBool,
     leader: AtomicBool,
     max_staleness: Option<Duration>,
@@ -122,7 +131,6 @@ impl Readiness {
                         requirement,
                         phase: Phase::Pending,
                         replayed: 0,
-                        listing: 0,
                         relists: 0,
                         cached: 0,
                         first_error_unhealthy: None,
@@ -134,6 +142,7 @@ impl Readiness {
             .collect();
         Arc::new(Readiness {
             kinds: Mutex::new(kinds),
+            listing: Default::default(),
             shutting_down: AtomicBool::new(false),
             leader: AtomicBool::new(true),
             max_staleness,
@@ -169,11 +178,21 @@ impl Readiness {
         matches!(self.requirement(kind), Some(Requirement::Required))
     }
 
+    fn counter(&self, kind: Kind) -> &ListingCounter {
+        &self.listing[kind.index()]
+    }
+
+    /// Clears the staleness clock; the caller holds the kinds lock.
+    fn healthy(&self, kind: Kind, k: &mut KindState) {
+        k.first_error_unhealthy = None;
+        self.counter(kind).unhealthy.store(false, Ordering::Relaxed);
+    }
+
     pub fn on_init(&self, kind: Kind) {
         let mut kinds = self.kinds.lock();
         if let Some(k) = kinds.get_mut(&kind) {
             k.relists += 1;
-            k.listing = 0;
+            self.counter(kind).listing.store(0, Ordering::Relaxed);
             if k.phase == Phase::Pending {
                 k.phase = Phase::Listing;
                 self.metrics
@@ -181,7 +200,7 @@ impl Readiness {
                     .with_label_values(&[kind.as_str()])
                     .set(1);
             }
-            k.first_error_unhealthy = None;
+            self.healthy(kind, k);
         }
         self.metrics
             .relists
@@ -189,10 +208,15 @@ impl Readiness {
             .inc();
     }
 
+    /// Once per buffered object: an atomic add, and the lock only when an error is pending.
+    /// A kind's events (this, `on_error`, ...) come from its one sync task, in order.
     pub fn on_init_apply(&self, kind: Kind) {
-        if let Some(k) = self.kinds.lock().get_mut(&kind) {
-            k.listing += 1;
-            k.first_error_unhealthy = None;
+        let counter = self.counter(kind);
+        counter.listing.fetch_add(1, Ordering::Relaxed);
+        if counter.unhealthy.load(Ordering::Relaxed)
+            && let Some(k) = self.kinds.lock().get_mut(&kind)
+        {
+            self.healthy(kind, k);
         }
     }
 
@@ -203,9 +227,9 @@ impl Readiness {
             if let Some(k) = kinds.get_mut(&kind) {
                 k.phase = Phase::Synced;
                 k.replayed = replayed;
-                k.listing = 0;
+                self.counter(kind).listing.store(0, Ordering::Relaxed);
                 k.cached = cached;
-                k.first_error_unhealthy = None;
+                self.healthy(kind, k);
             }
         }
         self.metrics
@@ -225,7 +249,7 @@ impl Readiness {
     pub fn on_applied(&self, kind: Kind, cached: u64) {
         if let Some(k) = self.kinds.lock().get_mut(&kind) {
             k.cached = cached;
-            k.first_error_unhealthy = None;
+            self.healthy(kind, k);
         }
     }
 
@@ -238,6 +262,7 @@ impl Readiness {
             if k.first_error_unhealthy.is_none() || quiet {
                 k.first_error_unhealthy = Some(now);
             }
+            self.counter(kind).unhealthy.store(true, Ordering::Relaxed);
             k.last_error = Some(now);
             k.last_error_message = Some(message);
         }
@@ -345,7 +370,7 @@ impl Readiness {
                         requirement: k.requirement.clone(),
                         phase: k.phase,
                         replayed: k.replayed,
-                        listing: k.listing,
+                        listing: self.counter(*kind).listing.load(Ordering::Relaxed),
                         relists: k.relists,
                         cached: k.cached,
                         last_error: k.last_error_message.clone(),
@@ -420,6 +445,36 @@ mod tests {
                 .unwrap()
                 .contains("devices required but unavailable")
         );
+    }
+
+    #[test]
+    fn kind_index_is_the_position_in_all() {
+        for (i, kind) in Kind::ALL.into_iter().enumerate() {
+            assert_eq!(kind.index(), i);
+        }
+    }
+
+    #[test]
+    fn listing_counts_buffered_objects_and_clears_staleness() {
+        let r = Readiness::new(BTreeMap::new(), Some(Duration::ZERO), Metrics::new());
+        for kind in [Kind::Nodes, Kind::Pods] {
+            r.on_init(kind);
+            r.on_init_done(kind, 0, 0);
+        }
+        r.on_error(Kind::Pods, "connection refused".into());
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!r.is_ready());
+        r.on_init(Kind::Pods);
+        r.on_error(Kind::Pods, "connection refused".into());
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!r.is_ready());
+        r.on_init_apply(Kind::Pods);
+        r.on_init_apply(Kind::Pods);
+        assert!(r.is_ready(), "a listed object clears staleness");
+        assert_eq!(r.report().kinds[&Kind::Pods].listing, 2);
+        assert_eq!(r.report().kinds[&Kind::Nodes].listing, 0);
+        r.on_init_done(Kind::Pods, 2, 2);
+        assert_eq!(r.report().kinds[&Kind::Pods].listing, 0);
     }
 
     #[test]
