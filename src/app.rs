@@ -214,7 +214,6 @@ impl Service {
         };
         let http = HttpConfig {
             path_prefix: args.path_prefix.clone(),
-            body_limit: args.body_limit_bytes,
             request_timeout: args.request_timeout,
             max_concurrency: args.max_concurrency,
         };

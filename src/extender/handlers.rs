@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::AppState;
-use super::input::{BadRequest, read_json};
+use super::input::read_json;
 use super::verbs;
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
@@ -73,7 +73,7 @@ where
         Err(bad) => {
             tracing::warn!(verb, class = bad.class, error = %bad.message, "rejected malformed request");
             record(&state, verb, Outcome::BadRequest, started);
-            return reject(bad);
+            return bad.into_response();
         }
     };
     if let Some(reason) = state.readiness.not_ready_reason() {
@@ -84,10 +84,6 @@ where
     let (response, outcome) = handle(&state, request).await;
     record(&state, verb, outcome, started);
     axum::Json(response).into_response()
-}
-
-fn reject(bad: BadRequest) -> Response {
-    bad.into_response()
 }
 
 pub async fn filter(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {

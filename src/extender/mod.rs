@@ -31,7 +31,6 @@ use crate::sync::Readiness;
 pub struct HttpConfig {
     /// Prefix for the verbs, e.g. `/gpu` (empty for none). Probes stay at the root.
     pub path_prefix: String,
-    pub body_limit: usize,
     pub request_timeout: Duration,
     pub max_concurrency: usize,
 }
@@ -40,7 +39,6 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             path_prefix: String::new(),
-            body_limit: 16 * 1024 * 1024,
             request_timeout: Duration::from_secs(10),
             max_concurrency: 256,
         }

@@ -52,10 +52,4 @@ pub mod annotations {
     pub const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
     /// CPU/NUMA allocation (cpuset, NUMA node resources) written at bind; read by koordlet.
     pub const RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
-    /// CPU topology reported by koordlet on the NodeResourceTopology object.
-    pub const NODE_CPU_TOPOLOGY: &str = "node.koordinator.sh/cpu-topology";
-    pub const NODE_CPU_SHARED_POOLS: &str = "node.koordinator.sh/cpu-shared-pools";
-    pub const NODE_RESERVATION: &str = "node.koordinator.sh/reservation";
-    pub const NODE_CPU_BIND_POLICY: &str = "node.koordinator.sh/cpu-bind-policy";
-    pub const KUBELET_CPU_MANAGER_POLICY: &str = "kubelet.koordinator.sh/cpu-manager-policy";
 }

@@ -308,18 +308,37 @@ impl Readiness {
     }
 
     /// Ready to serve scheduling verbs: synced, not shutting down, leader.
+    /// Every verb call asks this, so it decides without building the report's strings and
+    /// maps; the same conditions as [`Self::report`], which runs only when not ready.
     pub fn is_ready(&self) -> bool {
-        self.report().ready
+        if self.shutting_down.load(Ordering::SeqCst) || !self.leader.load(Ordering::SeqCst) {
+            return false;
+        }
+        let now = Instant::now();
+        self.kinds.lock().values().all(|k| {
+            let settled = match k.requirement {
+                Requirement::Required => k.phase == Phase::Synced,
+                Requirement::Disabled { .. } => true,
+                Requirement::Unavailable { .. } | Requirement::Discovering => false,
+            };
+            settled && self.stale_for(k, now).is_none()
+        })
+    }
+
+    /// How long a kind's watch has been failing, when that exceeds `--max-staleness`.
+    fn stale_for(&self, k: &KindState, now: Instant) -> Option<Duration> {
+        let (bound, since, last) = (self.max_staleness?, k.first_error_unhealthy?, k.last_error?);
+        let unhealthy = now.duration_since(since);
+        (now.duration_since(last) <= ERROR_QUIET_PERIOD && unhealthy > bound).then_some(unhealthy)
     }
 
     /// Why scheduling verbs must not decide now, or `None` when they may.
     pub fn not_ready_reason(&self) -> Option<String> {
-        let report = self.report();
-        if report.ready {
-            None
-        } else {
-            Some(format!("not ready: {}", report.reasons.join("; ")))
+        if self.is_ready() {
+            return None;
         }
+        let report = self.report();
+        (!report.ready).then(|| format!("not ready: {}", report.reasons.join("; ")))
     }
 
     pub fn report(&self) -> ReadinessReport {
@@ -346,14 +365,10 @@ impl Readiness {
             if let Requirement::Unavailable { reason } = &k.requirement {
                 reasons.push(format!("{kind} required but unavailable: {reason}"));
             }
-            if let (Some(bound), Some(since), Some(last)) =
-                (self.max_staleness, k.first_error_unhealthy, k.last_error)
-                && now.duration_since(last) <= ERROR_QUIET_PERIOD
-                && now.duration_since(since) > bound
-            {
+            if let (Some(unhealthy), Some(bound)) = (self.stale_for(k, now), self.max_staleness) {
                 reasons.push(format!(
                     "{kind} watch unhealthy for {}s (max staleness {}s)",
-                    now.duration_since(since).as_secs(),
+                    unhealthy.as_secs(),
                     bound.as_secs()
                 ));
             }
