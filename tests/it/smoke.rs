@@ -11,19 +11,10 @@ use crate::support::{FakeApiServer, Kind};
 #[tokio::test]
 async fn bootstrap_then_filter_prioritize_bind() {
     let fake = FakeApiServer::new();
-    fake.create(Kind::Node, service::node("n1")).unwrap();
-    fake.create(Kind::Device, service::gpu_device("n1", 8, 4, &[]))
-        .unwrap();
+    service::add_gpu_node(&fake, "n1", 8, &[]);
     fake.create(Kind::NodeResourceTopology, service::nrt("n1"))
         .unwrap();
-    let pending = service::pod(
-        "ml",
-        "p",
-        "uid-p",
-        json!({"nvidia.com/gpu": "2"}),
-        None,
-        None,
-    );
+    let pending = service::pending("p", json!({"nvidia.com/gpu": "2"}));
     fake.create(Kind::Pod, pending.clone()).unwrap();
 
     let svc = service::start(&fake, &[]).await;

@@ -322,6 +322,21 @@ pub fn pod(
     p
 }
 
+/// A Node and its Device with `gpus` GPUs over two NUMA nodes; `unhealthy` minors are sick.
+pub fn add_gpu_node(fake: &FakeApiServer, name: &str, gpus: i32, unhealthy: &[i32]) {
+    fake.create(super::Kind::Node, node(name)).unwrap();
+    fake.create(
+        super::Kind::Device,
+        gpu_device(name, gpus, (gpus / 2).max(1), unhealthy),
+    )
+    .unwrap();
+}
+
+/// A pending pod in namespace `ml` with uid `uid-<name>`.
+pub fn pending(name: &str, requests: Value) -> Value {
+    pod("ml", name, &format!("uid-{name}"), requests, None, None)
+}
+
 /// The extender's filter/prioritize body for `pod` over `nodes` (names mode).
 pub fn extender_args(pod: &Value, nodes: &[&str]) -> Value {
     json!({"Pod": pod, "Nodes": null, "NodeNames": nodes})

@@ -132,19 +132,7 @@ pub fn metric_value(text: &str, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
-pub fn add_gpu_node(fake: &FakeApiServer, name: &str, gpus: i32, unhealthy: &[i32]) {
-    fake.create(Kind::Node, service::node(name)).unwrap();
-    fake.create(
-        Kind::Device,
-        service::gpu_device(name, gpus, (gpus / 2).max(1), unhealthy),
-    )
-    .unwrap();
-}
-
-/// A pending pod in namespace `ml` with uid `uid-<name>`.
-pub fn pending(name: &str, requests: Value) -> Value {
-    service::pod("ml", name, &format!("uid-{name}"), requests, None, None)
-}
+pub use crate::support::service::{add_gpu_node, pending};
 
 pub fn whole_gpus(n: u32) -> Value {
     json!({"nvidia.com/gpu": n.to_string()})
