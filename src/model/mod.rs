@@ -38,6 +38,7 @@ macro_rules! static_resource {
     };
 }
 
+pub mod cpuset;
 pub mod device;
 pub mod ids;
 pub mod node;

@@ -1,4 +1,5 @@
 //! Pure placement logic: request parsing, device fit, choice and scoring. No I/O, no locks, no
 //! mutation of caches; callers pass views and record results themselves.
 
+pub mod cpu;
 pub mod device;

@@ -1,0 +1,244 @@
+//! NUMA-aware CPU placement (koordinator `NodeNUMAResource` semantics, reference `numa.md` §1):
+//! the view types placement decides on, and (in submodules) the cpuset accumulator, the NUMA
+//! split, hint generation and merge, and the NUMA policies.
+//!
+//! Pure and deterministic. Placement owns these view types; `cluster` builds them from its
+//! ledgers and `model` parses the annotations that feed them. Nothing here locks, allocates
+//! per NUMA subset, or talks to the network.
+
+pub mod topology;
+
+pub use topology::{CpuDetail, CpuTopology, TopologyError};
+
+use crate::model::cpuset::CpuSet;
+
+/// A NUMA node id (`node-<id>` zones, `cpu-topology` `node` field).
+pub type NumaId = u32;
+
+/// The largest number of NUMA nodes a node may have for hint enumeration (kubelet's default
+/// `max-allowable-numa-nodes` is 8; subsets are bitmasks of this width).
+pub const MAX_NUMA_NODES: usize = 16;
+
+/// A set of NUMA node ids as a bitmask (bit `i` = NUMA node `i`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct NumaMask(pub u16);
+
+impl NumaMask {
+    pub fn single(id: NumaId) -> Self {
+        NumaMask(1 << id)
+    }
+    pub fn contains(self, id: NumaId) -> bool {
+        (id as usize) < MAX_NUMA_NODES && self.0 & (1 << id) != 0
+    }
+    pub fn count(self) -> u32 {
+        self.0.count_ones()
+    }
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    pub fn and(self, other: NumaMask) -> NumaMask {
+        NumaMask(self.0 & other.0)
+    }
+    /// Ids ascending.
+    pub fn ids(self) -> impl Iterator<Item = NumaId> {
+        (0..MAX_NUMA_NODES as NumaId).filter(move |i| self.contains(*i))
+    }
+}
+
+impl std::fmt::Debug for NumaMask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.ids()).finish()
+    }
+}
+
+/// How a pod's CPUs are bound (`resource-spec` `requiredCPUBindPolicy` /
+/// `preferredCPUBindPolicy`, after `Default` is resolved to the configured default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CpuBindPolicy {
+    /// Whole physical cores (all hyperthreads of a core).
+    FullPcpus,
+    /// One hyperthread per physical core where possible.
+    SpreadByPcpus,
+}
+
+/// A node-forced bind policy (label `node.koordinator.sh/cpu-bind-policy`, or kubelet static
+/// with `full-pcpus-only`): applies to every pod with a CPU request on that node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum NodeCpuBindPolicy {
+    #[default]
+    None,
+    FullPcpusOnly,
+    SpreadByPcpus,
+}
+
+/// `preferredCPUExclusivePolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CpuExclusivePolicy {
+    #[default]
+    None,
+    /// Avoid physical cores already holding a PCPULevel CPU.
+    PcpuLevel,
+    /// Avoid NUMA nodes already holding a NUMANodeLevel CPU.
+    NumaNodeLevel,
+}
+
+/// A NUMA topology policy, of the node (label or NRT) or of the pod (`numa-topology-spec`).
+/// Every unknown string, and `None`, means [`NumaPolicy::None`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum NumaPolicy {
+    #[default]
+    None,
+    BestEffort,
+    Restricted,
+    SingleNumaNode,
+}
+
+/// `numa-topology-spec` `singleNUMANodeExclusive`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum NumaExclusive {
+    /// Defaults to Required only when the pod set a NUMA policy itself (reference §1.4).
+    #[default]
+    Unset,
+    Required,
+    Preferred,
+}
+
+/// Accumulator order (`node.koordinator.sh/numa-allocate-strategy`): pack onto the fullest
+/// NUMA node / socket first, or spread onto the emptiest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum NumaAllocateStrategy {
+    MostAllocated,
+    #[default]
+    LeastAllocated,
+}
+
+/// Node-level and NUMA-level scoring strategy (koordinator `scoringStrategy` /
+/// `numaScoringStrategy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CpuScoreStrategy {
+    #[default]
+    LeastAllocated,
+    MostAllocated,
+}
+
+/// Scoring configuration for CPU/NUMA placement (service flags).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuScoring {
+    pub node_strategy: CpuScoreStrategy,
+    pub numa_strategy: CpuScoreStrategy,
+    /// Weights of cpu and memory in both scorers.
+    pub cpu_weight: i64,
+    pub memory_weight: i64,
+    /// The policy for pods that ask for a cpuset without saying which (`Default`).
+    pub default_bind_policy: CpuBindPolicy,
+}
+
+impl Default for CpuScoring {
+    fn default() -> Self {
+        CpuScoring {
+            node_strategy: CpuScoreStrategy::LeastAllocated,
+            numa_strategy: CpuScoreStrategy::LeastAllocated,
+            cpu_weight: 1,
+            memory_weight: 1,
+            default_bind_policy: CpuBindPolicy::FullPcpus,
+        }
+    }
+}
+
+/// Allocatable cpu and memory of one NUMA node, reserved CPUs already subtracted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NumaZone {
+    pub id: NumaId,
+    pub cpu_milli: i64,
+    pub memory_bytes: i64,
+}
+
+/// What one NUMA node has handed out (sum over the pods' `numaNodeResources`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NumaUsage {
+    pub cpu_milli: i64,
+    pub memory_bytes: i64,
+    /// Pods holding a cpuset confined to this NUMA node only.
+    pub single_numa_pods: u32,
+    /// Pods holding a cpuset that spans this and other NUMA nodes.
+    pub multi_numa_pods: u32,
+}
+
+/// Everything placement needs to know about one node's CPUs, with any preemption victims
+/// already released by the caller. Built by `cluster` from its ledger; `Copy`-cheap apart
+/// from the shared topology.
+#[derive(Clone, Debug)]
+pub struct NodeCpuView<'a> {
+    pub topology: &'a CpuTopology,
+    /// Never handed out: kubelet reserved, kubelet-static pods, node reservation, exclusive
+    /// system QoS (reference §1.2).
+    pub reserved: CpuSet,
+    /// CPUs held by some pod's cpuset (reference count ≥ 1 = taken; MaxRefCount is 1).
+    pub allocated: CpuSet,
+    /// Held CPUs whose holder asked for PCPULevel exclusivity.
+    pub pcpu_exclusive: CpuSet,
+    /// Held CPUs whose holder asked for NUMANodeLevel exclusivity.
+    pub numa_exclusive: CpuSet,
+    /// Per NUMA node, ascending id.
+    pub zones: &'a [NumaZone],
+    /// Same order and length as `zones`.
+    pub usage: &'a [NumaUsage],
+    pub bind_policy: NodeCpuBindPolicy,
+    pub numa_policy: NumaPolicy,
+    pub strategy: NumaAllocateStrategy,
+}
+
+/// A pod's cpuset wish, from its QoS class and `resource-spec` (node-independent part).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpusetWish {
+    pub policy: CpuBindPolicy,
+    /// `requiredCPUBindPolicy` was set: the policy is a constraint, not a preference.
+    pub required: bool,
+    pub exclusive: CpuExclusivePolicy,
+}
+
+/// A pod's CPU/NUMA request, independent of any node (the output of classification).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PodCpuRequest {
+    /// Effective pod cpu request in millicores (Kubernetes `PodRequests`).
+    pub cpu_milli: i64,
+    pub memory_bytes: i64,
+    /// Set when the pod itself qualifies for a cpuset (LSE/LSR with prod priority and a
+    /// FullPCPUs/SpreadByPCPUs policy). A fractional CPU request with a wish is rejected by
+    /// classification already, so `cpu_milli` is a multiple of 1000 here.
+    pub cpuset: Option<CpusetWish>,
+    /// `numa-topology-spec` `numaTopologyPolicy` (None when absent or unknown).
+    pub numa_policy: NumaPolicy,
+    pub numa_exclusive: NumaExclusive,
+}
+
+/// The decision for one pod on one node.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct CpuPlacement {
+    /// Empty when the pod gets no cpuset.
+    pub cpuset: CpuSet,
+    /// Per-NUMA share (`resource-status` `numaNodeResources`), ascending id; empty when no NUMA
+    /// policy applies.
+    pub numa: Vec<NumaShare>,
+    /// Node score 0..=100 for prioritize.
+    pub score: i64,
+}
+
+/// One entry of `numaNodeResources`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NumaShare {
+    pub numa: NumaId,
+    pub cpu_milli: i64,
+    pub memory_bytes: i64,
+}
+
+/// Why a pod's CPU/NUMA request does not fit a node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct CpuFitError {
+    /// Short and categorical, suitable for FailedNodes ("insufficient cpus on one NUMA node").
+    pub reason: String,
+    /// True when freeing resources can never help (no topology, policy conflict, SMT
+    /// misalignment, request larger than any NUMA node can hold).
+    pub unresolvable: bool,
+}
