@@ -25,7 +25,9 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/device-numa-extender /device-numa-extender
 # Numeric user so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 65532:65532
-# The binary writes nothing to disk: it runs with readOnlyRootFilesystem and no volumes.
-EXPOSE 8888
+# The binary writes nothing to disk: it runs with readOnlyRootFilesystem (TLS files, when used,
+# come from a read-only Secret volume). 8888: verbs (--listen); 8889: probes and metrics, when
+# started with --probe-address 0.0.0.0:8889 as the chart does.
+EXPOSE 8888 8889
 ENTRYPOINT ["/device-numa-extender"]
 CMD ["serve"]

@@ -7,6 +7,11 @@
 //! Criterion reports means; budgets are about p99, so after the criterion groups this binary
 //! also samples each case and prints percentiles and the ratio to the baseline, both measured
 //! in this run. Run: `cargo bench --bench placement` (see BENCHMARKS.md).
+//!
+//! The `numa` group runs first and needs no cluster: `place` and `fast_feasible` for one
+//! cpuset pod on one node (2 and 8 NUMA nodes, including the 255-subset worst case), the
+//! summary build, and `fast_feasible` over 5,000 summaries. Run only it with
+//! `PLACEMENT_NUMA_ONLY=1 cargo bench --bench placement -- numa`.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -30,8 +35,15 @@ use device_numa_extender::extender::input::decode;
 use device_numa_extender::extender::verbs;
 use device_numa_extender::extender::wire::{ExtenderArgs, ExtenderFilterResult, HostPriority};
 use device_numa_extender::metrics::Metrics;
+use device_numa_extender::model::cpuset::CpuSet;
 use device_numa_extender::model::ids::PodUid;
 use device_numa_extender::model::pod::Pod;
+use device_numa_extender::placement::cpu::accumulator::synthetic_topology;
+use device_numa_extender::placement::cpu::{
+    CpuBindPolicy, CpuExclusivePolicy, CpuScoring, CpuSummary, CpuTopology, CpusetWish,
+    NodeCpuBindPolicy, NodeCpuView, NumaAllocateStrategy, NumaExclusive, NumaMask, NumaPolicy,
+    NumaUsage, NumaZone, PodCpuRequest, fast_feasible, place,
+};
 use device_numa_extender::placement::device::pod_device_request;
 use device_numa_extender::placement::device::request::PodDeviceRequest;
 use device_numa_extender::placement::device::score::ScoringConfig;
@@ -60,6 +72,7 @@ impl PodApi for MemoryPodApi {
         _namespace: &'a str,
         _name: &'a str,
         _uid: &'a str,
+        _resource_version: Option<&'a str>,
         annotations: &'a BTreeMap<String, Option<String>>,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         black_box(annotations);
@@ -279,6 +292,166 @@ fn benches(c: &mut Criterion, state: &AppState, rt: &tokio::runtime::Runtime) {
     g.finish();
 }
 
+// ---- NUMA hints and cpusets (pure placement, no cluster) --------------------------------------
+
+/// An owned node for [`NodeCpuView`]s: `sockets × numa_per_socket × cores × 2` CPUs, each NUMA
+/// node with 16 GiB, `held` CPUs of every NUMA node held by a single-NUMA cpuset pod.
+struct NumaNode {
+    topo: CpuTopology,
+    zones: Vec<NumaZone>,
+    usage: Vec<NumaUsage>,
+    allocated: CpuSet,
+    policy: NumaPolicy,
+}
+
+impl NumaNode {
+    fn new(
+        sockets: u32,
+        numa_per_socket: u32,
+        cores: u32,
+        held: usize,
+        policy: NumaPolicy,
+    ) -> Self {
+        let topo = synthetic_topology(sockets, numa_per_socket, cores, 2);
+        let mut allocated = CpuSet::new();
+        let mut zones = Vec::new();
+        let mut usage = Vec::new();
+        for id in topo.numa_ids().collect::<Vec<_>>() {
+            let cpus = topo.numa_cpus(id);
+            for c in cpus.iter().take(held) {
+                allocated.insert(c);
+            }
+            zones.push(NumaZone {
+                id,
+                cpu_milli: cpus.len() as i64 * 1000,
+                memory_bytes: 16 << 30,
+            });
+            usage.push(NumaUsage {
+                cpu_milli: held as i64 * 1000,
+                memory_bytes: 0,
+                single_numa_pods: u32::from(held > 0),
+                multi_numa_pods: 0,
+            });
+        }
+        NumaNode {
+            topo,
+            zones,
+            usage,
+            allocated,
+            policy,
+        }
+    }
+
+    fn view(&self) -> NodeCpuView<'_> {
+        NodeCpuView {
+            topology: &self.topo,
+            reserved: CpuSet::new(),
+            allocated: self.allocated,
+            pcpu_exclusive: CpuSet::new(),
+            numa_exclusive: CpuSet::new(),
+            zones: &self.zones,
+            usage: &self.usage,
+            bind_policy: NodeCpuBindPolicy::None,
+            numa_policy: self.policy,
+            strategy: NumaAllocateStrategy::MostAllocated,
+        }
+    }
+}
+
+fn lsr_pod(cpus: i64) -> PodCpuRequest {
+    PodCpuRequest {
+        cpu_milli: cpus * 1000,
+        memory_bytes: 8 << 30,
+        cpuset: Some(CpusetWish {
+            policy: CpuBindPolicy::FullPcpus,
+            required: true,
+            exclusive: CpuExclusivePolicy::None,
+        }),
+        numa_policy: NumaPolicy::None,
+        numa_exclusive: NumaExclusive::Unset,
+    }
+}
+
+/// `numa/...`: one pod on one node. The 8-NUMA "all subsets" cases hold 12 of 16 CPUs on every
+/// NUMA node, so an 8-CPU pod fits no single NUMA node and no preferred hint exists: all 255
+/// subsets are enumerated before BestEffort settles on a pair and Restricted rejects.
+fn numa_benches(c: &mut Criterion) {
+    let scoring = CpuScoring::default();
+    let mut g = c.benchmark_group("numa");
+    g.sample_size(50)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let cases = [
+        (
+            "2numa_single_fit",
+            NumaNode::new(1, 2, 8, 4, NumaPolicy::SingleNumaNode),
+            8,
+        ),
+        (
+            "8numa_single_fit",
+            NumaNode::new(2, 4, 8, 0, NumaPolicy::SingleNumaNode),
+            8,
+        ),
+        (
+            "8numa_all_subsets_besteffort",
+            NumaNode::new(2, 4, 8, 12, NumaPolicy::BestEffort),
+            8,
+        ),
+        (
+            "8numa_all_subsets_restricted",
+            NumaNode::new(2, 4, 8, 12, NumaPolicy::Restricted),
+            8,
+        ),
+        (
+            "8numa_no_numa_policy",
+            NumaNode::new(2, 4, 8, 12, NumaPolicy::None),
+            8,
+        ),
+    ];
+    for (name, node, cpus) in &cases {
+        let req = lsr_pod(*cpus);
+        let view = node.view();
+        g.bench_function(format!("place/{name}"), |b| {
+            b.iter(|| black_box(place(black_box(&view), &req, None, &scoring)))
+        });
+        let summary = CpuSummary::new(&view);
+        g.bench_function(format!("fast_feasible/{name}"), |b| {
+            b.iter(|| black_box(fast_feasible(black_box(&summary), &req, false, &scoring)))
+        });
+    }
+    let (_, node, cpus) = &cases[2];
+    let view = node.view();
+    let req = lsr_pod(*cpus);
+    g.bench_function("place_with_devices/8numa_all_subsets_besteffort", |b| {
+        b.iter(|| {
+            // Devices only on NUMA nodes 6 and 7.
+            let mut gpus = |m: NumaMask| m.0 & !0b1100_0000 == 0;
+            black_box(place(black_box(&view), &req, Some(&mut gpus), &scoring))
+        })
+    });
+    g.bench_function("summary_build/8numa", |b| {
+        b.iter(|| black_box(CpuSummary::new(black_box(&view))))
+    });
+    // Filter's shape: one pod against 5,000 2-NUMA summaries.
+    let nodes: Vec<NumaNode> = (0..64)
+        .map(|i| NumaNode::new(1, 2, 16, i % 12, NumaPolicy::SingleNumaNode))
+        .collect();
+    let summaries: Vec<CpuSummary> = (0..NODES)
+        .map(|i| CpuSummary::new(&nodes[i % nodes.len()].view()))
+        .collect();
+    let req = lsr_pod(8);
+    g.throughput(Throughput::Elements(NODES as u64));
+    g.bench_function(format!("fast_feasible_{NODES}_nodes/2numa_single"), |b| {
+        b.iter(|| {
+            summaries
+                .iter()
+                .filter(|s| matches!(fast_feasible(s, &req, false, &scoring), Some(Ok(()))))
+                .count()
+        })
+    });
+    g.finish();
+}
+
 // ---- percentiles and ratios -----------------------------------------------------------------
 
 fn sample(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
@@ -357,6 +530,13 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // `cargo test --benches` runs bench binaries with --test: only check they start.
     let quick = args.iter().any(|a| a == "--test" || a == "--list");
+    let mut c = Criterion::default().configure_from_args();
+    numa_benches(&mut c);
+    // PLACEMENT_NUMA_ONLY=1 stops after the pure NUMA group (no 5,000-node cluster to build).
+    if std::env::var("PLACEMENT_NUMA_ONLY").is_ok_and(|v| v == "1") {
+        c.final_summary();
+        return;
+    }
     let started = Instant::now();
     // Build the caches on another thread, as the service's sync tasks do: glibc gives each
     // thread its own malloc arena, and measuring on the arena fragmented by building 150,000
@@ -367,7 +547,6 @@ fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
-    let mut c = Criterion::default().configure_from_args();
     benches(&mut c, &state, &rt);
     c.final_summary();
     // PLACEMENT_PERCENTILES=0 skips the percentile pass (e.g. when filtering criterion benches).

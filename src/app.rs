@@ -1,5 +1,6 @@
 //! Wires the service together for `serve`: caches, readiness, the sync source (kube or a
-//! cluster file), the binder, the HTTP server, and graceful shutdown.
+//! cluster file), the binder, the HTTP listeners (verbs, optionally over TLS with client
+//! certificates; probes on their own port when asked), and graceful shutdown.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::bind::{Binder, KubePodApi, OfflinePodApi, PodApi};
 use crate::cli::ServeArgs;
 use crate::cluster::ClusterState;
+use crate::extender::tls::{self, TlsError, TlsReloader};
 use crate::extender::{self, AppState, HttpConfig};
 use crate::metrics::Metrics;
 use crate::placement::device::score::ScoringConfig;
@@ -22,6 +24,8 @@ pub enum ServeError {
     ClusterFile(#[from] sync::file_source::ClusterFileError),
     #[error("cannot load kubeconfig: {0}")]
     Kubeconfig(String),
+    #[error("cannot register metrics: {0}")]
+    Metrics(String),
     #[error("cannot create the Kubernetes client: {0}")]
     Client(#[from] kube::Error),
     #[error("cannot listen on {addr}: {source}")]
@@ -31,14 +35,34 @@ pub enum ServeError {
     },
     #[error("invalid scoring flags: {0}")]
     Scoring(#[from] crate::placement::device::score::ScoringConfigError),
+    #[error("invalid CPU scoring flags: {0}")]
+    CpuScoring(#[from] crate::fit::CpuScoringError),
     #[error("invalid leader election flags: {0}")]
     LeaderElection(String),
+    #[error("invalid TLS files: {0}")]
+    Tls(#[from] TlsError),
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
 }
 
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Listen { addr, source })?;
+    let local = listener.local_addr().map_err(ServeError::Serve)?;
+    Ok((listener, local))
+}
+
 async fn kube_client(args: &ServeArgs) -> Result<kube::Client, ServeError> {
-    let config = match &args.kubeconfig {
+    kube_client_from(args.kubeconfig.as_deref()).await
+}
+
+/// A client from a kubeconfig path (`KUBECONFIG`-style lists merged), or in-cluster/inferred
+/// config without one. Shared by `serve` and the operator tools.
+pub async fn kube_client_from(
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<kube::Client, ServeError> {
+    let config = match kubeconfig {
         Some(path) => {
             // KUBECONFIG may list several files (`a:b`), merged in order as kubectl does.
             let mut merged: Option<kube::config::Kubeconfig> = None;
@@ -100,10 +124,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     service.shutdown().await
 }
 
-/// A running service: the HTTP server, sync tasks, leader election and housekeeping.
+/// A running service: the HTTP servers, sync tasks, leader election and housekeeping.
 pub struct Service {
-    /// The address actually bound (useful with port 0).
+    /// The verb listener's address actually bound (useful with port 0).
     pub addr: SocketAddr,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served: `--probe-address` as bound, or
+    /// `addr` when they share the verb listener.
+    pub probe_addr: SocketAddr,
     pub state: AppState,
     shutdown: CancellationToken,
     shutdown_delay: std::time::Duration,
@@ -124,6 +151,9 @@ impl Service {
         }
         let metrics = Metrics::new();
         let cluster = Arc::new(ClusterState::new());
+        // Capacity gauges are computed from the caches on each scrape, not per request.
+        crate::ops::capacity::register(&metrics, cluster.clone(), args.ops.per_node_metrics)
+            .map_err(|e| ServeError::Metrics(e.to_string()))?;
         let readiness = Readiness::new(sync::declared_kinds(), args.max_staleness, metrics.clone());
         let ctx = SyncContext {
             cluster: cluster.clone(),
@@ -131,10 +161,15 @@ impl Service {
             metrics: metrics.clone(),
         };
         let shutdown = CancellationToken::new();
-        let scoring = Arc::new(ScoringConfig::from_flags(
-            &args.score_strategy,
-            args.score_weights.as_deref(),
-        )?);
+        let mut scoring =
+            ScoringConfig::from_flags(&args.score_strategy, args.score_weights.as_deref())?;
+        scoring.cpu = crate::fit::cpu_scoring_from_flags(
+            &args.cpu_score_strategy,
+            &args.numa_score_strategy,
+            args.cpu_score_weights.as_deref(),
+            &args.default_cpu_bind_policy,
+        )?;
+        let scoring = Arc::new(scoring);
 
         let mut elector = None;
         let (pod_api, offline_file): (Arc<dyn PodApi>, Option<ClusterFile>) =
@@ -185,8 +220,26 @@ impl Service {
             scoring.clone(),
             metrics.clone(),
         ));
-        // Assumed allocations no pod watch confirmed (the bind's answer was lost and the pod
-        // was never bound) would hold devices forever; drop them after --assume-ttl.
+        // Ambiguous binds (a write failed with an unknown outcome) are probed promptly with
+        // backoff (issue 11); the gauge of assumed entries by age is refreshed on the same tick.
+        {
+            let binder = binder.clone();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let tick = std::time::Duration::from_millis(250);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(tick) => {
+                            binder.probe_ambiguous().await;
+                            binder.update_assumed_gauge();
+                        }
+                    }
+                }
+            });
+        }
+        // Assumed allocations nothing else resolved (no watch confirmation, no relist, no
+        // probe verdict) would hold devices forever; ask the API server after --assume-ttl.
         {
             let binder = binder.clone();
             let ttl = args.assume_ttl;
@@ -217,16 +270,44 @@ impl Service {
             request_timeout: args.request_timeout,
             max_concurrency: args.max_concurrency,
         };
-        let app = extender::router(state.clone(), &http);
-        let listener =
-            TcpListener::bind(args.listen)
-                .await
-                .map_err(|source| ServeError::Listen {
-                    addr: args.listen,
-                    source,
-                })?;
-        let addr = listener.local_addr().map_err(ServeError::Serve)?;
-        tracing::info!(%addr, prefix = %extender::normalize_prefix(&args.path_prefix), "serving");
+        // Certificates first: a bad file must fail the start, before anything listens.
+        let tls = args
+            .tls_files()
+            .map(|files| TlsReloader::load(files, metrics.clone()))
+            .transpose()?;
+        let (listener, addr) = bind(args.listen).await?;
+        let probe_listener = match args.probe_address {
+            Some(probe) => Some(bind(probe).await?),
+            None => None,
+        };
+        let probe_addr = probe_listener.as_ref().map_or(addr, |(_, a)| *a);
+        let verb_app = match probe_listener {
+            Some(_) => extender::verb_router(state.clone(), &http),
+            None => extender::router(state.clone(), &http),
+        };
+        match &tls {
+            Some(t) if !t.requires_client_certificates() => tracing::warn!(
+                "TLS without --tls-client-ca-file: any client that reaches --listen may call bind"
+            ),
+            Some(_) if probe_listener.is_none() => tracing::warn!(
+                "client certificates are required on --listen, which also serves the probes: \
+                 kubelet probes present none, so set --probe-address"
+            ),
+            None if !args.listen.ip().is_loopback() => tracing::warn!(
+                listen = %args.listen,
+                "verbs are served over plain HTTP on a non-loopback address: anything that \
+                 reaches it may call bind (see --tls-client-ca-file)"
+            ),
+            _ => {}
+        }
+        tracing::info!(
+            %addr,
+            %probe_addr,
+            tls = tls.is_some(),
+            client_certificates = tls.as_ref().is_some_and(TlsReloader::requires_client_certificates),
+            prefix = %extender::normalize_prefix(&args.path_prefix),
+            "serving"
+        );
 
         if let Some(file) = offline_file {
             // The same sync path as the watchers, after the listener is up so /readyz is
@@ -234,15 +315,72 @@ impl Service {
             sync::run_file(&ctx, file);
         }
 
-        let graceful = shutdown.clone();
+        let verbs = match tls {
+            None => {
+                let graceful = shutdown.clone();
+                tokio::spawn(async move {
+                    axum::serve(listener, verb_app)
+                        .with_graceful_shutdown(async move { graceful.cancelled().await })
+                        .await
+                        .map_err(ServeError::Serve)
+                })
+            }
+            Some(reloader) => {
+                let config = reloader.rustls_config();
+                tokio::spawn(reloader.run(args.tls_reload_interval, shutdown.clone()));
+                let handle = axum_server::Handle::new();
+                {
+                    let (handle, graceful) = (handle.clone(), shutdown.clone());
+                    tokio::spawn(async move {
+                        graceful.cancelled().await;
+                        // None: like axum::serve, wait for in-flight requests (binds) to end.
+                        handle.graceful_shutdown(None);
+                    });
+                }
+                let metrics = metrics.clone();
+                let server = axum_server::Server::from_listener(listener)
+                    .acceptor(axum_server::tls_rustls::RustlsAcceptor::new(config))
+                    .handle(handle)
+                    .http1_only()
+                    .accept_error_handler(move |peer, e| {
+                        tls::record_handshake_failure(&metrics, peer, e)
+                    });
+                tokio::spawn(async move {
+                    server
+                        .serve(verb_app.into_make_service())
+                        .await
+                        .map_err(ServeError::Serve)
+                })
+            }
+        };
+        let probes = probe_listener.map(|(listener, _)| {
+            let app = extender::probe_router(state.clone());
+            let graceful = shutdown.clone();
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { graceful.cancelled().await })
+                    .await
+                    .map_err(ServeError::Serve)
+            })
+        });
         let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { graceful.cancelled().await })
-                .await
-                .map_err(ServeError::Serve)
+            let verbs = verbs.await;
+            let probes = match probes {
+                Some(p) => p.await,
+                None => Ok(Ok(())),
+            };
+            for result in [verbs, probes] {
+                match result {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(e) => return Err(ServeError::Serve(std::io::Error::other(e))),
+                }
+            }
+            Ok(())
         });
         Ok(Service {
             addr,
+            probe_addr,
             state,
             shutdown,
             shutdown_delay: args.shutdown_delay,

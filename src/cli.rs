@@ -25,6 +25,11 @@ pub struct Cli {
 pub enum Command {
     /// Run the extender HTTP service.
     Serve(Box<ServeArgs>),
+    /// Show every node's devices, their use and holders, and a cluster summary.
+    Inspect(crate::ops::args::InspectArgs),
+    /// Schedule pending pods in memory through the real filter, prioritize and bind, and show
+    /// where they land (or why nowhere) and what is left.
+    Simulate(crate::ops::args::SimulateArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -35,9 +40,39 @@ pub enum LogFormat {
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address to serve HTTP on (verbs, probes, metrics).
+    /// Address to serve the verbs and /debug on (HTTPS with --tls-cert-file), and also
+    /// /healthz, /readyz and /metrics unless --probe-address is set. In a kube-scheduler pod,
+    /// bind it to 127.0.0.1 so nothing outside the pod can call bind.
     #[arg(long, env = "DNE_LISTEN", default_value = "0.0.0.0:8888")]
     pub listen: SocketAddr,
+
+    /// Serve /healthz, /readyz and /metrics on this address instead, always plain HTTP (for
+    /// kubelet probes and Prometheus, which present no client certificate). --listen then
+    /// carries only the verbs and /debug.
+    #[arg(long, env = "DNE_PROBE_ADDRESS")]
+    pub probe_address: Option<SocketAddr>,
+
+    /// PEM certificate chain (leaf first) to serve --listen over TLS with; needs
+    /// --tls-key-file. kube-scheduler then needs `enableHTTPS: true` and a `tlsConfig` whose
+    /// caFile verifies this certificate. Reloaded when the file's content changes.
+    #[arg(long, env = "DNE_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert-file.
+    #[arg(long, env = "DNE_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// PEM CA bundle: require every connection to --listen to present a client certificate
+    /// that chains to one of these CAs (kube-scheduler's `tlsConfig` certFile/keyFile);
+    /// others are refused in the handshake. Without it, TLS encrypts but any client may call
+    /// bind. Reloaded when the file's content changes.
+    #[arg(long, env = "DNE_TLS_CLIENT_CA_FILE", requires = "tls_cert_file")]
+    pub tls_client_ca_file: Option<PathBuf>,
+
+    /// How often the TLS files are checked for changes (Secret volume updates); a change
+    /// that does not load is logged and counted, and the previous certificate keeps serving.
+    #[arg(long, env = "DNE_TLS_RELOAD_INTERVAL", value_parser = parse_duration, default_value = "10s")]
+    pub tls_reload_interval: Duration,
 
     /// Prefix for the verb routes, e.g. `/gpu` makes `POST /gpu/filter`. Must match the
     /// `urlPrefix` in the scheduler's extender config. Probes and metrics stay at the root.
@@ -84,7 +119,9 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_MAX_CONCURRENCY", default_value_t = 256)]
     pub max_concurrency: usize,
 
-    /// How long a bind's assumed allocation is kept without the pod watch confirming it.
+    /// After how long an assumed allocation that nothing else resolved (pod watch, relist,
+    /// probe of an ambiguous bind, retry) is checked against the API server and dropped if its
+    /// pod is gone, unbound, elsewhere or finished.
     #[arg(long, env = "DNE_ASSUME_TTL", value_parser = parse_duration, default_value = "5m")]
     pub assume_ttl: Duration,
 
@@ -101,6 +138,34 @@ pub struct ServeArgs {
     /// koordinator.sh/gpu-memory-ratio=1,koordinator.sh/gpu-memory=1,koordinator.sh/rdma=1,koordinator.sh/fpga=1).
     #[arg(long, env = "DNE_SCORE_WEIGHTS")]
     pub score_weights: Option<String>,
+
+    /// Node-level CPU/memory scoring for pods that ask for CPU placement (a cpuset or a NUMA
+    /// policy): least-allocated or most-allocated.
+    #[arg(
+        long,
+        env = "DNE_CPU_SCORE_STRATEGY",
+        default_value = "least-allocated"
+    )]
+    pub cpu_score_strategy: String,
+
+    /// NUMA-level scoring: ranks NUMA hints and orders the cpuset accumulator on nodes without
+    /// a `node.koordinator.sh/numa-allocate-strategy` label (least-allocated spreads over NUMA
+    /// nodes, most-allocated packs them).
+    #[arg(
+        long,
+        env = "DNE_NUMA_SCORE_STRATEGY",
+        default_value = "least-allocated"
+    )]
+    pub numa_score_strategy: String,
+
+    /// Weights of cpu and memory in both CPU scorers, `cpu=N,memory=N` (default cpu=1,memory=1).
+    #[arg(long, env = "DNE_CPU_SCORE_WEIGHTS")]
+    pub cpu_score_weights: Option<String>,
+
+    /// The bind policy for LSE/LSR pods whose resource-spec says `Default` or nothing:
+    /// FullPCPUs (whole physical cores) or SpreadByPCPUs (one hyperthread per core).
+    #[arg(long, env = "DNE_DEFAULT_CPU_BIND_POLICY", default_value = "FullPCPUs")]
+    pub default_cpu_bind_policy: String,
 
     /// Contend for a Lease and serve scheduling verbs only while holding it (standalone HA).
     /// Standbys keep their caches synced and answer /readyz 503.
@@ -144,6 +209,9 @@ pub struct ServeArgs {
     /// Lease (in the lease namespace) is held by this pod (identity `<pod-name>_<uuid>`).
     #[arg(long, env = "DNE_FOLLOW_SCHEDULER_LEASE")]
     pub follow_scheduler_lease: Option<String>,
+
+    #[command(flatten)]
+    pub ops: crate::ops::args::ServeOpsArgs,
 }
 
 impl ServeArgs {
@@ -168,6 +236,18 @@ impl ServeArgs {
             )))
         } else {
             None
+        }
+    }
+
+    /// The verb listener's TLS files, when TLS is on.
+    pub fn tls_files(&self) -> Option<crate::extender::tls::TlsFiles> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => Some(crate::extender::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca_file.clone(),
+            }),
+            _ => None,
         }
     }
 
@@ -268,12 +348,38 @@ mod tests {
             "/gpu",
         ])
         .unwrap();
-        let Command::Serve(args) = cli.command;
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve");
+        };
         assert_eq!(
             args.require_kinds,
             vec![Kind::Devices, Kind::NodeResourceTopologies]
         );
         assert!(Cli::try_parse_from(["x", "serve", "--require-kinds", "pods"]).is_err());
         assert!(Cli::try_parse_from(["x", "serve", "--listen", "nope"]).is_err());
+        assert!(args.tls_files().is_none());
+        // TLS flags come as a pair; a client CA needs a serving certificate.
+        assert!(Cli::try_parse_from(["x", "serve", "--tls-cert-file", "c"]).is_err());
+        assert!(Cli::try_parse_from(["x", "serve", "--tls-key-file", "k"]).is_err());
+        assert!(Cli::try_parse_from(["x", "serve", "--tls-client-ca-file", "ca"]).is_err());
+        let cli = Cli::try_parse_from([
+            "x",
+            "serve",
+            "--tls-cert-file",
+            "c",
+            "--tls-key-file",
+            "k",
+            "--tls-client-ca-file",
+            "ca",
+            "--probe-address",
+            "0.0.0.0:8889",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("parsed as another subcommand")
+        };
+        let files = args.tls_files().unwrap();
+        assert_eq!(files.client_ca, Some(PathBuf::from("ca")));
+        assert_eq!(args.probe_address, Some("0.0.0.0:8889".parse().unwrap()));
     }
 }

@@ -1,5 +1,7 @@
 //! The binary: parse flags, set up logging, run the library.
 
+use std::io::IsTerminal;
+
 use clap::Parser;
 use device_numa_extender::cli::{Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
@@ -7,8 +9,11 @@ use tracing_subscriber::EnvFilter;
 fn init_tracing(format: LogFormat, level: &str) -> anyhow::Result<()> {
     let filter = EnvFilter::try_new(level)
         .map_err(|e| anyhow::anyhow!("invalid --log-level {level:?}: {e}"))?;
+    // Colour only on a terminal: a log file or `kubectl logs` must not get escape sequences.
+    let ansi = device_numa_extender::ops::inspect::use_color(std::io::stderr().is_terminal());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -24,6 +29,16 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             init_tracing(args.log_format, &args.log_level)?;
             device_numa_extender::app::serve(*args).await?;
+        }
+        // The tools print their result on stdout; only warnings go to stderr.
+        // kube's client logs connection errors that the tools report themselves.
+        Command::Inspect(args) => {
+            init_tracing(LogFormat::Text, "warn,kube_client=off")?;
+            device_numa_extender::ops::inspect::run(args).await?;
+        }
+        Command::Simulate(args) => {
+            init_tracing(LogFormat::Text, "warn,kube_client=off")?;
+            device_numa_extender::ops::simulate::run(args).await?;
         }
     }
     Ok(())

@@ -14,10 +14,16 @@ pub struct Metrics {
     /// HTTP requests per verb and outcome (`ok`, `error`, `not_ready`, `bad_request`, ...).
     pub requests: IntCounterVec,
     pub request_duration: HistogramVec,
+    /// Verb-listener TLS: certificate reloads by outcome (`ok`, `error`: old one kept) and
+    /// connections refused in the handshake by reason (`no_client_certificate`, ...).
+    pub tls_reloads: IntCounterVec,
+    pub tls_handshake_failures: IntCounterVec,
     /// 0 = pending, 1 = listing, 2 = synced, -1 = disabled.
     pub sync_phase: IntGaugeVec,
     pub cached_objects: IntGaugeVec,
     pub relists: IntCounterVec,
+    /// Pod-cache fences raised (binds wait for a fresh relist), by reason.
+    pub pod_fences: IntCounterVec,
     pub watch_errors: IntCounterVec,
     pub events_applied: IntCounterVec,
     pub bootstrap_duration: Gauge,
@@ -25,13 +31,35 @@ pub struct Metrics {
     pub invalid_objects: IntCounterVec,
     pub binds: IntCounterVec,
     pub bind_duration: Histogram,
+    /// Filter: candidate nodes rejected, by [`FILTER_REASONS`] class.
+    pub filter_rejected_nodes: IntCounterVec,
+    /// Filter: requests by what they found (`fits`, `fits_nowhere`, `pass_through`, `invalid_request`).
+    pub filter_results: IntCounterVec,
     pub assumed_expired: IntCounter,
+    /// Assumed allocations released, by path: `relist`, `probe`, `retry`, `ttl`.
+    pub assumed_released: IntCounterVec,
+    /// Assumed ledger entries by age bucket (`lt_10s`, `lt_1m`, `lt_5m`, `ge_5m`).
+    pub assumed_entries: IntGaugeVec,
+    /// 409s on bind's annotation patch (its resourceVersion precondition), each retried after
+    /// a fresh read.
+    pub bind_patch_conflicts: IntCounter,
+    /// Binds that found the pod bound to another node mid-bind (`stage`: patch, binding,
+    /// probe); the pod's annotations were left alone.
+    pub bound_elsewhere: IntCounterVec,
+    /// Sync events that break the list/watch protocol, per kind and error; ignored.
+    pub sync_protocol_errors: IntCounterVec,
     pub malformed_annotations: IntCounterVec,
     pub device_problems: IntCounterVec,
+    /// NRT CPU annotations and zones that could not be used, by annotation and problem.
+    pub nrt_problems: IntCounterVec,
 }
 
 impl Metrics {
     pub fn new() -> Self {
+        Self::build().with_series_at_zero()
+    }
+
+    fn build() -> Self {
         let registry = Registry::new_custom(Some("dne".into()), None).expect("static prefix");
         macro_rules! reg {
             ($m:expr) => {{
@@ -62,6 +90,20 @@ impl Metrics {
                 .buckets(latency_buckets.clone()),
                 &["verb", "outcome"]
             )),
+            tls_reloads: reg!(IntCounterVec::new(
+                Opts::new(
+                    "tls_certificate_reloads_total",
+                    "Changes of the TLS certificate files by outcome (error: previous certificate kept)."
+                ),
+                &["outcome"]
+            )),
+            tls_handshake_failures: reg!(IntCounterVec::new(
+                Opts::new(
+                    "tls_handshake_failures_total",
+                    "Verb-listener connections that failed the TLS handshake, by reason."
+                ),
+                &["reason"]
+            )),
             sync_phase: reg!(IntGaugeVec::new(
                 Opts::new(
                     "sync_phase",
@@ -76,6 +118,13 @@ impl Metrics {
             relists: reg!(IntCounterVec::new(
                 Opts::new("relists_total", "Full (re)lists started per kind."),
                 &["kind"]
+            )),
+            pod_fences: reg!(IntCounterVec::new(
+                Opts::new(
+                    "pod_fences_total",
+                    "Times binds were held until a fresh pod relist, by reason (became_leader, watch_error)."
+                ),
+                &["reason"]
             )),
             watch_errors: reg!(IntCounterVec::new(
                 Opts::new(
@@ -113,9 +162,55 @@ impl Metrics {
                 )
                 .buckets(latency_buckets)
             )),
+            filter_rejected_nodes: reg!(IntCounterVec::new(
+                Opts::new(
+                    "filter_rejected_nodes_total",
+                    "Candidate nodes filter rejected, by reason class."
+                ),
+                &["reason"]
+            )),
+            filter_results: reg!(IntCounterVec::new(
+                Opts::new(
+                    "filter_results_total",
+                    "Filter requests by result: fits (some node passed), fits_nowhere, pass_through (no device needs), invalid_request."
+                ),
+                &["result"]
+            )),
             assumed_expired: reg!(IntCounter::new(
                 "assumed_expired_total",
                 "Assumed allocations dropped because no bind confirmation arrived in time."
+            )),
+            assumed_released: reg!(IntCounterVec::new(
+                Opts::new(
+                    "assumed_released_total",
+                    "Assumed allocations released because their pod is gone, unbound or elsewhere, by path (relist, probe, retry, ttl)."
+                ),
+                &["path"]
+            )),
+            assumed_entries: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "assumed_entries",
+                    "Assumed (not yet watch-confirmed) allocations by age bucket."
+                ),
+                &["age"]
+            )),
+            bind_patch_conflicts: reg!(IntCounter::new(
+                "bind_patch_conflicts_total",
+                "409 Conflicts on the bind's resourceVersion-guarded annotation patch (retried after a fresh read)."
+            )),
+            bound_elsewhere: reg!(IntCounterVec::new(
+                Opts::new(
+                    "bind_found_bound_elsewhere_total",
+                    "Pods found bound to another node during a bind or probe; their annotations were left alone."
+                ),
+                &["stage"]
+            )),
+            sync_protocol_errors: reg!(IntCounterVec::new(
+                Opts::new(
+                    "sync_protocol_errors_total",
+                    "Sync events that break the list/watch protocol (ignored), per kind and error."
+                ),
+                &["kind", "error"]
             )),
             malformed_annotations: reg!(IntCounterVec::new(
                 Opts::new(
@@ -131,8 +226,54 @@ impl Metrics {
                 ),
                 &["problem"]
             )),
+            nrt_problems: reg!(IntCounterVec::new(
+                Opts::new(
+                    "nrt_problems_total",
+                    "NodeResourceTopology CPU annotations or zones that could not be used (the node takes no cpuset pods), by annotation and problem."
+                ),
+                &["annotation", "problem"]
+            )),
             registry,
         }
+    }
+
+    /// Creates the series of every known label value at 0, so `rate()` and `absent()`-based
+    /// alerts work before the first event, and every documented family is always exported.
+    fn with_series_at_zero(self) -> Self {
+        for kind in ["nodes", "pods", "devices", "noderesourcetopologies"] {
+            self.relists.with_label_values(&[kind]);
+            self.watch_errors.with_label_values(&[kind]);
+            self.cached_objects.with_label_values(&[kind]);
+            self.sync_protocol_errors
+                .with_label_values(&[kind, "init_done_without_init"]);
+        }
+        for reason in FILTER_REASONS {
+            self.filter_rejected_nodes.with_label_values(&[reason]);
+        }
+        for result in FILTER_RESULTS {
+            self.filter_results.with_label_values(&[result]);
+        }
+        self.malformed_annotations
+            .with_label_values(&["device-allocated"]);
+        for outcome in ["ok", "error"] {
+            self.tls_reloads.with_label_values(&[outcome]);
+        }
+        for reason in TLS_HANDSHAKE_FAILURES {
+            self.tls_handshake_failures.with_label_values(&[reason]);
+        }
+        for path in ["relist", "probe", "retry", "ttl"] {
+            self.assumed_released.with_label_values(&[path]);
+        }
+        for age in ASSUMED_AGE_BUCKETS {
+            self.assumed_entries.with_label_values(&[age]);
+        }
+        for reason in ["became_leader", "watch_error"] {
+            self.pod_fences.with_label_values(&[reason]);
+        }
+        for stage in ["patch", "binding", "probe"] {
+            self.bound_elsewhere.with_label_values(&[stage]);
+        }
+        self
     }
 
     pub fn encode(&self) -> String {
@@ -146,5 +287,123 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Label values of `dne_tls_handshake_failures_total{reason}`.
+pub const TLS_HANDSHAKE_FAILURES: [&str; 6] = [
+    "timeout",
+    "no_client_certificate",
+    "bad_client_certificate",
+    "not_tls",
+    "handshake",
+    "io",
+];
+
+/// Label values of `dne_assumed_entries{age}`, youngest first.
+pub const ASSUMED_AGE_BUCKETS: [&str; 4] = ["lt_10s", "lt_1m", "lt_5m", "ge_5m"];
+
+/// Label values of `dne_filter_rejected_nodes_total{reason}`: a fixed set, so a reason string
+/// with a minor number in it cannot grow the series count.
+pub const FILTER_REASONS: [&str; 17] = [
+    "insufficient_gpu",
+    "insufficient_rdma",
+    "insufficient_fpga",
+    "no_device_object",
+    "device_object_missing",
+    "malformed_allocation",
+    "joint_allocate",
+    "invalid_request",
+    "insufficient_cpu",
+    "insufficient_numa_memory",
+    "numa_policy_unmet",
+    "numa_devices_unaligned",
+    "cpu_request_too_large",
+    "cpu_policy_conflict",
+    "no_cpu_topology",
+    "cpu_topology_unusable",
+    "other",
+];
+
+/// Label values of `dne_filter_results_total{result}`.
+pub const FILTER_RESULTS: [&str; 4] = ["fits", "fits_nowhere", "pass_through", "invalid_request"];
+
+/// The [`FILTER_REASONS`] class of a filter rejection reason (placement's categorical text).
+pub fn filter_reason_class(reason: &str) -> &'static str {
+    use crate::placement::cpu::hints::reason as numa;
+    match reason {
+        "insufficient gpu devices" => "insufficient_gpu",
+        "insufficient rdma devices" => "insufficient_rdma",
+        "insufficient fpga devices" => "insufficient_fpga",
+        "node has no Device object" => "no_device_object",
+        "device object missing" => "device_object_missing",
+        "node has a pod with a malformed device allocation" => "malformed_allocation",
+        "device joint-allocate rules violation" => "joint_allocate",
+        r if r.starts_with("invalid device request") => "invalid_request",
+        numa::INSUFFICIENT_CPUS | numa::CPUS_ONE_NUMA => "insufficient_cpu",
+        numa::INSUFFICIENT_MEMORY | numa::MEMORY_ONE_NUMA => "insufficient_numa_memory",
+        numa::CPU_MEMORY_ONE_NUMA | numa::NOT_PREFERRED | numa::EXCLUSIVE => "numa_policy_unmet",
+        numa::DEVICES_UNALIGNED => "numa_devices_unaligned",
+        numa::CPU_LARGER_THAN_NODE
+        | numa::MEMORY_LARGER_THAN_NODE
+        | numa::CPU_LARGER_THAN_NUMA
+        | numa::MEMORY_LARGER_THAN_NUMA
+        | numa::LARGER_THAN_NUMA
+        | numa::NO_COMMON_NUMA => "cpu_request_too_large",
+        "fractional cpu request on a node that binds cpus"
+        | "cpuset needs an integer cpu request"
+        | "cpu count not a multiple of threads per core" => "cpu_policy_conflict",
+        r if r.starts_with("cpu bind policy conflict")
+            || r.starts_with("numa topology policy conflict") =>
+        {
+            "cpu_policy_conflict"
+        }
+        r if r.starts_with("node has no CPU topology") => "no_cpu_topology",
+        r if r.starts_with("node CPU topology unusable")
+            || r == "node has a pod with a malformed resource-status" =>
+        {
+            "cpu_topology_unusable"
+        }
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::cpu::hints::reason as numa;
+
+    /// Every CPU/NUMA reason the placement code can return has its own class: an operator
+    /// alerting on `reason="other"` must not be looking at a whole product half.
+    #[test]
+    fn cpu_and_numa_reasons_have_classes() {
+        let reasons = [
+            numa::CPU_LARGER_THAN_NODE,
+            numa::MEMORY_LARGER_THAN_NODE,
+            numa::CPU_LARGER_THAN_NUMA,
+            numa::MEMORY_LARGER_THAN_NUMA,
+            numa::LARGER_THAN_NUMA,
+            numa::INSUFFICIENT_CPUS,
+            numa::INSUFFICIENT_MEMORY,
+            numa::CPUS_ONE_NUMA,
+            numa::MEMORY_ONE_NUMA,
+            numa::CPU_MEMORY_ONE_NUMA,
+            numa::NOT_PREFERRED,
+            numa::DEVICES_UNALIGNED,
+            numa::NO_COMMON_NUMA,
+            numa::EXCLUSIVE,
+            "cpu bind policy conflict: pod FullPCPUs, node SpreadByPCPUs",
+            "numa topology policy conflict: pod SingleNUMANode, node Restricted",
+            "cpuset needs an integer cpu request",
+            "node has no CPU topology (no NodeResourceTopology)",
+            "node CPU topology unusable: malformed node.koordinator.sh/cpu-topology",
+            "node has a pod with a malformed resource-status",
+        ];
+        for r in reasons {
+            let class = filter_reason_class(r);
+            assert_ne!(class, "other", "{r}");
+            assert!(FILTER_REASONS.contains(&class), "{class}");
+        }
+        assert_eq!(filter_reason_class("something new"), "other");
     }
 }

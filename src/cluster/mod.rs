@@ -1,8 +1,11 @@
-//! The caches: per-node state (Node, topology, pods, device ledger) behind per-node locks.
+//! The caches: per-node state (Node, topology, pods, device ledger) behind per-node locks,
+//! and the lifecycle records of assumed allocations (`assumed`).
 //!
 //! Everything here is in-memory bookkeeping. It must never call the network or decide where
 //! a pod goes; sync writes into it and placement reads views of it.
 
+pub mod assumed;
+pub mod cpus;
 pub mod devices;
 pub mod pod;
 pub mod state;

@@ -4,11 +4,14 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::cpus::CpuAllocation;
 use crate::model::annotations::{DEVICE_ALLOCATED, RESOURCE_STATUS};
 use crate::model::device::DeviceAllocations;
 use crate::model::ids::{ObjectKey, PodUid};
+use crate::model::koord_cpu::{RESOURCE_SPEC, ResourceStatus, parse_resource_spec};
 use crate::model::pod::Pod;
 use crate::model::requests::{Requests, pod_requests};
+use crate::placement::cpu::CpuExclusivePolicy;
 
 fn serialize_requests<S: serde::Serializer>(r: &Requests, s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
@@ -39,6 +42,9 @@ pub struct PodRecord {
     pub devices: PodDevices,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resource_status: Option<String>,
+    /// The parsed `resource-status` (what the CPU ledger records).
+    #[serde(skip)]
+    pub cpus: PodCpus,
 }
 
 impl PodRecord {
@@ -55,6 +61,7 @@ impl PodRecord {
             requests: pod_requests(&pod.spec).unwrap_or_default(),
             devices: PodDevices::from_annotation(pod.annotation(DEVICE_ALLOCATED)),
             resource_status: pod.annotation(RESOURCE_STATUS).map(str::to_owned),
+            cpus: PodCpus::from_pod(pod),
         })
     }
 
@@ -102,6 +109,43 @@ impl Serialize for PodDevices {
             PodDevices::None => s.serialize_none(),
             PodDevices::Allocated(a) => s.serialize_str(&a.to_annotation()),
             PodDevices::Malformed(e) => s.serialize_str(&format!("malformed: {e}")),
+        }
+    }
+}
+
+/// What a pod's `scheduling.koordinator.sh/resource-status` says it holds.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub enum PodCpus {
+    /// No annotation, or one that binds nothing.
+    #[default]
+    None,
+    /// Boxed: most pods hold no cpuset, and records are kept for every pod.
+    Allocated(Box<CpuAllocation>),
+    /// Unparseable: the node takes no cpuset pods until it is fixed or the pod goes.
+    Malformed(String),
+}
+
+impl PodCpus {
+    pub fn from_pod(pod: &Pod) -> Self {
+        let Some(v) = pod.annotation(RESOURCE_STATUS) else {
+            return PodCpus::None;
+        };
+        match ResourceStatus::parse(v) {
+            Ok(s) if s.is_empty() => PodCpus::None,
+            Ok(s) => {
+                // The exclusivity a cpuset was allocated with lives in the pod's resource-spec;
+                // an unparseable spec only loses the exclusivity, never the CPUs held.
+                let exclusive = pod
+                    .annotation(RESOURCE_SPEC)
+                    .and_then(|s| parse_resource_spec(s).ok())
+                    .map_or(CpuExclusivePolicy::None, |s| s.exclusive);
+                PodCpus::Allocated(Box::new(CpuAllocation {
+                    cpuset: s.cpuset,
+                    numa: s.numa,
+                    exclusive,
+                }))
+            }
+            Err(e) => PodCpus::Malformed(e.to_string()),
         }
     }
 }

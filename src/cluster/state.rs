@@ -10,8 +10,10 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use serde::Serialize;
 
+use super::assumed::{AssumedPod, Assumptions};
+use super::cpus::{CpuLedger, NodeCpuLabels, NrtCpuInfo, RecordedCpus};
 use super::devices::{DeviceLedger, EntryState, NodeDevices, RecordedAllocation};
-use super::pod::{PodDevices, PodRecord};
+use super::pod::{PodCpus, PodDevices, PodRecord};
 use crate::model::ids::PodUid;
 use crate::model::node::Node;
 use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
@@ -47,6 +49,9 @@ pub struct TopologyRecord {
     /// `node.koordinator.sh/*` and `kubelet.koordinator.sh/*` annotations.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub koordinator_annotations: BTreeMap<String, String>,
+    /// The CPU/NUMA reading of the above, parsed once per NRT change.
+    #[serde(skip)]
+    pub cpu: Arc<NrtCpuInfo>,
 }
 
 impl TopologyRecord {
@@ -61,7 +66,14 @@ impl TopologyRecord {
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let cpu = Arc::new(NrtCpuInfo::parse(
+            &nrt.zones,
+            &nrt.topology_policies,
+            &nrt.attributes,
+            &koordinator_annotations,
+        ));
         TopologyRecord {
+            cpu,
             zones: nrt.zones.clone(),
             policies: nrt.topology_policies.clone(),
             attributes: nrt.attributes.clone(),
@@ -79,9 +91,17 @@ pub struct NodeState {
     /// Device totals (from the Device object) and who holds what (by pod UID).
     #[serde(skip)]
     pub devices: DeviceLedger,
+    /// CPU topology (from the NRT and labels) and who holds which CPUs (by pod UID).
+    #[serde(skip)]
+    pub cpus: CpuLedger,
     /// Assigned, non-terminal pods on this node, by UID. The records are shared with the pod
     /// sync's store (one copy per pod).
     pub pods: BTreeMap<PodUid, Arc<PodRecord>>,
+    /// Set (under this lock, while the map's write lock is held) when the entry is removed
+    /// from the map. A writer that looked the entry up before that and locked it after must
+    /// not write here: its write would be lost with the entry. See [`ClusterState::gc`].
+    #[serde(skip)]
+    dead: bool,
 }
 
 impl NodeState {
@@ -93,8 +113,59 @@ impl NodeState {
                 "devices".into(),
                 serde_json::to_value(self.devices.debug_view(now)).unwrap_or_default(),
             );
+            map.insert(
+                "cpus".into(),
+                serde_json::to_value(self.cpus.debug_view()).unwrap_or_default(),
+            );
         }
         v
+    }
+
+    /// Assumed entries (device or CPU) older than `ttl`: one pod UID, one lifecycle, whichever
+    /// ledgers it holds something in.
+    pub fn assumed_older_than(
+        &self,
+        now: std::time::Instant,
+        ttl: std::time::Duration,
+    ) -> Vec<(PodUid, std::time::Instant)> {
+        let mut out = self.devices.assumed_older_than(now, ttl);
+        for c in self.cpus.assumed_older_than(now, ttl) {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// The state of `uid`'s entry, whichever ledger holds it (both share one `at`).
+    pub fn entry_state(&self, uid: &PodUid) -> Option<EntryState> {
+        self.devices
+            .get(uid)
+            .map(|e| e.state)
+            .or_else(|| self.cpus.get(uid).map(|e| e.state))
+    }
+
+    /// Removes `uid`'s entries in every ledger, only if they are still the ones assumed at `at`.
+    pub fn remove_if_assumed_at(&mut self, uid: &PodUid, at: std::time::Instant) -> bool {
+        let d = self.devices.remove_if_assumed_at(uid, at);
+        let c = self.cpus.remove_if_assumed_at(uid, at);
+        d || c
+    }
+
+    /// Drops `uid`'s assumed entries in every ledger (a failed bind); committed ones stay.
+    pub fn remove_assumed(&mut self, uid: &PodUid) {
+        if matches!(
+            self.devices.get(uid).map(|e| e.state),
+            Some(EntryState::Assumed { .. })
+        ) {
+            self.devices.remove(uid);
+        }
+        if matches!(
+            self.cpus.get(uid).map(|e| e.state),
+            Some(EntryState::Assumed { .. })
+        ) {
+            self.cpus.remove(uid);
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -102,6 +173,7 @@ impl NodeState {
             && self.topology.is_none()
             && self.devices.devices().is_none()
             && self.devices.is_empty()
+            && self.cpus.is_empty()
             && self.pods.is_empty()
     }
 }
@@ -126,6 +198,12 @@ impl NodeEntry {
 pub struct ClusterState {
     /// Looked up once per pod event: a fast (randomly seeded) hasher, not SipHash.
     nodes: RwLock<HashMap<Arc<str>, Arc<NodeEntry>, ahash::RandomState>>,
+    /// Binds in flight and the pods behind assumed ledger entries (bind writes them, the pod
+    /// sync's relists and the binder's probes release them).
+    assumptions: Assumptions,
+    /// Nodes whose CPU config changes anything for a plain pod (forced bind policy or a NUMA
+    /// policy): while zero, pods without a cpuset wish or NUMA policy skip CPU placement.
+    cpu_constraining_nodes: std::sync::atomic::AtomicUsize,
 }
 
 impl ClusterState {
@@ -154,6 +232,81 @@ impl ClusterState {
             .clone()
     }
 
+    pub fn assumptions(&self) -> &Assumptions {
+        &self.assumptions
+    }
+
+    /// Removes `uid`'s assumed entries on `node` if they are still the ones assumed at `at`
+    /// (not committed by the watch, not re-assumed by a later bind), and forgets the record.
+    /// True when a ledger entry was removed. Both ledgers (devices and CPUs) are released
+    /// here, keyed by the same `at`: one bind, one lifecycle.
+    pub fn release_assumed(&self, node: &str, uid: &PodUid, at: std::time::Instant) -> bool {
+        let removed = self
+            .with_existing_node(node, |s| s.remove_if_assumed_at(uid, at))
+            .unwrap_or(false);
+        self.assumptions.forget(uid, at);
+        if removed {
+            self.gc(node);
+        }
+        removed
+    }
+
+    /// Every assumed ledger entry: `(node, pod uid, assumed at)`.
+    pub fn assumed_entries(&self) -> Vec<(Arc<str>, PodUid, std::time::Instant)> {
+        let entries: Vec<_> = self.nodes.read().values().cloned().collect();
+        let mut out = Vec::new();
+        for entry in entries {
+            let state = entry.read();
+            out.extend(
+                state
+                    .assumed_older_than(std::time::Instant::now(), std::time::Duration::ZERO)
+                    .into_iter()
+                    .map(|(uid, at)| (entry.name.clone(), uid, at)),
+            );
+        }
+        out
+    }
+
+    /// At a relist's `InitDone`: releases the assumed entries whose bind finished before the
+    /// relist's `Init` (`mark`) and whose pod the list does not hold on that node. `listed`
+    /// answers, for a pod UID, whether the list holds it and on which node it holds
+    /// resources. The safety argument is in [`super::assumed`]. Returns how many ledger
+    /// entries were released.
+    pub fn release_absent_at_relist(
+        &self,
+        mark: u64,
+        listed: impl Fn(&PodUid) -> Option<Option<Arc<str>>>,
+    ) -> usize {
+        let mut released = 0;
+        for (uid, pod) in self.assumptions.relist_candidates(mark) {
+            let here = matches!(listed(&uid), Some(Some(node)) if node == pod.node);
+            if here {
+                continue;
+            }
+            if self.release_assumed(&pod.node, &uid, pod.at) {
+                tracing::info!(node = %pod.node, pod = %format!("{}/{}", pod.namespace, pod.name), pod_uid = %uid, "relist: released an assumed allocation whose pod is gone");
+                released += 1;
+            }
+        }
+        released
+    }
+
+    /// Forgets assumption records whose ledger entry was committed, rolled back or replaced.
+    pub fn prune_assumptions(&self) {
+        let settled: Vec<(PodUid, AssumedPod)> = self
+            .assumptions
+            .snapshot()
+            .into_iter()
+            .filter(|(uid, p)| {
+                let state = self.node(&p.node).and_then(|e| e.read().entry_state(uid));
+                !matches!(state, Some(EntryState::Assumed { at }) if at == p.at)
+            })
+            .collect();
+        for (uid, p) in settled {
+            self.assumptions.forget(&uid, p.at);
+        }
+    }
+
     pub fn node_names(&self) -> Vec<Arc<str>> {
         let mut names: Vec<_> = self.nodes.read().keys().cloned().collect();
         names.sort();
@@ -165,18 +318,36 @@ impl ClusterState {
     }
 
     /// Drops a node entry once nothing refers to it any more.
+    ///
+    /// Writers look an entry up and lock it in two steps, so one may hold the `Arc` of an
+    /// entry this removes (issue 9 §1.3). The entry is therefore marked dead under its own
+    /// write lock, taken while the map's write lock is held: a writer that then locks it sees
+    /// `dead` and looks the name up again ([`Self::with_node`]). Lock order: map, then entry;
+    /// nothing takes the map lock while holding an entry lock.
     fn gc(&self, name: &str) {
         let mut nodes = self.nodes.write();
-        if let Some(entry) = nodes.get(name)
-            && entry.read().is_empty()
-        {
-            nodes.remove(name);
+        if let Some(entry) = nodes.get(name) {
+            let mut state = entry.write();
+            if state.is_empty() {
+                state.dead = true;
+                drop(state);
+                nodes.remove(name);
+            }
         }
     }
 
     pub fn set_node(&self, name: &str, node: Option<NodeRecord>) {
         let removed = node.is_none();
-        self.with_node(name, |s| s.node = node);
+        self.with_node(name, |s| {
+            let before = s.cpus.constrains_plain_pods();
+            s.cpus.set_labels(
+                node.as_ref()
+                    .map(|n| NodeCpuLabels::from_labels(&n.labels))
+                    .unwrap_or_default(),
+            );
+            s.node = node;
+            self.count_constraining(before, s.cpus.constrains_plain_pods());
+        });
         if removed {
             self.gc(name);
         }
@@ -184,10 +355,35 @@ impl ClusterState {
 
     pub fn set_topology(&self, name: &str, topology: Option<TopologyRecord>) {
         let removed = topology.is_none();
-        self.with_node(name, |s| s.topology = topology);
+        self.with_node(name, |s| {
+            let before = s.cpus.constrains_plain_pods();
+            s.cpus.set_nrt(topology.as_ref().map(|t| t.cpu.clone()));
+            s.topology = topology;
+            self.count_constraining(before, s.cpus.constrains_plain_pods());
+        });
         if removed {
             self.gc(name);
         }
+    }
+
+    /// Called under the node's lock, so transitions of one node are counted in order.
+    fn count_constraining(&self, before: bool, after: bool) {
+        use std::sync::atomic::Ordering;
+        match (before, after) {
+            (false, true) => {
+                self.cpu_constraining_nodes.fetch_add(1, Ordering::SeqCst);
+            }
+            (true, false) => {
+                self.cpu_constraining_nodes.fetch_sub(1, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+    }
+
+    /// How many nodes force a bind policy or have a NUMA policy (see `cpu_constraining_nodes`).
+    pub fn cpu_constraining_nodes(&self) -> usize {
+        self.cpu_constraining_nodes
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Sets a node's devices from its Device object; `None` when the object is deleted, which
@@ -222,10 +418,33 @@ impl ClusterState {
         out
     }
 
+    /// Runs `f` under the write lock of `name`'s entry, creating it if needed; never on an
+    /// entry [`Self::gc`] has removed (it retries with the live one).
     fn with_node<R>(&self, name: &str, f: impl FnOnce(&mut NodeState) -> R) -> R {
-        let entry = self.node_or_create(name);
-        let mut state = entry.write();
-        f(&mut state)
+        loop {
+            let entry = self.node_or_create(name);
+            let mut state = entry.write();
+            if !state.dead {
+                return f(&mut state);
+            }
+        }
+    }
+
+    /// Runs `f` under the write lock of `name`'s entry if there is one; `None` (and no entry
+    /// created) otherwise. Bind uses this: a bind naming a node nothing else knows must not
+    /// leave an empty entry behind that no event would ever collect.
+    pub fn with_existing_node<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut NodeState) -> R,
+    ) -> Option<R> {
+        loop {
+            let entry = self.node(name)?;
+            let mut state = entry.write();
+            if !state.dead {
+                return Some(f(&mut state));
+            }
+        }
     }
 
     /// Applies a pod add or update. `old` is the record the pod sync recorded for this key,
@@ -267,6 +486,27 @@ impl ClusterState {
                         );
                     }
                 }
+                match &new.cpus {
+                    PodCpus::None => {
+                        s.cpus.remove(&new.uid);
+                    }
+                    PodCpus::Allocated(a) => {
+                        s.cpus.record(
+                            new.uid.clone(),
+                            RecordedCpus::Allocated((**a).clone()),
+                            EntryState::Committed,
+                        );
+                    }
+                    PodCpus::Malformed(reason) => {
+                        s.cpus.record(
+                            new.uid.clone(),
+                            RecordedCpus::Malformed {
+                                reason: reason.clone(),
+                            },
+                            EntryState::Committed,
+                        );
+                    }
+                }
             });
         }
     }
@@ -274,12 +514,142 @@ impl ClusterState {
     /// Undoes exactly what was recorded for `old`.
     pub fn remove_pod(&self, old: &PodRecord) {
         if let Some(node) = old.holding_node() {
-            if let Some(entry) = self.node(node) {
-                let mut s = entry.write();
+            self.with_existing_node(node, |s| {
                 s.pods.remove(&old.uid);
                 s.devices.remove(&old.uid);
-            }
+                s.cpus.remove(&old.uid);
+            });
             self.gc(node);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::pod::PodDevices;
+    use crate::model::device::{
+        Device, DeviceAllocation, DeviceAllocations, DeviceInfo, DeviceSpec, DeviceType, GPU_CORE,
+        GPU_MEMORY_RATIO,
+    };
+    use crate::model::ids::ObjectKey;
+
+    fn devices() -> NodeDevices {
+        let device = Device {
+            metadata: Default::default(),
+            spec: DeviceSpec {
+                devices: vec![DeviceInfo {
+                    device_type: DeviceType::Gpu,
+                    labels: None,
+                    id: Some("GPU-0".into()),
+                    minor: Some(0),
+                    module_id: None,
+                    health: true,
+                    resources: Some(BTreeMap::from([
+                        (GPU_CORE.to_string(), "100".to_string()),
+                        (GPU_MEMORY_RATIO.to_string(), "100".to_string()),
+                    ])),
+                    topology: None,
+                    vf_groups: vec![],
+                }],
+            },
+        };
+        NodeDevices::from_device(&device).0
+    }
+
+    fn pod(i: usize) -> PodRecord {
+        let alloc = DeviceAllocations(BTreeMap::from([(
+            DeviceType::Gpu,
+            vec![DeviceAllocation {
+                minor: 0,
+                resources: BTreeMap::from([(
+                    GPU_MEMORY_RATIO.to_string(),
+                    crate::model::quantity::Quantity::from_milli(1000),
+                )]),
+                id: String::new(),
+                extension: None,
+            }],
+        )]));
+        PodRecord {
+            uid: PodUid::new(format!("uid-{i}")),
+            key: ObjectKey::namespaced("ns", &format!("p{i}")),
+            node: Some(Arc::from("n")),
+            phase: Some("Running".into()),
+            requests: Default::default(),
+            devices: PodDevices::Allocated(alloc),
+            resource_status: None,
+            cpus: Default::default(),
+        }
+    }
+
+    /// Issue 9 §1.3: writers racing the node-entry GC must never land in an entry that is no
+    /// longer in the map. Each round starts with no entry for the node; one thread owns its
+    /// Device object (adds it, then deletes it, which collects the entry), the others each own
+    /// one pod (add, remove, add: every remove may collect the entry too), all concurrently on
+    /// the same node name. After each round the cache must equal a sequential replay of each
+    /// owner's final object: no Device, every pod counted.
+    #[test]
+    fn gc_never_loses_a_concurrent_write() {
+        const PODS: usize = 3;
+        const ROUNDS: usize = 20_000;
+        let cluster = Arc::new(ClusterState::new());
+        let start = Arc::new(std::sync::Barrier::new(PODS + 2));
+        let end = Arc::new(std::sync::Barrier::new(PODS + 2));
+        let mut handles = Vec::new();
+        {
+            let (c, s, e) = (cluster.clone(), start.clone(), end.clone());
+            handles.push(std::thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    s.wait();
+                    c.set_devices("n", Some(devices()));
+                    c.set_devices("n", None);
+                    e.wait();
+                }
+            }));
+        }
+        for i in 0..PODS {
+            let (c, s, e) = (cluster.clone(), start.clone(), end.clone());
+            handles.push(std::thread::spawn(move || {
+                let p = pod(i);
+                for _ in 0..ROUNDS {
+                    s.wait();
+                    c.upsert_pod(None, &p);
+                    c.remove_pod(&p);
+                    c.upsert_pod(None, &p);
+                    e.wait();
+                }
+            }));
+        }
+        let replay = ClusterState::new();
+        for i in 0..PODS {
+            replay.upsert_pod(None, &pod(i));
+        }
+        let want = replay.snapshot();
+        let mut lost = 0;
+        for round in 0..ROUNDS {
+            start.wait();
+            end.wait();
+            if cluster.snapshot() != want {
+                lost += 1;
+                if lost == 1 {
+                    eprintln!("round {round}: {:?}", cluster.snapshot());
+                }
+            }
+            for i in 0..PODS {
+                cluster.remove_pod(&pod(i));
+            }
+            assert_eq!(
+                cluster.node_count(),
+                0,
+                "round {round}: entry not collected"
+            );
+        }
+        for h in handles {
+            h.join().expect("worker panicked");
+        }
+        assert_eq!(
+            lost, 0,
+            "{lost} of {ROUNDS} rounds lost a write to a collected entry"
+        );
     }
 }

@@ -1,5 +1,10 @@
-//! The HTTP surface: the axum router, its middleware (body limit, timeout, concurrency limit,
-//! per-request metrics and logs), the extender verbs and the probes.
+//! The HTTP surface: the axum routers, their middleware (body limit, timeout, concurrency
+//! limit, per-request metrics and logs), the extender verbs, the probes, and the verb
+//! listener's TLS ([`tls`]).
+//!
+//! Two routers: [`verb_router`] (the verbs and `/debug`, the listener kube-scheduler calls, TLS
+//! and client certificates when configured) and [`probe_router`] (`/healthz`, `/readyz`,
+//! `/metrics`, plain HTTP, for kubelet and Prometheus). [`router`] is both on one listener.
 //!
 //! Handlers parse and answer; scheduling decisions live in [`verbs`] (reads only) and
 //! [`crate::bind`] (the one place that commits). Nothing here talks to the API server directly.
@@ -7,6 +12,7 @@
 pub mod handlers;
 pub mod input;
 pub mod probes;
+pub mod tls;
 pub mod verbs;
 pub mod wire;
 
@@ -66,30 +72,53 @@ pub fn normalize_prefix(prefix: &str) -> String {
     }
 }
 
+/// The verbs (under the prefix) and `/debug`: what only the scheduler may call.
+pub fn verb_router(state: AppState, config: &HttpConfig) -> Router {
+    let verbs = verbs(config, &state.metrics);
+    with_fallbacks(verbs).with_state(state)
+}
+
+/// `/healthz`, `/readyz` and `/metrics`: for kubelet and Prometheus, never the verbs.
+pub fn probe_router(state: AppState) -> Router {
+    with_fallbacks(probes()).with_state(state)
+}
+
+/// Verbs, `/debug` and probes on one listener (when no `--probe-address` is given).
 pub fn router(state: AppState, config: &HttpConfig) -> Router {
+    let verbs = verbs(config, &state.metrics);
+    with_fallbacks(probes().merge(verbs)).with_state(state)
+}
+
+fn probes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::readyz))
+        .route("/metrics", get(probes::metrics))
+}
+
+fn verbs(config: &HttpConfig, metrics: &Metrics) -> Router<AppState> {
     let prefix = normalize_prefix(&config.path_prefix);
-    let verbs = Router::new()
+    Router::new()
         .route(&format!("{prefix}/filter"), post(handlers::filter))
         .route(&format!("{prefix}/prioritize"), post(handlers::prioritize))
         .route(&format!("{prefix}/bind"), post(handlers::bind))
         .route(&format!("{prefix}/preempt"), post(handlers::preempt))
+        .route("/debug/nodes", get(probes::debug_nodes))
         .route("/debug/nodes/{name}", get(probes::debug_node))
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
             config.max_concurrency.max(1),
         ))
         .layer(middleware::from_fn_with_state(
-            (config.request_timeout, state.metrics.clone()),
+            (config.request_timeout, metrics.clone()),
             timeout,
-        ));
-    Router::new()
-        .route("/healthz", get(probes::healthz))
-        .route("/readyz", get(probes::readyz))
-        .route("/metrics", get(probes::metrics))
-        .merge(verbs)
-        // After the merge: it applies to the routes registered so far.
+        ))
+}
+
+fn with_fallbacks(router: Router<AppState>) -> Router<AppState> {
+    // After the merges: it applies to the routes registered so far.
+    router
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
-        .with_state(state)
 }
 
 /// Answers a JSON 503 when a request outlives `--request-timeout` (also while queued behind

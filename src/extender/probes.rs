@@ -1,6 +1,6 @@
-//! `/healthz`, `/readyz`, `/metrics` and `/debug/nodes/{name}`.
+//! `/healthz`, `/readyz`, `/metrics`, `/debug/nodes` and `/debug/nodes/{name}`.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
@@ -46,6 +46,33 @@ pub async fn debug_node(State(state): State<AppState>, Path(name): Path<String>)
             axum::Json(
                 serde_json::json!({ "error": format!("node {name:?} is not in the cache") }),
             ),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct NodesQuery {
+    /// Comma-separated node names; all nodes when absent.
+    nodes: Option<String>,
+}
+
+/// The operator view (`inspect`'s JSON, docs/inspect.md) of every node, or of `?nodes=a,b`;
+/// 404 naming the nodes the caches do not hold.
+pub async fn debug_nodes(State(state): State<AppState>, Query(q): Query<NodesQuery>) -> Response {
+    let names: Vec<String> = q
+        .nodes
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    match crate::ops::inspect::select(&state.cluster, &names) {
+        Ok(view) => axum::Json(view).into_response(),
+        Err(e) => (
+            StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({ "error": e.to_string() })),
         )
             .into_response(),
     }

@@ -8,6 +8,12 @@
 //!   yet arrived) and nothing is allocatable until it returns (resolvable: koordlet recreates
 //!   it), while what its pods hold stays counted;
 //! - when the Device CRD is not served at all, device filtering is off.
+//!
+//! CPU/NUMA placement (`crate::fit`) runs for pods that ask for a cpuset or a NUMA policy, and
+//! for any pod with a CPU request on a node that forces a bind policy or has a NUMA policy;
+//! when the NodeResourceTopology CRD is not served it is off. Prioritize combines the two raw
+//! 0–100 scores (device score, CPU/NUMA score) as their mean when the pod asks for both (the
+//! CPU score only when the pod itself asks for CPU placement), then scales the best node to 10.
 
 use std::collections::BTreeMap;
 
@@ -17,6 +23,7 @@ use super::wire::{
     HostPriority, MetaPod, MetaVictims, NodeList,
 };
 use crate::cluster::NodeState;
+use crate::fit::{self, PodNeeds};
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
 use crate::placement::device::allocate::FitError;
@@ -32,6 +39,54 @@ pub fn device_request(state: &AppState, pod: &Pod) -> Result<Option<PodDeviceReq
         return Ok(None);
     }
     pod_device_request(pod)
+}
+
+/// Everything the pod asks of a node; `Err` when its request is invalid everywhere.
+pub fn pod_needs(state: &AppState, pod: &Pod) -> Result<PodNeeds, String> {
+    let cpu = fit::cpu_needs(
+        pod,
+        state.readiness.is_enabled(Kind::NodeResourceTopologies),
+        &state.scoring,
+    )?
+    // A plain pod (no cpuset wish, no NUMA policy) needs CPU placement only on nodes that
+    // constrain plain pods; with none in the cluster it stays pass-through.
+    .filter(|c| {
+        c.cpuset.is_some()
+            || c.numa_policy != crate::placement::cpu::NumaPolicy::None
+            || state.cluster.cpu_constraining_nodes() > 0
+    });
+    Ok(PodNeeds {
+        devices: device_request(state, pod)?,
+        cpu,
+    })
+}
+
+/// Does the pod fit this node (CPU/NUMA and devices), with `ignore`'s allocations released?
+/// Without victims the cached summaries answer where they can (same result as the full
+/// decision, held equal by property tests); device alignment and victims take the full path.
+pub fn node_fit(
+    state: &AppState,
+    node: Option<&NodeState>,
+    needs: &PodNeeds,
+    fast: Option<&FastRequest>,
+    ignore: &[PodUid],
+) -> Result<(), FitError> {
+    if let Some(req) = &needs.cpu {
+        let verdict = if ignore.is_empty() {
+            fit::cpu_fast_check(node, req, needs.devices.is_some(), &state.scoring)
+        } else {
+            None
+        };
+        match verdict {
+            Some(Err(e)) => return Err(e),
+            Some(Ok(())) => {}
+            None => return fit::decide(node, needs, ignore, &state.scoring).map(|_| ()),
+        }
+    }
+    match &needs.devices {
+        Some(req) => device_fit(state, node, req, fast, ignore),
+        None => Ok(()),
+    }
 }
 
 /// Does the pod's device request fit this node, with `ignore`'s allocations released?
@@ -60,6 +115,8 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
     };
     let mut failed = BTreeMap::new();
     let mut unresolvable = BTreeMap::new();
+    // For the filter metrics: what this request found.
+    let mut result = "pass_through";
     // Names mode: move the names into the answer instead of copying them.
     let nodes_mode = args.nodes_mode();
     let candidates: Vec<String> = match args.node_names.take() {
@@ -70,23 +127,27 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
             .map(str::to_owned)
             .collect(),
     };
-    let passing: Vec<String> = match device_request(state, &pod) {
-        // No device needs: pass through untouched and cheaply.
-        Ok(None) => candidates,
+    let passing: Vec<String> = match pod_needs(state, &pod) {
+        // No device or CPU needs: pass through untouched and cheaply.
+        Ok(needs) if needs.is_none() => candidates,
         Err(reason) => {
+            result = "invalid_request";
             for name in candidates {
                 unresolvable.insert(name, reason.clone());
             }
             Vec::new()
         }
-        Ok(Some(req)) => {
-            let fast = FastRequest::new(&req, &state.scoring);
+        Ok(needs) => {
+            let fast = needs
+                .devices
+                .as_ref()
+                .and_then(|req| FastRequest::new(req, &state.scoring));
             let verdicts: Vec<_> = candidates
                 .iter()
                 .map(|name| {
                     let entry = state.cluster.node(name);
                     let guard = entry.as_ref().map(|e| e.read());
-                    device_fit(state, guard.as_deref(), &req, fast.as_ref(), &[])
+                    node_fit(state, guard.as_deref(), &needs, fast.as_ref(), &[])
                 })
                 .collect();
             let mut passing = Vec::with_capacity(candidates.len());
@@ -101,9 +162,15 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
                     }
                 }
             }
+            result = if passing.is_empty() {
+                "fits_nowhere"
+            } else {
+                "fits"
+            };
             passing
         }
     };
+    record_filter(state, result, &failed, &unresolvable);
     if nodes_mode {
         let nodes = args.nodes.unwrap_or_default();
         let passing: std::collections::HashSet<&str> = passing.iter().map(String::as_str).collect();
@@ -133,12 +200,50 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
     }
 }
 
+/// Counts the filter's result and its rejections by reason class: one tally per request, then
+/// one counter update per class (not one label lookup per rejected node).
+fn record_filter(
+    state: &AppState,
+    result: &str,
+    failed: &BTreeMap<String, String>,
+    unresolvable: &BTreeMap<String, String>,
+) {
+    use crate::metrics::{FILTER_REASONS, filter_reason_class};
+    state
+        .metrics
+        .filter_results
+        .with_label_values(&[result])
+        .inc();
+    let mut tally = [0u64; FILTER_REASONS.len()];
+    for reason in failed.values().chain(unresolvable.values()) {
+        // An invalid request rejects every node with the request's own error text.
+        let class = if result == "invalid_request" {
+            "invalid_request"
+        } else {
+            filter_reason_class(reason)
+        };
+        if let Some(i) = FILTER_REASONS.iter().position(|c| *c == class) {
+            tally[i] += 1;
+        }
+    }
+    for (class, n) in FILTER_REASONS.iter().zip(tally) {
+        if n > 0 {
+            state
+                .metrics
+                .filter_rejected_nodes
+                .with_label_values(&[class])
+                .inc_by(n);
+        }
+    }
+}
+
 /// Prioritize: one integer score 0..=10 per candidate node, best node 10.
 pub fn prioritize(state: &AppState, args: &ExtenderArgs) -> Vec<HostPriority> {
     let names = args.candidate_names();
-    let req = match args.pod.as_ref().map(|p| device_request(state, p)) {
-        Some(Ok(Some(req))) => req,
-        // No device needs (or an invalid request, which filter already rejected): no opinion.
+    let needs = match args.pod.as_ref().map(|p| pod_needs(state, p)) {
+        Some(Ok(needs)) if needs.devices.is_some() || needs.wants_cpu_placement() => needs,
+        // No device or CPU placement needs (or an invalid request, which filter already
+        // rejected): no opinion.
         _ => {
             return names
                 .into_iter()
@@ -149,15 +254,29 @@ pub fn prioritize(state: &AppState, args: &ExtenderArgs) -> Vec<HostPriority> {
                 .collect();
         }
     };
-    let fast = FastRequest::new(&req, &state.scoring);
+    let fast = needs
+        .devices
+        .as_ref()
+        .and_then(|req| FastRequest::new(req, &state.scoring));
+    let cpu_req = needs.cpu.as_ref().filter(|_| needs.wants_cpu_placement());
     let raw: Vec<i64> = names
         .iter()
         .map(|name| match state.cluster.node(name) {
             Some(entry) => {
                 let node = entry.read();
-                fast.as_ref()
-                    .and_then(|fr| fast::score(&node.devices, fr))
-                    .unwrap_or_else(|| score_node(&node.devices, &req, &state.scoring))
+                let device = needs.devices.as_ref().map(|req| {
+                    fast.as_ref()
+                        .and_then(|fr| fast::score(&node.devices, fr))
+                        .unwrap_or_else(|| score_node(&node.devices, req, &state.scoring))
+                });
+                let cpu = cpu_req.and_then(|req| {
+                    fit::cpu_score(Some(&node), req, needs.devices.as_ref(), &state.scoring)
+                });
+                match (device, cpu) {
+                    (Some(d), Some(c)) => (d + c) / 2,
+                    (Some(s), None) | (None, Some(s)) => s,
+                    (None, None) => 0,
+                }
             }
             None => 0,
         })
@@ -197,9 +316,9 @@ pub fn preempt(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderPreemp
     }
     // kube-scheduler rejects a node with no victims; never return one.
     candidates.retain(|_, v| v.pods.as_ref().is_some_and(|p| !p.is_empty()));
-    let req = match args.pod.as_ref().map(|p| device_request(state, p)) {
-        Some(Ok(Some(req))) => req,
-        Some(Ok(None)) => {
+    let needs = match args.pod.as_ref().map(|p| pod_needs(state, p)) {
+        Some(Ok(needs)) if !needs.is_none() => needs,
+        Some(Ok(_)) => {
             return ExtenderPreemptionResult {
                 node_name_to_meta_victims: Some(candidates),
             };
@@ -220,7 +339,7 @@ pub fn preempt(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderPreemp
             .collect();
         let entry = state.cluster.node(node);
         let guard = entry.as_ref().map(|e| e.read());
-        device_fit(state, guard.as_deref(), &req, None, &ignore).is_ok()
+        node_fit(state, guard.as_deref(), &needs, None, &ignore).is_ok()
     });
     ExtenderPreemptionResult {
         node_name_to_meta_victims: Some(candidates),

@@ -41,6 +41,7 @@ macro_rules! static_resource {
 pub mod cpuset;
 pub mod device;
 pub mod ids;
+pub mod koord_cpu;
 pub mod node;
 pub mod nrt;
 pub mod pod;

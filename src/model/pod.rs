@@ -47,6 +47,9 @@ pub struct PodSpec {
         deserialize_with = "lenient::resource_list"
     )]
     pub overhead: Option<ResourceList>,
+    /// Pod priority; koordinator's priority class falls back to its range (CPU binding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -111,6 +114,9 @@ impl Pod {
     }
     pub fn node_name(&self) -> Option<&str> {
         self.spec.node_name.as_deref().filter(|n| !n.is_empty())
+    }
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key).map(String::as_str)
     }
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata

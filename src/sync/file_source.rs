@@ -51,37 +51,9 @@ impl ClusterFile {
     }
 
     pub fn parse(text: &str, path: &str) -> Result<Self, ClusterFileError> {
-        let docs: Vec<Value> = match serde_json::from_str::<Value>(text) {
-            Ok(v) => vec![v],
-            Err(_) => serde_saphyr::from_multiple::<Value>(text).map_err(|e| {
-                ClusterFileError::Syntax {
-                    path: path.to_string(),
-                    message: e.to_string(),
-                }
-            })?,
-        };
         let mut out = ClusterFile::default();
-        let mut index = 0usize;
-        for doc in docs {
-            if doc.is_null() {
-                continue;
-            }
-            let items = if doc
-                .get("kind")
-                .and_then(Value::as_str)
-                .is_some_and(|k| k.ends_with("List"))
-            {
-                doc.get("items")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default()
-            } else {
-                vec![doc]
-            };
-            for item in items {
-                index += 1;
-                out.push(item, index, path)?;
-            }
+        for (i, item) in documents(text, path)?.into_iter().enumerate() {
+            out.push(item, i + 1, path)?;
         }
         Ok(out)
     }
@@ -137,6 +109,42 @@ impl ClusterFile {
             Kind::NodeResourceTopologies => self.topologies.len(),
         }
     }
+}
+
+/// The objects of a cluster file in file order, `kind: List` items flattened and empty
+/// documents dropped: what [`ClusterFile::parse`] reads, left untyped (the `simulate` tool
+/// writes them back with only the placed pods changed).
+pub fn documents(text: &str, path: &str) -> Result<Vec<Value>, ClusterFileError> {
+    let docs: Vec<Value> = match serde_json::from_str::<Value>(text) {
+        Ok(v) => vec![v],
+        Err(_) => {
+            serde_saphyr::from_multiple::<Value>(text).map_err(|e| ClusterFileError::Syntax {
+                path: path.to_string(),
+                message: e.to_string(),
+            })?
+        }
+    };
+    let mut out = Vec::new();
+    for doc in docs {
+        if doc.is_null() {
+            continue;
+        }
+        if doc
+            .get("kind")
+            .and_then(Value::as_str)
+            .is_some_and(|k| k.ends_with("List"))
+        {
+            out.extend(
+                doc.get("items")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+        } else {
+            out.push(doc);
+        }
+    }
+    Ok(out)
 }
 
 /// Cluster files give objects no identity fields; a real API server always would. Fill in

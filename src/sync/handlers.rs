@@ -1,14 +1,17 @@
 //! Per-kind handlers: decode an API object into its compact record and apply it to the caches.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::kind::Kind;
 use super::store::{Decoded, Handler, Invalid};
 use crate::cluster::devices::NodeDevices;
-use crate::cluster::pod::PodDevices;
+use crate::cluster::pod::{PodCpus, PodDevices};
 use crate::cluster::{ClusterState, NodeRecord, PodRecord, TopologyRecord};
 use crate::metrics::Metrics;
 use crate::model::device::Device;
+use crate::model::ids::PodUid;
 use crate::model::node::Node;
 use crate::model::nrt::NodeResourceTopology;
 use crate::model::pod::Pod;
@@ -67,11 +70,18 @@ impl Handler for NodeHandler {
 pub struct PodHandler {
     cluster: Arc<ClusterState>,
     metrics: Metrics,
+    /// The current relist's mark ([`crate::cluster::assumed::Assumptions::relist_mark`]),
+    /// 0 when no relist is open.
+    relist_mark: AtomicU64,
 }
 
 impl PodHandler {
     pub fn new(cluster: Arc<ClusterState>, metrics: Metrics) -> Self {
-        PodHandler { cluster, metrics }
+        PodHandler {
+            cluster,
+            metrics,
+            relist_mark: AtomicU64::new(0),
+        }
     }
 }
 
@@ -91,6 +101,13 @@ impl Handler for PodHandler {
                 .with_label_values(&["device-allocated"])
                 .inc();
         }
+        if let PodCpus::Malformed(reason) = &record.cpus {
+            tracing::warn!(pod = %record.key, node = ?record.node, reason, "malformed resource-status annotation: the node takes no cpuset pods until it is fixed or the pod goes");
+            self.metrics
+                .malformed_annotations
+                .with_label_values(&["resource-status"])
+                .inc();
+        }
         Ok(Decoded {
             key: record.key.shared(),
             uid: record.uid.shared(),
@@ -104,9 +121,48 @@ impl Handler for PodHandler {
     fn remove(&self, _key: &str, old: &Arc<PodRecord>) {
         self.cluster.remove_pod(old);
     }
+    fn relist_started(&self) {
+        // Taken when Init arrives, before the watcher requests the list (issue 11; the
+        // argument is in `cluster::assumed`). A restarted relist takes a new mark.
+        self.relist_mark
+            .store(self.cluster.assumptions().relist_mark(), Ordering::SeqCst);
+    }
+    fn relist_done(&self, listed: &mut dyn Iterator<Item = &Arc<PodRecord>>) {
+        let mark = self.relist_mark.swap(0, Ordering::SeqCst);
+        if mark == 0
+            || self
+                .cluster
+                .assumptions()
+                .relist_candidates(mark)
+                .is_empty()
+        {
+            return;
+        }
+        let listed: HashMap<PodUid, Option<Arc<str>>> = listed
+            .map(|r| (r.uid.clone(), r.holding_node().cloned()))
+            .collect();
+        let released = self
+            .cluster
+            .release_absent_at_relist(mark, |uid| listed.get(uid).cloned());
+        if released > 0 {
+            self.metrics
+                .assumed_released
+                .with_label_values(&["relist"])
+                .inc_by(released as u64);
+        }
+    }
 }
 
-pub struct TopologyHandler(pub Arc<ClusterState>);
+pub struct TopologyHandler {
+    cluster: Arc<ClusterState>,
+    metrics: Metrics,
+}
+
+impl TopologyHandler {
+    pub fn new(cluster: Arc<ClusterState>, metrics: Metrics) -> Self {
+        TopologyHandler { cluster, metrics }
+    }
+}
 
 impl Handler for TopologyHandler {
     type Object = NodeResourceTopology;
@@ -114,13 +170,23 @@ impl Handler for TopologyHandler {
     const KIND: Kind = Kind::NodeResourceTopologies;
 
     fn decode(&self, nrt: &NodeResourceTopology) -> Result<Decoded<TopologyRecord>, Invalid> {
-        decoded(&nrt.metadata, |_| TopologyRecord::from_nrt(nrt))
+        decoded(&nrt.metadata, |name| {
+            let record = TopologyRecord::from_nrt(nrt);
+            for p in &record.cpu.problems {
+                tracing::warn!(node = %name, annotation = %p.annotation, problem = p.problem, message = %p.message, "unusable NodeResourceTopology CPU data: the node takes no cpuset pods");
+                self.metrics
+                    .nrt_problems
+                    .with_label_values(&[p.annotation.as_str(), p.problem])
+                    .inc();
+            }
+            record
+        })
     }
     fn apply(&self, key: &str, _old: Option<&TopologyRecord>, new: &TopologyRecord) {
-        self.0.set_topology(key, Some(new.clone()));
+        self.cluster.set_topology(key, Some(new.clone()));
     }
     fn remove(&self, key: &str, _old: &TopologyRecord) {
-        self.0.set_topology(key, None);
+        self.cluster.set_topology(key, None);
     }
 }
 

@@ -63,7 +63,8 @@ pub async fn discover(
     }
 }
 
-async fn try_discover(
+/// One discovery round, no retry (`inspect --kubeconfig` fails fast instead).
+pub async fn try_discover(
     client: &Client,
     insisted: &BTreeSet<Kind>,
 ) -> Result<Discovered, kube::Error> {
@@ -141,28 +142,62 @@ fn convert<K>(event: watcher::Event<K>) -> SyncEvent<K> {
     }
 }
 
-/// Runs one kind's watcher into its sync until shutdown.
+/// How long a watcher runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchMode {
+    /// The service: list, then watch until shutdown, retrying errors with backoff.
+    Follow,
+    /// One-shot tools (`inspect --kubeconfig`): the same list through the same sync, stopping
+    /// at the first `InitDone`, before any watch is opened; the first error ends it.
+    ListOnce,
+}
+
+/// Runs one kind's watcher into its sync until shutdown (or, with [`WatchMode::ListOnce`],
+/// until its first list is applied). Only `ListOnce` returns an error.
 pub async fn run_watcher<H>(
     mut sync: KindSync<H>,
     api: Api<H::Object>,
     config: watcher::Config,
+    mode: WatchMode,
     shutdown: CancellationToken,
-) where
+) -> Result<(), String>
+where
     H: Handler,
     H::Object: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     <H::Object as Resource>::DynamicType: Clone + Default + Eq + std::hash::Hash + Send + Sync,
 {
     let readiness = sync.readiness().clone();
-    let stream = watcher(api, config).default_backoff();
-    let mut stream = std::pin::pin!(stream);
+    let start = || {
+        let stream = watcher(api.clone(), config.clone());
+        match mode {
+            WatchMode::Follow => stream.default_backoff().boxed(),
+            WatchMode::ListOnce => stream.boxed(),
+        }
+    };
+    let mut stream = start();
     loop {
         let item = tokio::select! {
             _ = shutdown.cancelled() => break,
+            _ = readiness.restart_requested(H::KIND) => {
+                // A fresh watcher begins with a full list: the relist the fence waits for.
+                tracing::info!(kind = %H::KIND, "restarting the watch with a fresh list");
+                stream = start();
+                continue;
+            }
             item = stream.next() => item,
         };
         match item {
-            Some(Ok(event)) => sync.handle(convert(event)),
+            Some(Ok(event)) => {
+                let done = matches!(event, watcher::Event::InitDone);
+                sync.handle(convert(event));
+                if done && mode == WatchMode::ListOnce {
+                    break;
+                }
+            }
             Some(Err(error)) => {
+                if mode == WatchMode::ListOnce {
+                    return Err(format!("listing {}: {error}", H::KIND));
+                }
                 tracing::warn!(kind = %H::KIND, %error, "watch error; retrying with backoff");
                 readiness.on_error(H::KIND, error.to_string());
             }
@@ -170,4 +205,5 @@ pub async fn run_watcher<H>(
         }
     }
     tracing::debug!(kind = %H::KIND, "watcher stopped");
+    Ok(())
 }

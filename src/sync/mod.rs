@@ -24,6 +24,7 @@ use crate::cluster::ClusterState;
 use crate::metrics::Metrics;
 use file_source::{ClusterFile, fill_identity};
 use handlers::{DeviceHandler, NodeHandler, PodHandler, TopologyHandler};
+use kube_source::WatchMode;
 use store::KindSync;
 
 /// The kinds declared at startup: all four, with the optional ones awaiting discovery.
@@ -65,6 +66,37 @@ pub async fn run_kube(
     let Some(discovered) = kube_source::discover(&client, &insisted, &shutdown).await else {
         return;
     };
+    let _ = run_kinds(&ctx, &client, &discovered, WatchMode::Follow, shutdown).await;
+}
+
+/// One list of each kind through the very same watchers, sync and handlers as the service,
+/// stopping once every kind's list is applied (no watch): what `inspect --kubeconfig` shows is
+/// what a service bootstrapping now would hold. Fails on the first API error.
+pub async fn list_kube_once(
+    ctx: &SyncContext,
+    client: &Client,
+    insisted: &BTreeSet<Kind>,
+) -> Result<(), String> {
+    let discovered = kube_source::try_discover(client, insisted)
+        .await
+        .map_err(|e| format!("API discovery failed: {e}"))?;
+    run_kinds(
+        ctx,
+        client,
+        &discovered,
+        WatchMode::ListOnce,
+        CancellationToken::new(),
+    )
+    .await
+}
+
+async fn run_kinds(
+    ctx: &SyncContext,
+    client: &Client,
+    discovered: &kube_source::Discovered,
+    mode: WatchMode,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
     for (kind, requirement) in &discovered.requirements {
         ctx.readiness.set_requirement(*kind, requirement.clone());
     }
@@ -74,12 +106,16 @@ pub async fn run_kube(
         ctx.sync(NodeHandler(ctx.cluster.clone())),
         Api::all(client.clone()),
         watcher::Config::default(),
+        mode,
         shutdown.clone(),
     ));
     tasks.spawn(kube_source::run_watcher(
         ctx.sync(PodHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
         Api::all(client.clone()),
+        // Keep the default ListWatch strategy and MostRecent (consistent) lists: releasing
+        // assumed entries at InitDone relies on both (see `cluster::assumed`).
         watcher::Config::default().fields(kube_source::ASSIGNED_POD_SELECTOR),
+        mode,
         shutdown.clone(),
     ));
     if enabled(Kind::Devices) {
@@ -87,18 +123,30 @@ pub async fn run_kube(
             ctx.sync(DeviceHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
             Api::all(client.clone()),
             watcher::Config::default(),
+            mode,
             shutdown.clone(),
         ));
     }
     if enabled(Kind::NodeResourceTopologies) {
         tasks.spawn(kube_source::run_watcher(
-            ctx.sync(TopologyHandler(ctx.cluster.clone())),
+            ctx.sync(TopologyHandler::new(
+                ctx.cluster.clone(),
+                ctx.metrics.clone(),
+            )),
             Api::all_with(client.clone(), &discovered.nrt_version),
             watcher::Config::default(),
+            mode,
             shutdown.clone(),
         ));
     }
-    while tasks.join_next().await.is_some() {}
+    while let Some(result) = tasks.join_next().await {
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(join) => return Err(format!("sync task failed: {join}")),
+        }
+    }
+    Ok(())
 }
 
 /// Replays a cluster file through the same sync path. Every kind is required offline: the
@@ -145,7 +193,13 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
     let devices = device_handler.decode_values(devices);
     replay(ctx.sync(NodeHandler(ctx.cluster.clone())), nodes);
     replay(ctx.sync(device_handler), devices);
-    replay(ctx.sync(TopologyHandler(ctx.cluster.clone())), topologies);
+    replay(
+        ctx.sync(TopologyHandler::new(
+            ctx.cluster.clone(),
+            ctx.metrics.clone(),
+        )),
+        topologies,
+    );
     replay(
         ctx.sync(PodHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
         assigned,

@@ -49,6 +49,10 @@ struct KindState {
     first_error_unhealthy: Option<Instant>,
     last_error: Option<Instant>,
     last_error_message: Option<String>,
+    /// The pod fence (see [`Readiness::pods_current`]): how many times it was raised, and the
+    /// raise count seen when the latest (re)list began.
+    fence_raised: u64,
+    relist_epoch: u64,
 }
 
 /// Why `/readyz` is or is not 200, as JSON.
@@ -97,6 +101,12 @@ pub struct Readiness {
     listing: [ListingCounter; Kind::ALL.len()],
     shutting_down: AtomicBool,
     leader: AtomicBool,
+    /// True while the pod cache may be missing binds that other writers completed: after this
+    /// replica became leader, or after a pod watch error, until a relist that began afterwards
+    /// has been applied. Binds refuse to decide meanwhile.
+    pods_fenced: AtomicBool,
+    /// Per kind (by `Kind::index`): asks that kind's watcher to start over with a fresh list.
+    restart: [tokio::sync::Notify; Kind::ALL.len()],
     max_staleness: Option<Duration>,
     started: Instant,
     bootstrap_recorded: AtomicBool,
@@ -136,6 +146,8 @@ impl Readiness {
                         first_error_unhealthy: None,
                         last_error: None,
                         last_error_message: None,
+                        fence_raised: 0,
+                        relist_epoch: 0,
                     },
                 )
             })
@@ -145,6 +157,8 @@ impl Readiness {
             listing: Default::default(),
             shutting_down: AtomicBool::new(false),
             leader: AtomicBool::new(true),
+            pods_fenced: AtomicBool::new(false),
+            restart: Default::default(),
             max_staleness,
             started: Instant::now(),
             bootstrap_recorded: AtomicBool::new(false),
@@ -192,6 +206,7 @@ impl Readiness {
         let mut kinds = self.kinds.lock();
         if let Some(k) = kinds.get_mut(&kind) {
             k.relists += 1;
+            k.relist_epoch = k.fence_raised;
             self.counter(kind).listing.store(0, Ordering::Relaxed);
             if k.phase == Phase::Pending {
                 k.phase = Phase::Listing;
@@ -230,6 +245,14 @@ impl Readiness {
                 self.counter(kind).listing.store(0, Ordering::Relaxed);
                 k.cached = cached;
                 self.healthy(kind, k);
+                if kind == Kind::Pods
+                    && k.relist_epoch == k.fence_raised
+                    && self.pods_fenced.swap(false, Ordering::SeqCst)
+                {
+                    tracing::info!(
+                        "pod cache current again: a relist begun after the fence was applied"
+                    );
+                }
             }
         }
         self.metrics
@@ -265,6 +288,9 @@ impl Readiness {
             self.counter(kind).unhealthy.store(true, Ordering::Relaxed);
             k.last_error = Some(now);
             k.last_error_message = Some(message);
+            if kind == Kind::Pods {
+                self.raise_pod_fence(k, "watch_error");
+            }
         }
         self.metrics
             .watch_errors
@@ -276,8 +302,44 @@ impl Readiness {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
 
+    /// Becoming leader raises the pod fence: the previous leader's last binds may not have
+    /// reached this replica's pod watch yet.
     pub fn set_leader(&self, leader: bool) {
-        self.leader.store(leader, Ordering::SeqCst);
+        let was = self.leader.swap(leader, Ordering::SeqCst);
+        if leader && !was {
+            let mut kinds = self.kinds.lock();
+            if let Some(k) = kinds.get_mut(&Kind::Pods) {
+                self.raise_pod_fence(k, "became_leader");
+            }
+        }
+    }
+
+    /// Raises the pod fence and, unless the first list has not begun yet (it will begin after
+    /// the raise anyway), asks the pod watcher to relist. The caller holds the kinds lock, which
+    /// orders this against `on_init` recording the epoch its list began in.
+    fn raise_pod_fence(&self, k: &mut KindState, why: &'static str) {
+        k.fence_raised += 1;
+        self.pods_fenced.store(true, Ordering::SeqCst);
+        self.metrics.pod_fences.with_label_values(&[why]).inc();
+        if k.phase != Phase::Pending {
+            tracing::info!(
+                reason = why,
+                "pod cache fenced: binds wait for a fresh pod relist"
+            );
+            self.restart[Kind::Pods.index()].notify_one();
+        }
+    }
+
+    /// Whether the pod cache holds every bind completed before the last fence: binds decide
+    /// only then. A failover or a pod watch gap could otherwise hide another writer's pods
+    /// from this replica and let it hand out what they hold.
+    pub fn pods_current(&self) -> bool {
+        !self.pods_fenced.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when `kind`'s watcher should drop its stream and start over with a list.
+    pub async fn restart_requested(&self, kind: Kind) {
+        self.restart[kind.index()].notified().await
     }
 
     pub fn is_leader(&self) -> bool {
@@ -510,6 +572,53 @@ mod tests {
         assert!(!r.is_ready());
         r.set_leader(true);
         assert!(r.is_ready());
+    }
+
+    #[test]
+    fn pod_fence_holds_until_a_relist_begun_after_it_is_applied() {
+        let r = readiness(&[]);
+        assert!(r.pods_current(), "no fence before anything happened");
+        r.set_leader(false);
+        // Becoming leader before the first list began: that list clears the fence.
+        r.set_leader(true);
+        assert!(!r.pods_current());
+        r.on_init(Kind::Pods);
+        r.on_init_done(Kind::Pods, 0, 0);
+        assert!(r.pods_current(), "the first list began after the fence");
+
+        // A pod watch error during steady state: an earlier list does not count.
+        r.on_init(Kind::Pods);
+        r.on_error(Kind::Pods, "watch dropped".into());
+        r.on_init_done(Kind::Pods, 0, 0);
+        assert!(!r.pods_current(), "that relist began before the error");
+        r.on_init(Kind::Pods);
+        r.on_init_done(Kind::Pods, 0, 0);
+        assert!(r.pods_current());
+
+        // Errors of other kinds do not fence binds; staying leader does not either.
+        r.on_error(Kind::Nodes, "x".into());
+        r.set_leader(true);
+        assert!(r.pods_current());
+        // Losing and regaining leadership does.
+        r.set_leader(false);
+        r.set_leader(true);
+        assert!(!r.pods_current());
+    }
+
+    #[tokio::test]
+    async fn a_fence_after_the_first_list_asks_the_pod_watcher_to_relist() {
+        let r = readiness(&[]);
+        r.on_init(Kind::Pods);
+        r.on_init_done(Kind::Pods, 0, 0);
+        r.on_error(Kind::Pods, "gone".into());
+        // The request is kept until the watcher asks (Notify stores one permit); a hang here
+        // means no restart was requested.
+        tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            r.restart_requested(Kind::Pods),
+        )
+        .await
+        .expect("a relist was requested");
     }
 
     #[test]

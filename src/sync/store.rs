@@ -66,6 +66,10 @@ pub trait Handler: Send + 'static {
     fn decode(&self, object: &Self::Object) -> Result<Decoded<Self::Record>, Invalid>;
     fn apply(&self, key: &str, old: Option<&Self::Record>, new: &Self::Record);
     fn remove(&self, key: &str, old: &Self::Record);
+    /// A (re)list's `Init` arrived; the list itself is requested only after this returns.
+    fn relist_started(&self) {}
+    /// The (re)list's `InitDone` was applied; `listed` is every record the list held.
+    fn relist_done(&self, _listed: &mut dyn Iterator<Item = &Self::Record>) {}
 }
 
 /// `dne_events_applied_total{kind, event}` for one kind, looked up once instead of per object.
@@ -155,6 +159,7 @@ impl<H: Handler> KindSync<H> {
                     Default::default(),
                 ));
                 self.readiness.on_init(H::KIND);
+                self.handler.relist_started();
             }
             SyncEvent::InitApply(object) => {
                 let Some(decoded) = self.decode(&object) else {
@@ -171,9 +176,21 @@ impl<H: Handler> KindSync<H> {
                 }
             }
             SyncEvent::InitDone => {
-                let buffer = self.buffer.take().unwrap_or_default();
+                // Without a buffer there was no Init: diffing "nothing listed" would delete
+                // every object of the kind. kube's watcher never does this; a source bug must
+                // not wipe the cache.
+                let Some(buffer) = self.buffer.take() else {
+                    tracing::error!(kind = %H::KIND, "InitDone without Init: ignored");
+                    self.metrics
+                        .sync_protocol_errors
+                        .with_label_values(&[H::KIND.as_str(), "init_done_without_init"])
+                        .inc();
+                    return;
+                };
                 let replayed = buffer.len() as u64;
                 self.diff(buffer);
+                self.handler
+                    .relist_done(&mut self.recorded.values().map(|r| &r.record));
                 self.metrics
                     .cached_objects
                     .with_label_values(&[H::KIND.as_str()])
@@ -421,6 +438,33 @@ mod tests {
         assert_eq!(state(&h), BTreeMap::from([("a".into(), 1)]));
         s.handle(SyncEvent::Delete(("a", "u1", "2", 1)));
         assert!(state(&h).is_empty());
+    }
+
+    /// Issue 9 §1.5: an `InitDone` with no `Init` before it must not diff "nothing listed"
+    /// against the cache (which deleted every object of the kind).
+    #[test]
+    fn init_done_without_init_is_ignored_and_counted() {
+        let metrics = Metrics::new();
+        let readiness = Readiness::new(BTreeMap::new(), None, metrics.clone());
+        let h = Sum::default();
+        let mut s = KindSync::new(h.clone(), readiness, metrics.clone());
+        s.handle(SyncEvent::Init);
+        s.handle(SyncEvent::InitApply(("a", "u1", "1", 1)));
+        s.handle(SyncEvent::InitDone);
+        s.handle(SyncEvent::Apply(("b", "u2", "1", 2)));
+        s.handle(SyncEvent::InitDone);
+        assert_eq!(
+            state(&h),
+            BTreeMap::from([("a".into(), 1), ("b".into(), 2)])
+        );
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            metrics
+                .sync_protocol_errors
+                .with_label_values(&["nodes", "init_done_without_init"])
+                .get(),
+            1
+        );
     }
 
     #[test]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import helm_python as helm
 import kubernetes_validate
@@ -155,6 +157,8 @@ def bound_rules(objects, sa: str) -> tuple[set, set]:
 
 CASES = {
     "default": None,
+    "grafana-dashboard": {"grafanaDashboard": {"enabled": True, "labels": {"team": "gpu"},
+                                               "annotations": {"grafana_folder": "GPU"}}},
     "scheduler-no-follow": {"extender": {"followSchedulerLease": False}},
     "scheduler-ha": {"replicas": 2},
     "scheduler-route-all-pods": {"extenderConfig": {"routeAllPods": True}},
@@ -187,7 +191,38 @@ CASES = {
     "standalone-servicemonitor": {"mode": "standalone", "serviceMonitor": {"enabled": True}},
     "standalone-prefix": {"mode": "standalone", "extender": {"pathPrefix": "/gpu/v1"}},
     "no-pdb": {"podDisruptionBudget": {"enabled": False}},
+    "scheduler-tls-secrets": {"tls": {"secretName": "dne-serving", "clientSecretName": "dne-client"},
+                              "extender": {"port": 9443, "probePort": 9090, "pathPrefix": "/dne"}},
+    "scheduler-tls-cert-manager": {"tls": {"certManager": {"enabled": True, "issuerRef": {
+        "name": "cluster-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
+    "standalone-tls": {"mode": "standalone", "tls": {"secretName": "dne-serving"}},
+    "standalone-tls-cert-manager": {"mode": "standalone", "replicas": 2, "tls": {"certManager": {
+        "enabled": True, "issuerRef": {"name": "ca", "kind": "Issuer", "group": "cert-manager.io"},
+        "extraDnsNames": ["dne.example.internal"]}}},
+    "standalone-tls-no-client-verify": {"mode": "standalone", "tls": {"secretName": "dne-serving",
+                                                                      "verifyClients": False}},
+    "standalone-tls-off": {"mode": "standalone", "tls": {"enabled": False, "secretName": "dne-serving"}},
+    "standalone-netpol-custom": {"mode": "standalone", "networkPolicy": {
+        "verbsFrom": [{"ipBlock": {"cidr": "10.0.0.0/24"}},
+                      {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sched"}},
+                       "podSelector": {"matchLabels": {"app": "my-scheduler"}}}],
+        "probesFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
+    "standalone-no-netpol": {"mode": "standalone", "networkPolicy": {"enabled": False}},
 }
+
+
+def expects_tls(values) -> bool:
+    t = (values or {}).get("tls", {})
+    source = bool(t.get("secretName")) or t.get("certManager", {}).get("enabled", False)
+    return source if t.get("enabled") is None else t["enabled"]
+
+
+def is_standalone(values) -> bool:
+    return (values or {}).get("mode", "scheduler") == "standalone"
+
+
+# CRD-typed kinds: no schema in kubernetes-validate's built-in set; checked structurally.
+CRD_KINDS = {"monitoring.coreos.com/": "ServiceMonitor", "cert-manager.io/": "Certificate"}
 
 
 def expects_own_le(values) -> bool:
@@ -209,16 +244,17 @@ def test_renders_and_validates_against_k8s_1_33(chart, case):
     assert objects
     skipped = []
     for o in objects:
-        if o["apiVersion"].startswith("monitoring.coreos.com/"):
-            # CRD-typed: no schema in kubernetes-validate's built-in set. Checked structurally below.
+        if any(o["apiVersion"].startswith(g) and o["kind"] == k for g, k in CRD_KINDS.items()):
             skipped.append(o["kind"])
             continue
         kubernetes_validate.validate(o, K8S_VERSION, strict=True)
         assert o["metadata"]["name"]
         if o["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert o["metadata"].get("namespace"), f"{o['kind']} without namespace"
-    sm_enabled = (CASES[case] or {}).get("serviceMonitor", {}).get("enabled", False)
-    assert skipped == (["ServiceMonitor"] if sm_enabled else [])
+    values = CASES[case] or {}
+    sm_enabled = values.get("serviceMonitor", {}).get("enabled", False)
+    cm_enabled = expects_tls(values) and values.get("tls", {}).get("certManager", {}).get("enabled", False)
+    assert sorted(skipped) == sorted(["ServiceMonitor"] * sm_enabled + ["Certificate"] * (2 * cm_enabled))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -296,11 +332,16 @@ def test_rbac_create_false_and_existing_service_account(chart):
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
 
 
-def check_extenders_stanza(extenders: list[dict], *, port: int, prefix: str, host: str) -> dict:
+TLS_CONFIG_FIELDS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData"}
+
+
+def check_extenders_stanza(extenders: list[dict], *, port: int, prefix: str, host: str,
+                           tls: bool = False) -> dict:
     assert isinstance(extenders, list) and len(extenders) == 1
     ext = extenders[0]
     assert set(ext) <= EXTENDER_FIELDS, f"unknown extender fields {set(ext) - EXTENDER_FIELDS}"
-    assert ext["urlPrefix"] == f"http://{host}:{port}{prefix}"
+    scheme = "https" if tls else "http"
+    assert ext["urlPrefix"] == f"{scheme}://{host}:{port}{prefix}"
     assert "?" not in ext["urlPrefix"] and not ext["urlPrefix"].endswith("/")
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"], ext["preemptVerb"]) == \
         ("filter", "prioritize", "bind", "preempt")
@@ -311,7 +352,14 @@ def check_extenders_stanza(extenders: list[dict], *, port: int, prefix: str, hos
     assert ext["weight"] * 10 > 1200
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
-    assert ext["enableHTTPS"] is False and "tlsConfig" not in ext
+    assert ext["enableHTTPS"] is tls
+    if tls:
+        tc = ext["tlsConfig"]
+        assert set(tc) <= TLS_CONFIG_FIELDS, set(tc) - TLS_CONFIG_FIELDS
+        assert tc.get("insecure", False) is False, "the scheduler must verify the extender"
+        assert {"certFile", "keyFile", "caFile"} <= set(tc), "client cert + CA for the server"
+    else:
+        assert "tlsConfig" not in ext
     assert duration_seconds(ext["httpTimeout"]) > 0
     names = []
     for mr in ext.get("managedResources", []):
@@ -354,7 +402,8 @@ def test_scheduler_config(chart, case):
     assert profile["percentageOfNodesToScore"] == 100
     ext_values = values.get("extender", {})
     ext = check_extenders_stanza(cfg["extenders"], port=ext_values.get("port", 8888),
-                                 prefix=ext_values.get("pathPrefix", ""), host="127.0.0.1")
+                                 prefix=ext_values.get("pathPrefix", ""), host="127.0.0.1",
+                                 tls=expects_tls(values))
     # Server gives up before the client, so the scheduler gets a readable Error, not a timeout.
     req_timeout = next(a for a in containers(objects)["extender"]["args"] if a.startswith("--request-timeout="))
     assert duration_seconds(ext["httpTimeout"]) > duration_seconds(req_timeout.split("=", 1)[1])
@@ -387,11 +436,11 @@ def test_standalone_notes_print_matching_extenders_stanza(chart, case):
     assert not [o for o in objects if o["kind"] == "ConfigMap"]
     assert set(containers(objects)) == {"extender"}
     svc = one(objects, "Service", R.RELEASE)
-    assert svc["spec"]["ports"][0]["port"] == 8888
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"verbs": 8888, "metrics": 8889}
     ext_values = values.get("extender", {})
     check_extenders_stanza(notes_extenders(chart, values), port=8888,
                            prefix=ext_values.get("pathPrefix", ""),
-                           host=f"{R.RELEASE}.{R.NAMESPACE}.svc")
+                           host=f"{R.RELEASE}.{R.NAMESPACE}.svc", tls=expects_tls(values))
 
 
 def test_pod_security_and_probes(chart):
@@ -420,7 +469,8 @@ def test_pod_security_and_probes(chart):
         pdb = one(objects, "PodDisruptionBudget")
         assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
         ann = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
-        assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8888"
+        # Metrics are on the probe port, never on the verb port.
+        assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8889"
 
 
 def test_service_monitor(chart):
@@ -431,9 +481,33 @@ def test_service_monitor(chart):
         assert sm["metadata"]["labels"]["release"] == "prom"
         svc = one(objects, "Service", svc_name)
         assert all(svc["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
-        assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+        ports = {p["name"]: p for p in svc["spec"]["ports"]}
+        assert sm["spec"]["endpoints"][0]["port"] == "metrics" and ports["metrics"]["port"] == 8889
         assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
     assert not [o for o in objs(chart) if o["kind"] in ("ServiceMonitor", "Service")]
+
+
+GRAFANA_JSON = R.ROOT / "deploy" / "grafana" / "device-numa-extender.json"
+CHART_GRAFANA_JSON = R.CHART_DIR / "dashboards" / "device-numa-extender.json"
+
+
+def test_grafana_dashboard_configmap(chart):
+    import json
+
+    assert not [o for o in objs(chart) if o["kind"] == "ConfigMap" and "grafana_dashboard" in o["metadata"]["labels"]], \
+        "the dashboard ConfigMap is off by default"
+    # Helm can only read files inside the chart: the chart keeps a copy, which must not drift.
+    assert CHART_GRAFANA_JSON.read_bytes() == GRAFANA_JSON.read_bytes()
+    objects = objs(chart, {"grafanaDashboard": {"enabled": True, "labels": {"team": "gpu"},
+                                                "annotations": {"grafana_folder": "GPU"},
+                                                "namespace": "monitoring"}})
+    cms = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert len(cms) == 1
+    cm = cms[0]
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["team"] == "gpu"
+    assert cm["metadata"]["annotations"]["grafana_folder"] == "GPU"
+    assert json.loads(cm["data"]["device-numa-extender.json"]) == json.loads(GRAFANA_JSON.read_text())
 
 
 def test_options_reach_the_pod(chart):
@@ -485,6 +559,17 @@ BAD_VALUES = [
     {"image": {"pullPolicy": "Sometimes"}},
     {"podDisruptionBudget": {"unhealthyPodEvictionPolicy": "Never"}},
     {"serviceMonitor": {"enabled": "true"}},
+    {"extender": {"probePort": 0}},
+    {"tls": {"enabled": "yes"}},
+    {"tls": {"verifyClients": "true"}},
+    {"tls": {"secretName": "Bad_Name"}},
+    {"tls": {"reloadInterval": "10"}},
+    {"tls": {"certManager": {"issuerRef": {"kind": ""}}}},
+    {"extenderConfig": {"tlsConfig": {"certFile": "tls.crt", "keyFile": "/k", "caFile": "/c"}}},
+    {"networkPolicy": {"verbsFrom": []}},
+    {"networkPolicy": {"probesFrom": []}},
+    {"networkPolicy": {"verbsFrom": [{}]}},
+    {"networkPolicy": {"enabled": "true"}},
 ]
 
 
@@ -532,3 +617,158 @@ def test_existing_scheduler_example_matches_the_standalone_stanza(chart):
         assert p["percentageOfNodesToScore"] == 100
     check_extenders_stanza(doc["extenders"], port=8888, prefix="", host=f"{R.RELEASE}.{R.NAMESPACE}.svc")
     assert doc["extenders"] == notes_extenders(chart, {"mode": "standalone"})
+
+
+# --- who may call bind: the stanza and the server agree ---------------------------------------------
+
+def flag_values(args: list[str]) -> dict[str, str]:
+    out = {}
+    for a in args[1:]:
+        flag, _, value = a.partition("=")
+        out[flag] = value
+    return out
+
+
+def container_port(container: dict, name: str) -> int:
+    (port,) = [p["containerPort"] for p in container.get("ports", []) if p["name"] == name]
+    return port
+
+
+def secret_mount(spec: dict, container: dict, path: str) -> str:
+    """The Secret whose volume is mounted at the directory of `path` in `container`."""
+    directory = posixpath.dirname(path)
+    mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] == directory]
+    assert len(mounts) == 1, f"{path}: no volume mounted at {directory} in {container['name']}"
+    assert mounts[0]["readOnly"] is True
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mounts[0]["name"]]
+    assert "secret" in volume, f"{directory} is not a Secret volume: {volume}"
+    # kubernetes.io/tls Secret keys (plus ca.crt, as cert-manager writes it).
+    assert posixpath.basename(path) in ("tls.crt", "tls.key", "ca.crt"), path
+    return volume["secret"]["secretName"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_stanza_and_server_flags_agree(chart, case):
+    """What kube-scheduler is told (urlPrefix, enableHTTPS, tlsConfig) is what the extender
+    serves (--listen, --path-prefix, --tls-*), and the files on both sides are mounted Secrets."""
+    values = CASES[case] or {}
+    objects = objs(chart, values)
+    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    cs = containers(objects)
+    flags = flag_values(cs["extender"]["args"])
+    if is_standalone(values):
+        ext = notes_extenders(chart, values)[0]
+    else:
+        ext = scheduler_config(objects)["extenders"][0]
+    url = urlsplit(ext["urlPrefix"])
+    listen_host, _, listen_port = flags["--listen"].rpartition(":")
+    assert int(listen_port) == url.port
+    assert flags.get("--path-prefix", "") == url.path
+    probe_host, _, probe_port = flags["--probe-address"].rpartition(":")
+    assert probe_port != listen_port, "probes and metrics on their own port"
+    if is_standalone(values):
+        assert listen_host == "0.0.0.0"
+        assert url.hostname == f"{R.RELEASE}.{R.NAMESPACE}.svc"
+        svc_ports = {p["name"]: p for p in one(objects, "Service", R.RELEASE)["spec"]["ports"]}
+        assert svc_ports["verbs"]["port"] == url.port
+        assert container_port(cs["extender"], svc_ports["verbs"]["targetPort"]) == int(listen_port)
+    else:
+        # Sidecar: the verbs (and bind) are reachable from inside the pod only.
+        assert listen_host == "127.0.0.1" == url.hostname
+        assert "verbs" not in {p["name"] for p in cs["extender"].get("ports", [])}
+    # kubelet probes and Prometheus use the probe port.
+    metrics_port = container_port(cs["extender"], "metrics")
+    assert metrics_port == int(probe_port)
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert cs["extender"][probe]["httpGet"]["port"] == "metrics"
+        assert "scheme" not in cs["extender"][probe]["httpGet"], "probes are plain HTTP"
+
+    tls = expects_tls(values)
+    assert ext["enableHTTPS"] is tls and (url.scheme == "https") is tls
+    assert ("--tls-cert-file" in flags) is tls and ("--tls-key-file" in flags) is tls
+    if not tls:
+        assert not [f for f in flags if f.startswith("--tls-")]
+        return
+    verify = values.get("tls", {}).get("verifyClients", True)
+    assert ("--tls-client-ca-file" in flags) is verify
+    server_secrets = {secret_mount(spec, cs["extender"], flags[f])
+                      for f in ("--tls-cert-file", "--tls-key-file", "--tls-client-ca-file") if f in flags}
+    assert len(server_secrets) == 1
+    tls_values = values.get("tls", {})
+    assert server_secrets == {tls_values.get("secretName") or f"{R.RELEASE}-tls"}
+    tc = ext["tlsConfig"]
+    if is_standalone(values):
+        assert tc == {"certFile": "/etc/kubernetes/device-numa-extender/client/tls.crt",
+                      "keyFile": "/etc/kubernetes/device-numa-extender/client/tls.key",
+                      "caFile": "/etc/kubernetes/device-numa-extender/client/ca.crt"}
+    else:
+        # The kube-scheduler container has the client certificate exactly where tlsConfig says.
+        client_secrets = {secret_mount(spec, cs["kube-scheduler"], tc[k]) for k in ("certFile", "keyFile", "caFile")}
+        assert client_secrets == {tls_values.get("clientSecretName") or f"{R.RELEASE}-client-tls"}
+        assert posixpath.basename(tc["certFile"]) == "tls.crt" and posixpath.basename(tc["keyFile"]) == "tls.key"
+    if tls_values.get("certManager", {}).get("enabled"):
+        certs = {c["metadata"]["name"]: c for c in objects if c["kind"] == "Certificate"}
+        serving, client = certs[f"{R.RELEASE}-tls"], certs[f"{R.RELEASE}-client-tls"]
+        assert serving["spec"]["secretName"] == next(iter(server_secrets))
+        assert "server auth" in serving["spec"]["usages"] and "client auth" in client["spec"]["usages"]
+        # The urlPrefix host is in the serving certificate.
+        if url.hostname == "127.0.0.1":
+            assert "127.0.0.1" in serving["spec"]["ipAddresses"]
+        else:
+            assert url.hostname in serving["spec"]["dnsNames"]
+        # One issuer signs both: each side's ca.crt verifies the other.
+        assert serving["spec"]["issuerRef"] == client["spec"]["issuerRef"] == tls_values["certManager"]["issuerRef"]
+        for c in certs.values():
+            assert c["apiVersion"] == "cert-manager.io/v1" and c["spec"]["privateKey"]["rotationPolicy"] == "Always"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_network_policy_admits_verbs_only_from_the_scheduler(chart, case):
+    values = CASES[case] or {}
+    objects = objs(chart, values)
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    if not is_standalone(values) or values.get("networkPolicy", {}).get("enabled") is False:
+        assert policies == []
+        return
+    (np,) = policies
+    kubernetes_validate.validate(np, K8S_VERSION, strict=True)
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = np["spec"]["podSelector"]["matchLabels"]
+    assert selector and all(pod_labels.get(k) == v for k, v in selector.items())
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    flags = flag_values(containers(objects)["extender"]["args"])
+    verb_port = int(flags["--listen"].rpartition(":")[2])
+    probe_port = int(flags["--probe-address"].rpartition(":")[2])
+    rules = np["spec"]["ingress"]
+    # Every rule names its ports and its peers: a rule without either admits everything.
+    for r in rules:
+        assert r.get("ports") and r.get("from"), f"open rule {r}"
+    by_port = {}
+    for r in rules:
+        for p in r["ports"]:
+            by_port.setdefault(p["port"], []).extend(r["from"])
+    assert set(by_port) == {verb_port, probe_port}
+    defaults = yaml.safe_load((R.CHART_DIR / "values.yaml").read_text())["networkPolicy"]
+    want_verbs = values.get("networkPolicy", {}).get("verbsFrom", defaults["verbsFrom"])
+    want_probes = values.get("networkPolicy", {}).get("probesFrom", defaults["probesFrom"])
+    assert by_port[verb_port] == want_verbs
+    assert by_port[probe_port] == want_probes
+    if "verbsFrom" not in values.get("networkPolicy", {}):
+        # Default: kube-scheduler pods in kube-system, not "any pod" and not "any namespace".
+        (peer,) = by_port[verb_port]
+        assert peer["podSelector"]["matchLabels"] == {"component": "kube-scheduler"}
+        assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kube-system"}
+
+
+TEMPLATE_ERRORS = [
+    ({"tls": {"enabled": True}}, "tls.enabled=true needs"),
+    ({"tls": {"secretName": "dne-serving"}}, "needs tls.clientSecretName"),
+    ({"tls": {"certManager": {"enabled": True}}}, "issuerRef.name is required"),
+]
+
+
+@pytest.mark.parametrize("bad,message", TEMPLATE_ERRORS, ids=[m for _, m in TEMPLATE_ERRORS])
+def test_inconsistent_tls_values_fail_the_render(chart, bad, message):
+    with pytest.raises(Exception) as err:
+        R.render(bad, chart=chart)
+    assert message in str(err.value)

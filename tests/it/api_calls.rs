@@ -28,10 +28,46 @@ async fn every_request_of_a_bootstrap_and_bind_is_granted_by_api_calls() {
         .post("/bind", &service::binding_args(&pending, "n1"))
         .await;
     assert_eq!(r["Error"], "", "{r}");
-    // A relist too, so every list/watch path has been exercised after a 410.
-    fake.compact();
+    // A relist too, so every list/watch path has been exercised after a 410, and wait until
+    // every kind has listed again. Watches resuming at the current RV are valid after a
+    // compaction, so: end the streams while re-watching fails, move the RV on, compact past
+    // where every watcher stands; the next re-watch is then a 410 and a relist.
+    let mark = fake.requests().len();
+    for kind in [
+        Kind::Node,
+        Kind::Pod,
+        Kind::Device,
+        Kind::NodeResourceTopology,
+    ] {
+        fake.fail_watch_start(kind, 500, 1);
+    }
     fake.close_watches();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    fake.create(Kind::Node, service::node("n2")).unwrap();
+    fake.compact();
+    let relisted = |group: &str, resource: &str| {
+        fake.requests()[mark..].iter().any(|r| {
+            r.rbac().is_some_and(|r| {
+                (r.group.as_str(), r.resource.as_str(), r.verb.as_str())
+                    == (group, resource, "list")
+            })
+        })
+    };
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let kinds = [
+        ("", "nodes"),
+        ("", "pods"),
+        ("scheduling.koordinator.sh", "devices"),
+        ("topology.node.k8s.io", "noderesourcetopologies"),
+    ];
+    while !kinds.iter().all(|(g, r)| relisted(g, r)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not every kind relisted after the compaction: {:#?}",
+            &fake.requests()[mark..]
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_for_all_watches(&fake, TIMEOUT).await;
     svc.shutdown().await.unwrap();
 
     let granted = |r: &RbacRequest| {

@@ -1,7 +1,10 @@
 //! Leader election / HA: two replicas against one fake API server. Exactly one serves binds,
-//! standbys keep synced caches, failover (graceful, partition, SIGKILL) hands over within the
-//! lease timing, and no GPU is allocated twice across a failover. Follow mode only reads the
-//! scheduler's Lease. Durations are short (lease 2 s, renew deadline 1 s, retry 100 ms).
+//! standbys keep synced caches, failover (graceful, partition, SIGKILL) hands over in the
+//! right order (the old leader stops before the new one starts; a graceful handover goes
+//! through the released Lease, not its expiry), and no GPU is allocated twice across a
+//! failover. Follow mode only reads the scheduler's Lease. Lease timings are short (lease 2 s,
+//! renew deadline 1 s, retry 100 ms) so failovers happen quickly, but no test asserts how
+//! quickly: every wait is a [`HANG_GUARD`] that only stops a hung test.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,20 +17,25 @@ use serde_json::{Value, json};
 use crate::support::service::{self, Faults, Http, Link};
 use crate::support::{FakeApiServer, Kind};
 
-const LEASE: Duration = Duration::from_secs(2);
-const RENEW_DEADLINE: Duration = Duration::from_secs(1);
-const RETRY: Duration = Duration::from_millis(100);
 const GPUS: i32 = 4;
+/// Only stops a hung test; never a bound the code must meet.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+/// Samples taken while checking that two replicas are never ready at once (~20 ms apart).
+const SAMPLES: usize = 100;
 
 fn elect_flags(identity: &str) -> Vec<String> {
+    elect_flags_with(identity, "2s", "1s")
+}
+
+fn elect_flags_with(identity: &str, lease: &str, renew_deadline: &str) -> Vec<String> {
     [
         "--leader-elect",
         "--leader-elect-identity",
         identity,
         "--leader-elect-lease-duration",
-        "2s",
+        lease,
         "--leader-elect-renew-deadline",
-        "1s",
+        renew_deadline,
         "--leader-elect-retry-period",
         "100ms",
     ]
@@ -91,16 +99,6 @@ async fn wait_one_leader(https: &[&Http], timeout: Duration) -> usize {
         assert!(Instant::now() < deadline, "no leader after {timeout:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// How long until `http` answers `/readyz` 200, polling every 10 ms; panics after `limit`.
-async fn time_to_ready(http: &Http, limit: Duration) -> Duration {
-    let start = Instant::now();
-    while !ready(http).await {
-        assert!(start.elapsed() < limit, "standby not ready after {limit:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    start.elapsed()
 }
 
 /// The GPU minors named by every pod's device-allocated annotation, per node.
@@ -188,7 +186,7 @@ async fn exactly_one_replica_is_ready_and_binds_while_standby_stays_synced() {
     let a = service::start(&fake, &as_strs(&elect_flags("a"))).await;
     let b = service::start(&fake, &as_strs(&elect_flags("b"))).await;
     let (ha, hb) = (Http::new(a.addr), Http::new(b.addr));
-    let leader = wait_one_leader(&[&ha, &hb], Duration::from_secs(10)).await;
+    let leader = wait_one_leader(&[&ha, &hb], HANG_GUARD).await;
     let (lh, sh) = if leader == 0 { (&ha, &hb) } else { (&hb, &ha) };
     let holder = fake
         .get(Kind::Lease, "default", "device-numa-extender")
@@ -221,7 +219,7 @@ async fn exactly_one_replica_is_ready_and_binds_while_standby_stays_synced() {
 
     // Both caches see the bind through their watches and agree.
     let (ca, cb) = (a.state.cluster.clone(), b.state.cluster.clone());
-    service::eventually(Duration::from_secs(5), "equal committed snapshots", || {
+    service::eventually(HANG_GUARD, "equal committed snapshots", || {
         let sa = ca.snapshot();
         sa == cb.snapshot() && sa["n1"]["devices"]["entries"]["uid-p0"]["state"] == "committed"
     })
@@ -231,22 +229,21 @@ async fn exactly_one_replica_is_ready_and_binds_while_standby_stays_synced() {
     b.shutdown().await.unwrap();
 }
 
+/// A graceful shutdown releases the Lease and the standby takes it from the release. The
+/// lease lasts an hour, so within the test an expiry cannot explain the takeover: the standby
+/// becoming ready at all shows the handover went through the release.
 #[tokio::test]
-async fn graceful_shutdown_hands_over_well_within_the_lease_duration() {
+async fn graceful_shutdown_hands_over_through_the_released_lease_not_its_expiry() {
     let (fake, pods) = cluster(1);
-    let a = service::start(&fake, &as_strs(&elect_flags("a"))).await;
+    let a = service::start(&fake, &as_strs(&elect_flags_with("a", "1h", "10s"))).await;
     let ha = Http::new(a.addr);
-    ha.wait_ready(Duration::from_secs(10)).await;
-    let b = service::start(&fake, &as_strs(&elect_flags("b"))).await;
+    ha.wait_ready(HANG_GUARD).await;
+    let b = service::start(&fake, &as_strs(&elect_flags_with("b", "1h", "10s"))).await;
     let hb = Http::new(b.addr);
     // b synced but standing by.
-    service::eventually(Duration::from_secs(5), "b synced", || {
-        b.state.readiness.all_synced()
-    })
-    .await;
+    service::eventually(HANG_GUARD, "b synced", || b.state.readiness.all_synced()).await;
     assert!(!ready(&hb).await);
 
-    let start = Instant::now();
     a.shutdown().await.unwrap();
     let lease = fake
         .get(Kind::Lease, "default", "device-numa-extender")
@@ -255,8 +252,11 @@ async fn graceful_shutdown_hands_over_well_within_the_lease_duration() {
         lease["spec"]["holderIdentity"].as_str().unwrap_or("") != "a",
         "lease not released: {lease}"
     );
-    let took = start.elapsed() + time_to_ready(&hb, LEASE * 2).await;
-    assert!(took < LEASE / 2, "handover took {took:?}");
+    hb.wait_ready(HANG_GUARD).await;
+    let lease = fake
+        .get(Kind::Lease, "default", "device-numa-extender")
+        .unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "b", "{lease}");
     let (status, ok) = hb
         .post("/bind", &service::binding_args(&pods[0], "n1"))
         .await;
@@ -266,77 +266,93 @@ async fn graceful_shutdown_hands_over_well_within_the_lease_duration() {
 }
 
 /// The leader's link to the API server hangs (no error, no answer). It must stop serving
-/// within its renew deadline, before the standby may take over at lease expiry.
+/// (at its renew deadline) before the standby takes over (at lease expiry): judged by the
+/// order of observations, each sample reading `a` before `b`, never by how long either took.
 #[tokio::test]
 async fn partitioned_leader_steps_down_before_the_standby_takes_over() {
     let (fake, _pods) = cluster(0);
     let (fa, fb) = (Faults::new(), Faults::new());
     let a = service::start_with(&fake, &fa, &as_strs(&elect_flags("a"))).await;
     let ha = Http::new(a.addr);
-    ha.wait_ready(Duration::from_secs(10)).await;
+    ha.wait_ready(HANG_GUARD).await;
     let b = service::start_with(&fake, &fb, &as_strs(&elect_flags("b"))).await;
     let hb = Http::new(b.addr);
 
     fa.set_link(Link::Hang);
-    let cut = Instant::now();
+    let deadline = Instant::now() + HANG_GUARD;
     let mut a_down = None;
     let mut b_up = None;
-    while cut.elapsed() < LEASE * 3 && (a_down.is_none() || b_up.is_none()) {
-        let (ra, rb) = (ready(&ha).await, ready(&hb).await);
-        assert!(!(ra && rb), "both ready {:?} after the cut", cut.elapsed());
+    let mut sample = 0usize;
+    while a_down.is_none() || b_up.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "hang guard: a stopped at sample {a_down:?}, b started at sample {b_up:?}"
+        );
+        // Sequential on purpose: within a sample, a is observed before b.
+        let ra = ready(&ha).await;
+        let rb = ready(&hb).await;
+        assert!(!(ra && rb), "both ready at sample {sample} after the cut");
         if !ra && a_down.is_none() {
-            a_down = Some(cut.elapsed());
+            a_down = Some(sample);
+        }
+        if ra {
+            assert!(
+                a_down.is_none(),
+                "the partitioned leader came back at sample {sample}"
+            );
         }
         if rb && b_up.is_none() {
-            b_up = Some(cut.elapsed());
+            b_up = Some(sample);
         }
+        sample += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let a_down = a_down.expect("partitioned leader never stopped serving");
-    let b_up = b_up.expect("standby never took over");
+    let (a_down, b_up) = (a_down.unwrap(), b_up.unwrap());
     assert!(
-        a_down <= RENEW_DEADLINE + RETRY * 3,
-        "old leader served for {a_down:?} without renewing"
+        a_down <= b_up,
+        "the new leader was ready (sample {b_up}) before the old one stopped (sample {a_down})"
     );
-    assert!(
-        a_down < b_up,
-        "old leader down at {a_down:?}, new up at {b_up:?}"
-    );
-    assert!(b_up <= LEASE + RETRY * 5, "takeover took {b_up:?}");
     fa.set_link(Link::Up);
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
 
-/// Sampling both `/readyz` every ~20 ms while they contend (start-up, lease write errors, a
-/// graceful handover and a restart): never both ready.
+/// Sampling both `/readyz` (~20 ms apart) while they contend (start-up, lease write errors, a
+/// graceful handover and a restart): never both ready. Each phase takes at least [`SAMPLES`]
+/// samples, and the phases that must end with a leader sample until they saw one.
 #[tokio::test]
 async fn contention_never_makes_both_ready() {
     let (fake, _pods) = cluster(0);
     let a = service::start(&fake, &as_strs(&elect_flags("a"))).await;
     let b = service::start(&fake, &as_strs(&elect_flags("b"))).await;
     let (ha, hb) = (Http::new(a.addr), Http::new(b.addr));
-    let sample = |ha: Http, hb: Http, for_: Duration| async move {
-        let start = Instant::now();
+    let sample = |ha: Http, hb: Http, until_a_leader: bool| async move {
+        let deadline = Instant::now() + HANG_GUARD;
         let mut ready_samples = 0;
-        while start.elapsed() < for_ {
+        let mut taken = 0;
+        while taken < SAMPLES || (until_a_leader && ready_samples == 0) {
+            assert!(
+                Instant::now() < deadline,
+                "hang guard: no leader in {taken} samples"
+            );
             let (ra, rb) = tokio::join!(ready(&ha), ready(&hb));
-            assert!(!(ra && rb), "both ready at {:?}", start.elapsed());
+            assert!(!(ra && rb), "both ready at sample {taken}");
             ready_samples += usize::from(ra || rb);
+            taken += 1;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         ready_samples
     };
-    assert!(sample(ha.clone(), hb.clone(), Duration::from_secs(2)).await > 0);
+    assert!(sample(ha.clone(), hb.clone(), true).await > 0);
     // Lease writes fail for a while: the leader keeps going within its renew deadline or
     // steps down; nobody else may take over meanwhile.
     fake.fail_writes(Kind::Lease, 500, 5);
-    sample(ha.clone(), hb.clone(), Duration::from_secs(2)).await;
+    sample(ha.clone(), hb.clone(), false).await;
     // Hand over and come back: a new `a` contends with the leader `b`.
     a.shutdown().await.unwrap();
     let a = service::start(&fake, &as_strs(&elect_flags("a"))).await;
     let ha = Http::new(a.addr);
-    assert!(sample(ha.clone(), hb.clone(), Duration::from_secs(2)).await > 0);
+    assert!(sample(ha.clone(), hb.clone(), true).await > 0);
     assert_lease_rbac(&fake);
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
@@ -351,19 +367,22 @@ async fn no_double_allocation_across_graceful_failover() {
     let (fa, fb) = (Faults::new(), Faults::new());
     let a = service::start_with(&fake, &fa, &as_strs(&elect_flags("a"))).await;
     let ha = Http::new(a.addr);
-    ha.wait_ready(Duration::from_secs(10)).await;
+    ha.wait_ready(HANG_GUARD).await;
     let b = service::start_with(&fake, &fb, &as_strs(&elect_flags("b"))).await;
     let hb = Http::new(b.addr);
-    service::eventually(Duration::from_secs(5), "b synced", || {
-        b.state.readiness.all_synced()
-    })
-    .await;
+    service::eventually(HANG_GUARD, "b synced", || b.state.readiness.all_synced()).await;
 
-    let stream = |ha: Http, hb: Http, pods: Vec<Value>, for_: Duration| async move {
-        let start = Instant::now();
+    // Sends every pod's bind to both replicas until each pod is bound or cannot be placed.
+    let stream = |ha: Http, hb: Http, pods: Vec<Value>| async move {
+        let deadline = Instant::now() + HANG_GUARD;
         let mut successes = 0usize;
         let mut pending: Vec<Value> = pods;
-        while start.elapsed() < for_ && !pending.is_empty() {
+        while !pending.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "hang guard: {} pods never got a bind answer",
+                pending.len()
+            );
             let pod = pending.remove(0);
             let body = service::binding_args(&pod, "n1");
             let (ra, rb) = tokio::join!(ha.try_post("/bind", &body), hb.try_post("/bind", &body));
@@ -387,13 +406,7 @@ async fn no_double_allocation_across_graceful_failover() {
         }
         successes
     };
-    let first = stream(
-        ha.clone(),
-        hb.clone(),
-        pods[..2].to_vec(),
-        Duration::from_secs(5),
-    )
-    .await;
+    let first = stream(ha.clone(), hb.clone(), pods[..2].to_vec()).await;
     assert_eq!(first, 2);
 
     // a's next bind is slow to write its annotation; a shuts down while it is in flight, and
@@ -405,7 +418,7 @@ async fn no_double_allocation_across_graceful_failover() {
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     let shutdown = tokio::spawn(a.shutdown());
-    let rest = stream(ha.clone(), hb.clone(), pods[3..].to_vec(), LEASE * 4).await;
+    let rest = stream(ha.clone(), hb.clone(), pods[3..].to_vec()).await;
     let slow = slow.await.unwrap();
     shutdown.await.unwrap().unwrap();
 
@@ -468,15 +481,13 @@ async fn follow_mode_tracks_the_scheduler_lease_and_never_writes_it() {
     .unwrap();
     let a = service::start(&fake, &as_strs(&follow_flags("sched-a"))).await;
     let ha = Http::new(a.addr);
-    ha.wait_ready(Duration::from_secs(10)).await;
+    ha.wait_ready(HANG_GUARD).await;
 
     // Another scheduler pod (a prefix of ours is not us) wins: we stop serving.
     set_scheduler_holder(&fake, "sched-ab_5f1c2d3e-0000-4000-8000-000000000002");
-    service::eventually(
-        Duration::from_secs(2),
-        "not ready after the holder moved",
-        || !a.state.readiness.is_leader(),
-    )
+    service::eventually(HANG_GUARD, "not ready after the holder moved", || {
+        !a.state.readiness.is_leader()
+    })
     .await;
     let (status, report) = ha.get("/readyz").await;
     assert_eq!(status, 503);
@@ -484,7 +495,7 @@ async fn follow_mode_tracks_the_scheduler_lease_and_never_writes_it() {
 
     // Back to us.
     set_scheduler_holder(&fake, "sched-a_5f1c2d3e-0000-4000-8000-000000000003");
-    ha.wait_ready(Duration::from_secs(2)).await;
+    ha.wait_ready(HANG_GUARD).await;
 
     let lease_requests: Vec<_> = fake
         .requests()
@@ -517,22 +528,26 @@ async fn follow_mode_stays_not_ready_when_reads_fail_after_losing() {
     let faults = Faults::new();
     let a = service::start_with(&fake, &faults, &as_strs(&follow_flags("sched-a"))).await;
     let ha = Http::new(a.addr);
-    ha.wait_ready(Duration::from_secs(10)).await;
+    ha.wait_ready(HANG_GUARD).await;
     set_scheduler_holder(&fake, "sched-b_2");
-    service::eventually(Duration::from_secs(2), "not leader", || {
-        !a.state.readiness.is_leader()
-    })
-    .await;
+    service::eventually(HANG_GUARD, "not leader", || !a.state.readiness.is_leader()).await;
+    // Counted in failed lease reads, not in time: after each of them, still not the leader.
+    let before = faults.failed_lease_requests();
     faults.set_link(Link::Fail);
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(800) {
+    let deadline = Instant::now() + HANG_GUARD;
+    while faults.failed_lease_requests() < before + 5 {
         assert!(
             !a.state.readiness.is_leader(),
-            "leader again {:?} after losing, on a failed read",
-            start.elapsed()
+            "leader again after {} failed lease reads, having lost",
+            faults.failed_lease_requests() - before
+        );
+        assert!(
+            Instant::now() < deadline,
+            "hang guard: the lease is not being read"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(!a.state.readiness.is_leader());
     faults.set_link(Link::Up);
     a.shutdown().await.unwrap();
 }
@@ -587,7 +602,7 @@ fn spawn_replica(kubeconfig: &Path, identity: &str, log: &Path) -> Replica {
 }
 
 #[tokio::test]
-async fn sigkilled_leader_is_replaced_within_lease_duration_and_nothing_is_allocated_twice() {
+async fn sigkilled_leader_is_replaced_by_the_standby_and_nothing_is_allocated_twice() {
     let (fake, pods) = cluster(10);
     let served = fake.serve().await;
     let dir = tempfile::tempdir().unwrap();
@@ -598,10 +613,10 @@ async fn sigkilled_leader_is_replaced_within_lease_duration_and_nothing_is_alloc
         spawn_replica(&kubeconfig, "b", &dir.path().join("b.log")),
     ];
     let https: Vec<Http> = replicas.iter().map(|r| r.http.clone()).collect();
-    let leader = wait_one_leader(&[&https[0], &https[1]], Duration::from_secs(20)).await;
+    let leader = wait_one_leader(&[&https[0], &https[1]], HANG_GUARD).await;
     let standby = 1 - leader;
     // Standby synced: its only reason is leadership.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + HANG_GUARD;
     loop {
         let report = https[standby]
             .try_send("GET", "/readyz", None, Vec::new())
@@ -638,10 +653,15 @@ async fn sigkilled_leader_is_replaced_within_lease_duration_and_nothing_is_alloc
     // SIGKILL the leader: no release. Keep binding through both.
     replicas[leader].child.kill().unwrap();
     replicas[leader].child.wait().unwrap();
-    let killed = Instant::now();
-    let mut took = None;
+    let deadline = Instant::now() + HANG_GUARD;
+    let mut served_after_kill = 0;
     let mut pending: Vec<Value> = pods[2..].to_vec();
-    while killed.elapsed() < LEASE * 5 && !pending.is_empty() {
+    while !pending.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "hang guard: {} pods never got a bind answer after the kill",
+            pending.len()
+        );
         let pod = pending.remove(0);
         let body = service::binding_args(&pod, "n1");
         let (r0, r1) = tokio::join!(
@@ -652,7 +672,11 @@ async fn sigkilled_leader_is_replaced_within_lease_duration_and_nothing_is_alloc
         assert!(e0.is_some() || e1.is_some(), "both bound: {r0:?} {r1:?}");
         if e0.is_none() || e1.is_none() {
             successes += 1;
-            took.get_or_insert(killed.elapsed());
+            served_after_kill += 1;
+            assert!(
+                e0.is_none() == (standby == 0),
+                "a bind succeeded on the killed replica: {r0:?} {r1:?}"
+            );
         } else if [&e0, &e1]
             .iter()
             .all(|e| !e.as_ref().unwrap().contains("cannot place"))
@@ -661,10 +685,14 @@ async fn sigkilled_leader_is_replaced_within_lease_duration_and_nothing_is_alloc
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let took = took.expect("no bind succeeded after the kill");
-    assert!(
-        took <= LEASE + RETRY * 5,
-        "the standby served its first bind {took:?} after the kill"
+    assert!(served_after_kill > 0, "no bind succeeded after the kill");
+    let lease = fake
+        .get(Kind::Lease, "default", "device-numa-extender")
+        .unwrap();
+    assert_eq!(
+        lease["spec"]["holderIdentity"],
+        ["a", "b"][standby],
+        "the standby holds the lease: {lease}"
     );
     let bound = assert_no_double_allocation(&fake);
     assert!(

@@ -6,12 +6,22 @@ mod support;
 
 mod api_calls;
 mod binary;
+mod chaos_found;
+mod error_metrics;
 mod fake_apiserver;
+mod fuzz;
 mod gpu;
+mod hostile;
 mod leader;
+mod leak;
+mod numa;
+mod outage;
 mod readiness;
 mod scale;
 mod smoke;
 mod sync;
 mod sync_prop;
+mod tls;
 mod wire;
+// Out of alphabetical order on purpose: parallel branches add modules above.
+mod ops;

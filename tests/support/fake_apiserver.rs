@@ -42,7 +42,9 @@
 //! * No-op writes (the stored object would not change) neither bump the RV nor emit an event,
 //!   which *is* real behaviour, but may surprise a test that waits for an event.
 //! * Fault knobs that fail writes apply only to HTTP requests, never to the Rust-side helpers
-//!   used for test setup.
+//!   used for test setup. Per-verb faults ([`FakeApiServer::push_write_fault`]) can also apply a
+//!   write and then lose its answer (error status, cut connection, or a hang past the client's
+//!   patience), which a real server does on an etcd timeout or a dropped connection.
 
 mod handlers;
 mod patch;
@@ -334,6 +336,43 @@ pub(crate) enum WatchMsg {
 
 type Key = (String, String);
 
+/// The writes a [`WriteFault`] can hit: the two a bind makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WriteOp {
+    /// `PATCH` of a pod (main resource or `status`).
+    PodPatch,
+    /// `POST pods/{name}/binding`.
+    PodBinding,
+}
+
+/// One injected failure of a [`WriteOp`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteFault {
+    /// No fault: this write goes through (to aim a later fault at the n-th write).
+    Pass,
+    /// Refused before anything is applied, answering this status (409, 429, 500, ...).
+    Refuse(u16),
+    /// Applied, then answered with this error status: the client cannot tell it took effect.
+    AppliedThenStatus(u16),
+    /// Applied, then the connection is cut after the headers (the body never arrives).
+    AppliedThenDrop,
+    /// Applied, then the answer is held this long (past the client's timeout) before a 504.
+    AppliedThenHang(Duration),
+}
+
+impl WriteFault {
+    /// A short label for fault counters.
+    pub fn class(&self) -> String {
+        match self {
+            WriteFault::Pass => "pass".into(),
+            WriteFault::Refuse(c) => format!("refuse_{c}"),
+            WriteFault::AppliedThenStatus(c) => format!("applied_then_{c}"),
+            WriteFault::AppliedThenDrop => "applied_then_drop".into(),
+            WriteFault::AppliedThenHang(_) => "applied_then_hang".into(),
+        }
+    }
+}
+
 struct Snapshot {
     rv: u64,
     items: Vec<Arc<Value>>,
@@ -351,6 +390,7 @@ struct KindState {
     watch_delay: Duration,
     fail_writes: Option<(u16, usize)>,
     fail_watch_start: Option<(u16, usize)>,
+    fail_lists: Option<(u16, usize)>,
 }
 
 struct Inner {
@@ -361,6 +401,8 @@ struct Inner {
     next_id: u64,
     bookmark_interval: Duration,
     requests: Vec<RecordedRequest>,
+    write_faults: BTreeMap<WriteOp, VecDeque<WriteFault>>,
+    fault_hits: BTreeMap<String, u64>,
 }
 
 /// Continue-token snapshots kept at most; older ones answer 410 like an expired token.
@@ -608,6 +650,7 @@ impl Inner {
         ns: &str,
         name: &str,
         preconditions: Option<&Value>,
+        grace_seconds: Option<i64>,
     ) -> Result<Arc<Value>, ApiError> {
         let key = Self::key(kind, ns, name);
         let old = self
@@ -631,6 +674,27 @@ impl Inner {
                     }
                 }
             }
+        }
+        let bound = old
+            .get("spec")
+            .and_then(|s| s.get("nodeName"))
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty());
+        if kind == Kind::Pod && bound && grace_seconds.is_some_and(|g| g > 0) {
+            // Graceful: mark it and let it linger (still holding what it holds) until the final
+            // delete. A second graceful delete of a terminating pod changes nothing.
+            if meta(&old).is_some_and(|m| m.get("deletionTimestamp").is_some_and(|d| !d.is_null()))
+            {
+                return Ok(old);
+            }
+            let mut marked = (*old).clone();
+            let m = meta_mut(&mut marked)?;
+            m.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
+            m.insert(
+                "deletionGracePeriodSeconds".into(),
+                json!(grace_seconds.unwrap_or(0)),
+            );
+            return Ok(self.commit(kind, key, EventType::Modified, marked));
         }
         // The DELETED event carries the last state stamped with the deletion's RV, like etcd.
         Ok(self.commit(kind, key, EventType::Deleted, (*old).clone()))
@@ -751,6 +815,8 @@ fn normalize_type(kind: Kind, obj: &mut Value) -> Result<(), ApiError> {
 #[derive(Clone)]
 pub struct FakeApiServer {
     inner: Arc<Mutex<Inner>>,
+    /// Answers currently held back by [`WriteFault::AppliedThenHang`].
+    hanging: Arc<AtomicU64>,
 }
 
 impl Default for FakeApiServer {
@@ -770,7 +836,10 @@ impl FakeApiServer {
                 next_id: 1,
                 bookmark_interval: Duration::from_secs(30),
                 requests: Vec::new(),
+                write_faults: BTreeMap::new(),
+                fault_hits: BTreeMap::new(),
             })),
+            hanging: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -815,12 +884,51 @@ impl FakeApiServer {
         })
     }
 
+    /// Serves again on `addr` after [`ServedApi::stop_for_outage`], retrying while the port
+    /// is still held by the old listener's last connections (hang guard: 30 s).
+    pub async fn serve_again(&self, addr: SocketAddr) -> ServedApi {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.serve_at(addr).await {
+                Ok(s) => return s,
+                Err(e) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "cannot serve on {addr} again: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
     // ---- Rust-side writes for test setup (never subject to fault knobs) ----
 
     /// Creates an object; the namespace comes from `metadata.namespace` ("default" if absent).
     pub fn create(&self, kind: Kind, obj: Value) -> Result<Value, ApiError> {
         let mut g = self.inner.lock();
         g.create(kind, None, obj, false).map(|o| (*o).clone())
+    }
+
+    /// Stores an object as given, without filling in a uid or creationTimestamp: what a broken
+    /// aggregated API server or conversion webhook might serve (hostile-data tests). Still
+    /// gets a resourceVersion and an ADDED event.
+    pub fn create_verbatim(&self, kind: Kind, mut obj: Value) -> Result<Value, ApiError> {
+        normalize_type(kind, &mut obj)?;
+        let name = meta_str(&obj, "name")
+            .ok_or_else(|| ApiError::invalid("metadata.name: Required value"))?
+            .to_string();
+        let ns = meta_str(&obj, "namespace").unwrap_or("default").to_string();
+        let key = Inner::key(kind, &ns, &name);
+        let mut g = self.inner.lock();
+        if g.ks(kind).objects.contains_key(&key) {
+            return Err(ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{name:?} already exists"),
+            ));
+        }
+        Ok((*g.commit(kind, key, EventType::Added, obj)).clone())
     }
 
     /// Bulk create under one lock acquisition; each object still gets its own RV and event,
@@ -886,7 +994,28 @@ impl FakeApiServer {
     /// Deletes immediately (no graceful deletion); `ns` is ignored for cluster-scoped kinds.
     pub fn delete(&self, kind: Kind, ns: &str, name: &str) -> Result<Value, ApiError> {
         let mut g = self.inner.lock();
-        g.delete(kind, ns, name, None).map(|o| (*o).clone())
+        g.delete(kind, ns, name, None, None).map(|o| (*o).clone())
+    }
+
+    /// Graceful pod deletion: a bound pod gets `deletionTimestamp` (MODIFIED) and stays until
+    /// [`FakeApiServer::finish_deletion`]; an unbound one is removed at once. Returns the stored
+    /// (terminating) or last object.
+    pub fn delete_graceful(
+        &self,
+        ns: &str,
+        name: &str,
+        grace_seconds: i64,
+    ) -> Result<Value, ApiError> {
+        let mut g = self.inner.lock();
+        g.delete(Kind::Pod, ns, name, None, Some(grace_seconds.max(1)))
+            .map(|o| (*o).clone())
+    }
+
+    /// The kubelet's final delete of a terminating pod (or an immediate delete of any pod).
+    pub fn finish_deletion(&self, ns: &str, name: &str) -> Result<Value, ApiError> {
+        let mut g = self.inner.lock();
+        g.delete(Kind::Pod, ns, name, None, Some(0))
+            .map(|o| (*o).clone())
     }
 
     pub fn get(&self, kind: Kind, ns: &str, name: &str) -> Option<Value> {
@@ -1004,10 +1133,64 @@ impl FakeApiServer {
         self.inner.lock().ks(kind).fail_writes = (count > 0).then_some((http_status, count));
     }
 
+    /// Queues a fault for the next HTTP write of `op` (faults of one op are used in order, one
+    /// per request). Rust-side helpers never consume them.
+    pub fn push_write_fault(&self, op: WriteOp, fault: WriteFault) {
+        self.inner
+            .lock()
+            .write_faults
+            .entry(op)
+            .or_default()
+            .push_back(fault);
+    }
+
+    /// Drops every queued, not yet used [`WriteFault`]; returns how many there were.
+    pub fn clear_write_faults(&self) -> usize {
+        let mut g = self.inner.lock();
+        let n = g.write_faults.values().map(VecDeque::len).sum();
+        g.write_faults.clear();
+        n
+    }
+
+    /// Queued [`WriteFault`]s not used yet.
+    pub fn pending_write_faults(&self) -> usize {
+        self.inner
+            .lock()
+            .write_faults
+            .values()
+            .map(VecDeque::len)
+            .sum()
+    }
+
+    /// How many [`WriteFault`]s were used, by `"{op:?}/{class}"`.
+    pub fn write_fault_hits(&self) -> BTreeMap<String, u64> {
+        self.inner.lock().fault_hits.clone()
+    }
+
+    /// Answers currently held back by [`WriteFault::AppliedThenHang`].
+    pub fn hanging_answers(&self) -> u64 {
+        self.hanging.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn take_write_fault(&self, op: WriteOp) -> Option<WriteFault> {
+        let mut g = self.inner.lock();
+        let fault = g.write_faults.get_mut(&op)?.pop_front()?;
+        *g.fault_hits
+            .entry(format!("{op:?}/{}", fault.class()))
+            .or_default() += 1;
+        Some(fault)
+    }
+
     /// The next `count` watch requests of the kind answer `http_status` as an HTTP error (kube's
     /// watcher then retries the same RV: `WatchStartFailed`).
     pub fn fail_watch_start(&self, kind: Kind, http_status: u16, count: usize) {
         self.inner.lock().ks(kind).fail_watch_start = (count > 0).then_some((http_status, count));
+    }
+
+    /// The next `count` list requests (pages) of the kind answer `http_status` (an API server
+    /// that cannot reach etcd); zero stops failing them.
+    pub fn fail_lists(&self, kind: Kind, http_status: u16, count: usize) {
+        self.inner.lock().ks(kind).fail_lists = (count > 0).then_some((http_status, count));
     }
 
     /// Interval of periodic BOOKMARKs for watches started after this call; zero disables them.
@@ -1110,6 +1293,15 @@ impl ServedApi {
         if let Some(task) = self.task.take() {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
+    }
+
+    /// An outage: stops serving (open watches end, new connections are refused) and returns
+    /// the address, to [`FakeApiServer::serve_again`] on later. State is kept.
+    pub async fn stop_for_outage(self) -> (FakeApiServer, SocketAddr) {
+        let fake = self.fake.clone();
+        let addr = self.addr;
+        self.stop().await;
+        (fake, addr)
     }
 
     fn shutdown_now(&mut self) {

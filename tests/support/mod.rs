@@ -6,4 +6,6 @@
 pub mod fake_apiserver;
 pub mod service;
 
-pub use fake_apiserver::{ApiError, FakeApiServer, Kind, RbacRequest, RecordedRequest, ServedApi};
+pub use fake_apiserver::{
+    ApiError, FakeApiServer, Kind, RbacRequest, RecordedRequest, ServedApi, WriteFault, WriteOp,
+};

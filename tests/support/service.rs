@@ -32,6 +32,7 @@ pub fn serve_args(extra: &[&str]) -> ServeArgs {
     argv.extend_from_slice(extra);
     match Cli::try_parse_from(argv).expect("valid test flags").command {
         Command::Serve(args) => *args,
+        _ => unreachable!("the argv above is a serve command"),
     }
 }
 
@@ -54,18 +55,29 @@ pub enum Link {
 }
 
 #[derive(Clone)]
-pub struct Faults(Arc<Mutex<(Link, Duration)>>);
+pub struct Faults {
+    state: Arc<Mutex<(Link, Duration)>>,
+    /// Lease requests answered by [`Link::Fail`] (so a test can count retries, not time).
+    failed_lease_requests: Arc<std::sync::atomic::AtomicUsize>,
+}
 
 impl Faults {
     pub fn new() -> Self {
-        Faults(Arc::new(Mutex::new((Link::Up, Duration::ZERO))))
+        Faults {
+            state: Arc::new(Mutex::new((Link::Up, Duration::ZERO))),
+            failed_lease_requests: Arc::default(),
+        }
     }
     pub fn set_link(&self, link: Link) {
-        self.0.lock().0 = link;
+        self.state.lock().0 = link;
     }
     /// Delays this replica's pod PATCHes (the bind's annotation write).
     pub fn set_pod_patch_delay(&self, d: Duration) {
-        self.0.lock().1 = d;
+        self.state.lock().1 = d;
+    }
+    pub fn failed_lease_requests(&self) -> usize {
+        self.failed_lease_requests
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -77,11 +89,16 @@ pub fn faulty_client(fake: &FakeApiServer, faults: Faults) -> kube::Client {
         let router = router.clone();
         let faults = faults.clone();
         async move {
-            let (link, patch_delay) = *faults.0.lock();
+            let (link, patch_delay) = *faults.state.lock();
             match link {
                 Link::Up => {}
                 Link::Hang => futures::future::pending::<()>().await,
                 Link::Fail => {
+                    if req.uri().path().contains("/leases") {
+                        faults
+                            .failed_lease_requests
+                            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
                     let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                       "message": "injected", "reason": "ServiceUnavailable", "code": 503});
                     return Ok(http::Response::builder()

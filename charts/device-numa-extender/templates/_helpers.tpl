@@ -66,12 +66,43 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- if or (include "dne.ownLeaderElection" .) (include "dne.followLease" .) }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the verbs are served over TLS. */}}
+{{- define "dne.tls" -}}
+{{- $t := .Values.tls }}
+{{- $source := or $t.secretName $t.certManager.enabled }}
+{{- if kindIs "invalid" $t.enabled }}
+{{- if $source }}true{{ end }}
+{{- else if $t.enabled }}
+{{- if not $source }}{{ fail "tls.enabled=true needs tls.secretName or tls.certManager.enabled" }}{{ end }}true
+{{- end }}
+{{- end }}
+
+{{/* The extender's Secret (serving certificate + the CA of allowed clients). */}}
+{{- define "dne.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "dne.fullname" .)) .Values.tls.secretName }}
+{{- end }}
+
+{{/* scheduler mode: the kube-scheduler container's client-certificate Secret. */}}
+{{- define "dne.tlsClientSecretName" -}}
+{{- if .Values.tls.clientSecretName }}{{ .Values.tls.clientSecretName }}
+{{- else if .Values.tls.certManager.enabled }}{{ printf "%s-client-tls" (include "dne.fullname" .) }}
+{{- else }}{{ fail "scheduler mode with TLS needs tls.clientSecretName (the kube-scheduler container's client certificate) or tls.certManager.enabled" }}
+{{- end }}
+{{- end }}
+
+{{/* Where the extender container mounts its Secret. */}}
+{{- define "dne.tlsDir" -}}/etc/device-numa-extender/tls{{- end }}
+
+{{/* scheduler mode: where the kube-scheduler container mounts its client Secret. */}}
+{{- define "dne.clientTlsDir" -}}/etc/kubernetes/device-numa-extender-client{{- end }}
+
 {{/* The URL kube-scheduler calls: the sidecar on loopback, or the Service's cluster DNS name. */}}
 {{- define "dne.urlPrefix" -}}
+{{- $scheme := ternary "https" "http" (eq (include "dne.tls" .) "true") }}
 {{- if eq .Values.mode "scheduler" }}
-{{- printf "http://127.0.0.1:%d%s" (int .Values.extender.port) .Values.extender.pathPrefix }}
+{{- printf "%s://127.0.0.1:%d%s" $scheme (int .Values.extender.port) .Values.extender.pathPrefix }}
 {{- else }}
-{{- printf "http://%s.%s.svc:%d%s" (include "dne.fullname" .) .Release.Namespace (int .Values.extender.port) .Values.extender.pathPrefix }}
+{{- printf "%s://%s.%s.svc:%d%s" $scheme (include "dne.fullname" .) .Release.Namespace (int .Values.extender.port) .Values.extender.pathPrefix }}
 {{- end }}
 {{- end }}
 
@@ -87,7 +118,21 @@ extenders:
     preemptVerb: preempt
     bindVerb: bind
     weight: {{ int64 .Values.extenderConfig.weight }}
+    {{- if include "dne.tls" . }}
+    enableHTTPS: true
+    tlsConfig:
+      {{- if eq .Values.mode "scheduler" }}
+      certFile: {{ printf "%s/tls.crt" (include "dne.clientTlsDir" .) | quote }}
+      keyFile: {{ printf "%s/tls.key" (include "dne.clientTlsDir" .) | quote }}
+      caFile: {{ printf "%s/ca.crt" (include "dne.clientTlsDir" .) | quote }}
+      {{- else }}
+      certFile: {{ .Values.extenderConfig.tlsConfig.certFile | quote }}
+      keyFile: {{ .Values.extenderConfig.tlsConfig.keyFile | quote }}
+      caFile: {{ .Values.extenderConfig.tlsConfig.caFile | quote }}
+      {{- end }}
+    {{- else }}
     enableHTTPS: false
+    {{- end }}
     httpTimeout: {{ .Values.extenderConfig.httpTimeout | quote }}
     nodeCacheCapable: {{ .Values.extenderConfig.nodeCacheCapable }}
     ignorable: {{ .Values.extenderConfig.ignorable }}
@@ -105,7 +150,16 @@ extenders:
 {{/* Flags for `device-numa-extender serve`; each one is in the binary's documented flag set. */}}
 {{- define "dne.extenderArgs" -}}
 {{- $e := .Values.extender }}
-{{- $args := list "serve" (printf "--listen=0.0.0.0:%d" (int $e.port)) }}
+{{- /* scheduler mode: verbs on loopback only (kube-scheduler is in the same pod). */}}
+{{- $host := ternary "127.0.0.1" "0.0.0.0" (eq .Values.mode "scheduler") }}
+{{- $args := list "serve" (printf "--listen=%s:%d" $host (int $e.port)) (printf "--probe-address=0.0.0.0:%d" (int $e.probePort)) }}
+{{- if include "dne.tls" . }}
+{{- $dir := include "dne.tlsDir" . }}
+{{- $args = append $args (printf "--tls-cert-file=%s/tls.crt" $dir) }}
+{{- $args = append $args (printf "--tls-key-file=%s/tls.key" $dir) }}
+{{- if .Values.tls.verifyClients }}{{ $args = append $args (printf "--tls-client-ca-file=%s/ca.crt" $dir) }}{{ end }}
+{{- $args = append $args (printf "--tls-reload-interval=%s" .Values.tls.reloadInterval) }}
+{{- end }}
 {{- with $e.pathPrefix }}{{ $args = append $args (printf "--path-prefix=%s" .) }}{{ end }}
 {{- with $e.requireKinds }}{{ $args = append $args (printf "--require-kinds=%s" (join "," .)) }}{{ end }}
 {{- with $e.maxStaleness }}{{ $args = append $args (printf "--max-staleness=%s" .) }}{{ end }}
@@ -158,21 +212,26 @@ extenders:
     {{- toYaml . | nindent 4 }}
     {{- end }}
   ports:
-    - name: http
+    {{- if ne .Values.mode "scheduler" }}
+    - name: verbs
       containerPort: {{ .Values.extender.port }}
+      protocol: TCP
+    {{- end }}
+    - name: metrics
+      containerPort: {{ .Values.extender.probePort }}
       protocol: TCP
   # Liveness only says the process answers; cache sync and leadership are readiness, so neither a
   # slow bootstrap nor being the standby ever restarts the container.
   startupProbe:
     httpGet:
       path: /healthz
-      port: http
+      port: metrics
     periodSeconds: {{ .Values.extender.probes.startup.periodSeconds }}
     failureThreshold: {{ .Values.extender.probes.startup.failureThreshold }}
   livenessProbe:
     httpGet:
       path: /healthz
-      port: http
+      port: metrics
     periodSeconds: {{ .Values.extender.probes.liveness.periodSeconds }}
     timeoutSeconds: {{ .Values.extender.probes.liveness.timeoutSeconds }}
     failureThreshold: {{ .Values.extender.probes.liveness.failureThreshold }}
@@ -181,7 +240,7 @@ extenders:
   readinessProbe:
     httpGet:
       path: /readyz
-      port: http
+      port: metrics
     periodSeconds: {{ .Values.extender.probes.readiness.periodSeconds }}
     timeoutSeconds: {{ .Values.extender.probes.readiness.timeoutSeconds }}
     failureThreshold: {{ .Values.extender.probes.readiness.failureThreshold }}
@@ -189,6 +248,13 @@ extenders:
     {{- toYaml .Values.extender.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.securityContext | nindent 4 }}
+  {{- if include "dne.tls" . }}
+  volumeMounts:
+    # A Secret volume: kubelet swaps its files atomically on update; the extender re-reads them.
+    - name: extender-tls
+      mountPath: {{ include "dne.tlsDir" . }}
+      readOnly: true
+  {{- end }}
 {{- end }}
 
 {{/* Pod-level settings shared by both modes. */}}
@@ -220,7 +286,7 @@ affinity:
 {{- define "dne.podAnnotations" -}}
 {{- if .Values.prometheusScrapeAnnotations }}
 prometheus.io/scrape: "true"
-prometheus.io/port: {{ .Values.extender.port | quote }}
+prometheus.io/port: {{ .Values.extender.probePort | quote }}
 prometheus.io/path: /metrics
 {{- end }}
 {{- with .Values.podAnnotations }}

@@ -2,12 +2,40 @@
 //! the view types placement decides on, and (in submodules) the cpuset accumulator, the NUMA
 //! split, hint generation and merge, and the NUMA policies.
 //!
+//! Entry points: [`place`] (one pod on one node: cpuset, NUMA shares, device affinity, score),
+//! [`score_or_zero`] for prioritize, and the filter fast path [`CpuSummary`] +
+//! [`fast_feasible`] / [`fast_score`], held equal to `place` by a property test.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `policy` | node × pod policy resolution and its unresolvable reasons |
+//! | `hints` | per-NUMA counts, subset enumeration, hint merge with devices, NUMA policies |
+//! | `split` | the NUMA split of a request over a hint |
+//! | `accumulator` | which free CPUs a cpuset gets |
+//! | `score` | LeastAllocated / MostAllocated |
+//! | `place`, `summary` | the entry points |
+//!
 //! Pure and deterministic. Placement owns these view types; `cluster` builds them from its
 //! ledgers and `model` parses the annotations that feed them. Nothing here locks, allocates
 //! per NUMA subset, or talks to the network.
 
+pub mod accumulator;
+pub mod classify;
+pub mod hints;
+pub mod place;
+pub mod policy;
+pub mod score;
+pub mod split;
+pub mod summary;
 pub mod topology;
 
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+pub use place::{place, score_or_zero};
+pub use summary::{CpuSummary, fast_feasible, fast_score};
 pub use topology::{CpuDetail, CpuTopology, TopologyError};
 
 use crate::model::cpuset::CpuSet;
@@ -158,9 +186,11 @@ pub struct NumaZone {
 pub struct NumaUsage {
     pub cpu_milli: i64,
     pub memory_bytes: i64,
-    /// Pods holding a cpuset confined to this NUMA node only.
+    /// Pods whose cpuset or NUMA shares are confined to this NUMA node only. Count pods with
+    /// NUMA shares but no cpuset too: koordinator counts only cpuset pods (quirk §4.22), which
+    /// lets an exclusive pod land beside a NUMA-bound shared-pool pod.
     pub single_numa_pods: u32,
-    /// Pods holding a cpuset that spans this and other NUMA nodes.
+    /// Pods whose cpuset or NUMA shares span this and other NUMA nodes.
     pub multi_numa_pods: u32,
 }
 
@@ -222,6 +252,10 @@ pub struct CpuPlacement {
     pub numa: Vec<NumaShare>,
     /// Node score 0..=100 for prioritize.
     pub score: i64,
+    /// The NUMA nodes the pod is aligned to when a NUMA policy applies (the chosen hint):
+    /// the caller restricts the pod's device allocation to them. `None` when no NUMA policy
+    /// applies (devices are then chosen independently) or the node lists no NUMA zones.
+    pub affinity: Option<NumaMask>,
 }
 
 /// One entry of `numaNodeResources`.

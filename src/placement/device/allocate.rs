@@ -14,6 +14,7 @@ use crate::model::device::{
 };
 use crate::model::ids::PodUid;
 use crate::model::quantity::Quantity;
+use crate::placement::cpu::{NumaId, NumaMask};
 
 use super::request::{DeviceTypeRequest, JointScope, PodDeviceRequest};
 use super::score::ScoringConfig;
@@ -54,6 +55,29 @@ pub fn fit_with(
     ignore: &[PodUid],
     cfg: &ScoringConfig,
 ) -> Result<DeviceAllocations, FitError> {
+    fit_on_numa(ledger, req, ignore, cfg, None)
+}
+
+/// Whether a device may be used under a NUMA restriction: devices on a NUMA node of `allowed`,
+/// and devices whose NUMA node is unknown (no topology, `nodeID` −1), which constrain nothing,
+/// as the kubelet's device manager gives no hint for them.
+pub fn on_numa(slot: &DeviceSlot, allowed: Option<NumaMask>) -> bool {
+    match (allowed, &slot.topology) {
+        (None, _) | (_, None) => true,
+        (Some(mask), Some(tp)) => tp.node_id < 0 || mask.contains(tp.node_id as NumaId),
+    }
+}
+
+/// [`fit_with`] using only devices on the NUMA nodes of `allowed` (GPU + CPU alignment:
+/// `None` = no restriction). The structural checks still look at every device, so a request
+/// the whole node could hold stays resolvable under a narrower mask.
+pub fn fit_on_numa(
+    ledger: &DeviceLedger,
+    req: &PodDeviceRequest,
+    ignore: &[PodUid],
+    cfg: &ScoringConfig,
+    allowed: Option<NumaMask>,
+) -> Result<DeviceAllocations, FitError> {
     let Some(devices) = ledger.devices() else {
         return Err(FitError {
             reason: "node has no Device object".into(),
@@ -84,7 +108,12 @@ pub fn fit_with(
         cfg,
         slots: devices
             .types()
-            .map(|t| (t.clone(), devices.slots(t).collect()))
+            .map(|t| {
+                (
+                    t.clone(),
+                    devices.slots(t).filter(|s| on_numa(s, allowed)).collect(),
+                )
+            })
             .collect(),
     };
 
@@ -505,6 +534,33 @@ mod tests {
             EntryState::Committed,
         );
         a
+    }
+
+    #[test]
+    fn numa_restriction_excludes_devices_elsewhere_but_not_unknown_ones() {
+        let l = ledger(eight());
+        let cfg = ScoringConfig::default();
+        let one = request(&[(NVIDIA_GPU, "1")], &[]);
+        let a = fit_on_numa(&l, &one, &[], &cfg, Some(NumaMask::single(1))).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![4]);
+        let four = request(&[(NVIDIA_GPU, "4")], &[]);
+        let a = fit_on_numa(&l, &four, &[], &cfg, Some(NumaMask::single(1))).unwrap();
+        assert_eq!(minors(&a, &DeviceType::Gpu), vec![4, 5, 6, 7]);
+        let five = request(&[(NVIDIA_GPU, "5")], &[]);
+        let e = fit_on_numa(&l, &five, &[], &cfg, Some(NumaMask::single(0))).unwrap_err();
+        assert!(!e.unresolvable, "the whole node could hold it: {e:?}");
+        assert!(fit_on_numa(&l, &five, &[], &cfg, Some(NumaMask(0b11))).is_ok());
+        // Unknown NUMA (no topology, nodeID -1) is allowed under any mask.
+        let mut unknown = gpu(0, -1, "a", true, 80);
+        let no_topo = {
+            let mut g = gpu(1, 0, "a", true, 80);
+            g.1.topology = None;
+            g
+        };
+        unknown.1.minor = 0;
+        let l = ledger(vec![unknown, no_topo]);
+        let two = request(&[(NVIDIA_GPU, "2")], &[]);
+        assert!(fit_on_numa(&l, &two, &[], &cfg, Some(NumaMask::single(3))).is_ok());
     }
 
     #[test]

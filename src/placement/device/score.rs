@@ -120,6 +120,8 @@ impl FromStr for ResourceWeights {
 pub struct ScoringConfig {
     pub strategy: ScoringStrategy,
     pub weights: ResourceWeights,
+    /// CPU/NUMA placement scoring and the default bind policy (one config for one decision).
+    pub cpu: crate::placement::cpu::CpuScoring,
 }
 
 impl ScoringConfig {
@@ -131,6 +133,7 @@ impl ScoringConfig {
                 Some(w) => w.parse()?,
                 None => ResourceWeights::default(),
             },
+            cpu: Default::default(),
         })
     }
 

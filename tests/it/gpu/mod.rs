@@ -6,6 +6,7 @@
 //! concurrent bursts.
 
 mod concurrency;
+mod defects;
 mod expiry;
 mod offline;
 mod restart;
@@ -101,6 +102,61 @@ impl Env {
     }
 }
 
+/// Takes the service's pod watch down and keeps it down (new watch starts and lists answer
+/// 500: the pod-cache fence makes the service relist at once) until [`pod_watch_up`].
+pub async fn pod_watch_down(fake: &FakeApiServer) {
+    fake.fail_watch_start(Kind::Pod, 500, 1_000_000);
+    fake.fail_lists(Kind::Pod, 500, 1_000_000);
+    fake.close_watches();
+    let f = fake.clone();
+    service::eventually(WAIT, "the pod watch to close", move || {
+        f.open_watches(Kind::Pod) == 0
+    })
+    .await;
+}
+
+/// Ends [`pod_watch_down`]: watch starts and lists succeed again.
+pub fn pod_watch_up(fake: &FakeApiServer) {
+    fake.fail_watch_start(Kind::Pod, 500, 0);
+    fake.fail_lists(Kind::Pod, 500, 0);
+}
+
+/// A bind that *decides* while the pod watch is up and *completes* while it is down, so the
+/// service never sees the pod bound: its entry stays assumed. (A bind that would decide during
+/// a known pod-watch gap is refused by the pod-cache fence, so this is the only way a bind
+/// meets a gap.) The annotation patch is held until the watch is down, then released.
+/// `faults` must belong to the client the service was started with.
+pub async fn bind_across_pod_watch_outage(
+    env: &Env,
+    faults: &Faults,
+    pod: &Value,
+    node: &str,
+) -> Result<(), String> {
+    let hold = Arc::new(tokio::sync::Notify::new());
+    faults.push(Fault::HoldPatch(hold.clone()));
+    let bind_task = {
+        let http = env.http.clone();
+        let (pod, node) = (pod.clone(), node.to_string());
+        tokio::spawn(async move { bind(&http, &pod, &node).await })
+    };
+    let cluster = env.svc.state.cluster.clone();
+    let u = uid(pod);
+    service::eventually(WAIT, "the bind to record its assumed entry", || {
+        cluster
+            .snapshot()
+            .get(node)
+            .map(|n| n["devices"]["entries"][&u]["state"].clone())
+            == Some(json!("assumed"))
+    })
+    .await;
+    pod_watch_down(&env.fake).await;
+    hold.notify_one();
+    tokio::time::timeout(WAIT, bind_task)
+        .await
+        .expect("the held bind never answered")
+        .expect("the bind task panicked")
+}
+
 pub async fn bind(http: &Http, pod: &Value, node: &str) -> Result<(), String> {
     let (status, body) = http.post("/bind", &service::binding_args(pod, node)).await;
     assert_eq!(status, 200, "bind answers 200 even on failure: {body}");
@@ -123,12 +179,13 @@ pub async fn ledger(http: &Http, node: &str) -> Value {
 pub fn metric_value(text: &str, name: &str, labels: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            let series = l.split_whitespace().next().unwrap_or("");
+        // Label values may contain spaces ("missing metadata.uid"): the value is the last token.
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
             let base = series.split('{').next().unwrap_or("");
             base == name && series.contains(labels)
         })
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
         .sum()
 }
 
@@ -255,6 +312,26 @@ pub enum Fault {
     BindElsewhereAfterPatch(String),
     /// The annotation patch of a pod is held back this long (a slow API server).
     DelayPatch(Duration),
+    /// The annotation patch of a pod waits until the notify fires (an API server that is
+    /// slow for as long as the test needs).
+    HoldPatch(Arc<tokio::sync::Notify>),
+    /// Right before the annotation patch of a pod applies, another scheduler annotates the pod
+    /// with `annotation` and binds it to `node` (our bind's read is then stale).
+    BindElsewhereBeforePatch { node: String, annotation: String },
+    /// Right before the annotation patch of a pod applies, something else changes the pod
+    /// (an unrelated annotation): only our resourceVersion precondition is stale.
+    TouchBeforePatch,
+    /// `POST pods/{name}/binding` answers 500 without doing anything, and the next `reads`
+    /// reads of that pod answer 503: the binder cannot tell what happened.
+    RefuseBindingThenReads(usize),
+    /// `GET pods/{name}` of this pod answers 503.
+    RefuseReadOf(String),
+    /// The next cluster-wide pod list is served (its snapshot taken), `listed` is notified,
+    /// and the answer is held back until `release` fires: writes in between are not in it.
+    HoldPodList {
+        listed: Arc<tokio::sync::Notify>,
+        release: Arc<tokio::sync::Notify>,
+    },
 }
 
 #[derive(Clone)]
@@ -307,6 +384,24 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
         )),
         _ => None,
     };
+    let is_pod_list = method == axum::http::Method::GET
+        && parts.as_slice() == ["api", "v1", "pods"]
+        && !request.uri().query().unwrap_or("").contains("watch=");
+    if is_pod_list {
+        let fault = {
+            let mut q = faults.queue.lock();
+            let pos = q
+                .iter()
+                .position(|f| matches!(f, Fault::HoldPodList { .. }));
+            pos.map(|i| q.remove(i))
+        };
+        if let Some(Fault::HoldPodList { listed, release }) = fault {
+            let response = next.run(request).await;
+            listed.notify_one();
+            release.notified().await;
+            return response;
+        }
+    }
     let Some((ns, name, is_binding)) = pod else {
         return next.run(request).await;
     };
@@ -320,7 +415,14 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
             | Fault::LoseBindingAnswer
             | Fault::LoseBindingAnswerAndNextRead => is_bind,
             Fault::RefuseRead => is_read,
-            Fault::BindElsewhereAfterPatch(_) | Fault::DelayPatch(_) => is_patch,
+            Fault::RefuseReadOf(n) => is_read && *n == name,
+            Fault::RefuseBindingThenReads(_) => is_bind,
+            Fault::HoldPodList { .. } => false,
+            Fault::BindElsewhereAfterPatch(_)
+            | Fault::DelayPatch(_)
+            | Fault::HoldPatch(_)
+            | Fault::BindElsewhereBeforePatch { .. }
+            | Fault::TouchBeforePatch => is_patch,
         });
         pos.map(|i| q.remove(i))
     };
@@ -363,5 +465,48 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
             tokio::time::sleep(d).await;
             next.run(request).await
         }
+        Some(Fault::HoldPatch(release)) => {
+            release.notified().await;
+            next.run(request).await
+        }
+        Some(Fault::BindElsewhereBeforePatch { node, annotation }) => {
+            faults
+                .fake
+                .patch_merge(
+                    Kind::Pod,
+                    &ns,
+                    &name,
+                    json!({"metadata": {"annotations": {DEVICE_ALLOCATED: annotation}}}),
+                )
+                .expect("the competing scheduler annotates the pod");
+            faults
+                .fake
+                .bind_pod(&ns, &name, &node)
+                .expect("the competing bind succeeds");
+            next.run(request).await
+        }
+        Some(Fault::TouchBeforePatch) => {
+            faults
+                .fake
+                .patch_merge(
+                    Kind::Pod,
+                    &ns,
+                    &name,
+                    // A new value each time, so every touch is a real write (new RV).
+                    json!({"metadata": {"annotations": {
+                        "example.com/touched": faults.fake.current_rv().to_string()
+                    }}}),
+                )
+                .expect("the unrelated write succeeds");
+            next.run(request).await
+        }
+        Some(Fault::RefuseBindingThenReads(reads)) => {
+            for _ in 0..reads {
+                faults.push(Fault::RefuseReadOf(name.clone()));
+            }
+            status(500, "injected: binding failed, outcome unknown")
+        }
+        Some(Fault::RefuseReadOf(_)) => status(503, "injected: API server unavailable"),
+        Some(Fault::HoldPodList { .. }) => unreachable!("matched only on pod lists"),
     }
 }

@@ -1,5 +1,7 @@
 //! A restarted service rebuilds the same ledger from the API server alone.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use super::*;
@@ -65,13 +67,53 @@ async fn restart_rebuilds_the_same_ledger_on_every_node() {
         let entries = new["state"]["devices"]["entries"].as_object().unwrap();
         assert!(entries.values().all(|e| e["state"] == "committed"));
     }
-    // The restarted service allocates around what is held, never on top of it.
+    // The restarted service allocates around what is held, never on top of it. Which GPUs
+    // are held is read from the API server's pods alone (live pods on n1 and their
+    // annotations), so the expected outcome does not come from the code under test.
+    let held = held_ratio_per_minor(&fake, "n1");
+    let free: Vec<i64> = (0..8)
+        .filter(|m| held.get(m).is_none_or(|r| *r == 0))
+        .collect();
+    assert!(
+        !held.is_empty() && !free.is_empty(),
+        "setup must leave n1 partly used and one GPU free: held {held:?}"
+    );
     let extra = pending("late", whole_gpus(1));
     fresh.fake.create(Kind::Pod, extra.clone()).unwrap();
-    if fresh.bind(&extra, "n1").await.is_ok() {
-        fresh.wait_committed("n1", &uid(&extra)).await;
-    }
+    let result = fresh.bind(&extra, "n1").await;
+    assert_eq!(
+        result,
+        Ok(()),
+        "a whole GPU is free on n1 ({free:?}): the bind must succeed"
+    );
+    fresh.wait_committed("n1", &uid(&extra)).await;
+    let annotation = annotation_of(&fake, &extra).expect("the bind annotated the pod");
+    let minors: Vec<i64> = gpu_shares(&annotation).iter().map(|(m, _)| *m).collect();
+    assert_eq!(minors.len(), 1, "{annotation}");
+    assert!(
+        free.contains(&minors[0]),
+        "the late pod got minor {} which others hold: {held:?}",
+        minors[0]
+    );
     check_capacity(&fresh.ledger("n1").await).unwrap();
     fresh.svc.shutdown().await.unwrap();
     env.svc.shutdown().await.unwrap();
+}
+
+/// GPU memory ratio held per minor on `node` by its live pods (bound there, not terminal),
+/// from their `device-allocated` annotations in the fake API server.
+fn held_ratio_per_minor(fake: &FakeApiServer, node: &str) -> BTreeMap<i64, i64> {
+    let mut held = BTreeMap::new();
+    for pod in fake.list(Kind::Pod) {
+        let phase = pod["status"]["phase"].as_str().unwrap_or("");
+        if pod["spec"]["nodeName"] != node || matches!(phase, "Succeeded" | "Failed") {
+            continue;
+        }
+        if let Some(a) = pod["metadata"]["annotations"][DEVICE_ALLOCATED].as_str() {
+            for (minor, ratio) in gpu_shares(a) {
+                *held.entry(minor).or_default() += ratio;
+            }
+        }
+    }
+    held
 }

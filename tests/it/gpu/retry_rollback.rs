@@ -77,29 +77,6 @@ async fn refused_binding_rolls_back_and_clears_the_annotation() {
     env.svc.shutdown().await.unwrap();
 }
 
-/// Another scheduler binds the pod between our patch and our binding: the binding fails with
-/// 409, our entry goes, and the pod must not keep an allocation for a node it is not on.
-#[tokio::test]
-async fn pod_bound_elsewhere_mid_bind_loses_our_annotation_and_entry() {
-    let p = pending("p", whole_gpus(1));
-    let (env, faults) = setup(&[&p], true).await;
-    let faults = faults.unwrap();
-    faults.push(Fault::BindElsewhereAfterPatch("n2".into()));
-    let err = env.bind(&p, "n1").await.unwrap_err();
-    assert!(err.contains("create the binding"), "{err}");
-    assert_eq!(node_of(&env.fake, &p).as_deref(), Some("n2"));
-    // The pod watch sees it on n2 without an annotation: nothing held anywhere.
-    let cluster = env.svc.state.cluster.clone();
-    let u = uid(&p);
-    service::eventually(WAIT, "the pod to be seen on n2, holding nothing", || {
-        let n2 = &cluster.snapshot()["n2"];
-        n2["pods"].get(&u).is_some() && n2["devices"]["entries"].get(&u).is_none()
-    })
-    .await;
-    assert_rolled_back(&env, &p).await;
-    env.svc.shutdown().await.unwrap();
-}
-
 /// The binding commits but its answer is lost (504). The pod now runs on n1 with our minors:
 /// they must stay counted and annotated, or the next pod gets the same GPU (reference §4.23:
 /// "bind returned an error but actually succeeded").

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ::http::{Method, StatusCode, header};
@@ -19,7 +20,7 @@ use tokio::sync::mpsc;
 use super::selector::FieldSelector;
 use super::{
     ApiError, EventType, FakeApiServer, Inner, Kind, LogEntry, MAX_SNAPSHOTS, RecordedRequest,
-    Snapshot, WatchMsg, meta_str, patch, resource_label,
+    Snapshot, WatchMsg, WriteFault, WriteOp, meta_str, patch, resource_label,
 };
 
 /// A real server picks a random watch timeout of 30–60 min when the client sends none.
@@ -327,10 +328,76 @@ async fn resource(
     if fake.inner.lock().kinds[kind.idx()].not_served {
         return path_not_found();
     }
+    let sub = r.sub.as_deref();
+    let whole_object = matches!(sub, None | Some("status"));
+    let op = match (&method, r.name.is_some(), sub) {
+        (&Method::PATCH, true, None | Some("status")) if kind == Kind::Pod => {
+            Some(WriteOp::PodPatch)
+        }
+        (&Method::POST, true, Some("binding")) if kind == Kind::Pod => Some(WriteOp::PodBinding),
+        _ => None,
+    };
+    let fault = op.and_then(|op| fake.take_write_fault(op));
+    if let Some(WriteFault::Refuse(code)) = fault {
+        return status_response(&ApiError::injected(code));
+    }
+    let hanging = fake.hanging.clone();
+    let response = resource_inner(fake, method, r, q, content_type, body, whole_object).await;
+    match fault {
+        Some(f) if f != WriteFault::Pass && response.status().is_success() => {
+            lose_answer(f, &hanging).await
+        }
+        _ => response,
+    }
+}
+
+/// The answer to a write that was applied but whose answer a [`WriteFault`] loses.
+async fn lose_answer(fault: WriteFault, hanging: &AtomicU64) -> Response {
+    match fault {
+        WriteFault::Pass => status_response(&ApiError::injected(500)),
+        WriteFault::Refuse(code) | WriteFault::AppliedThenStatus(code) => {
+            status_response(&ApiError::injected(code))
+        }
+        WriteFault::AppliedThenDrop => {
+            // Headers go out, then the body fails: hyper cuts the connection mid-response.
+            let cut = futures::stream::once(async {
+                Err::<Bytes, std::io::Error>(std::io::Error::other("injected: connection cut"))
+            });
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from_stream(cut))
+                .unwrap_or_default()
+        }
+        WriteFault::AppliedThenHang(d) => {
+            // Counted down on drop too: a client that gives up (or dies) drops this future.
+            struct Held<'a>(&'a AtomicU64);
+            impl Drop for Held<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            hanging.fetch_add(1, Ordering::SeqCst);
+            let _held = Held(hanging);
+            tokio::time::sleep(d).await;
+            status_response(&ApiError::injected(504))
+        }
+    }
+}
+
+async fn resource_inner(
+    fake: FakeApiServer,
+    method: Method,
+    r: ResourcePath,
+    q: HashMap<String, String>,
+    content_type: Option<String>,
+    body: Bytes,
+    whole_object: bool,
+) -> Response {
+    let kind = r.kind;
     let api_version = kind.api_version_for(&r.version);
     let ns = r.ns.clone().unwrap_or_default();
     let sub = r.sub.as_deref();
-    let whole_object = matches!(sub, None | Some("status"));
     match (&method, r.name.as_deref()) {
         (&Method::GET, None) if sub.is_none() => {
             if q.get("watch").is_some_and(|w| truthy(w)) {
@@ -412,7 +479,15 @@ async fn resource(
             } else {
                 parse_body(&body)?
             };
-            Ok((200, g.delete(kind, &ns, name, opts.get("preconditions"))?))
+            // Graceful deletion only when asked for explicitly (module docs of the fake).
+            let grace = opts
+                .get("gracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .or_else(|| q.get("gracePeriodSeconds").and_then(|g| g.parse().ok()));
+            Ok((
+                200,
+                g.delete(kind, &ns, name, opts.get("preconditions"), grace)?,
+            ))
         }),
         _ if sub.is_some_and(|s| s != "status" && s != "binding") => path_not_found(),
         _ => status_response(&ApiError::new(
@@ -482,6 +557,17 @@ async fn list(fake: FakeApiServer, r: &ResourcePath, q: &HashMap<String, String>
             }
             _ => None,
         };
+        let fail = fail.or_else(|| match ks.fail_lists.as_mut() {
+            Some((code, left)) => {
+                let code = *code;
+                *left -= 1;
+                if *left == 0 {
+                    ks.fail_lists = None;
+                }
+                Some(code)
+            }
+            None => None,
+        });
         (fail, ks.list_delay)
     };
     if !delay.is_zero() {

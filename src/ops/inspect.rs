@@ -1,0 +1,169 @@
+//! `inspect`: where the view comes from, and printing it.
+//!
+//! Every source ends in the service's own code: a cluster file is replayed through
+//! [`crate::sync::run_file`] and a kubeconfig is listed once through the service's watchers and
+//! handlers ([`crate::sync::list_kube_once`]), each into a fresh [`ClusterState`]; a running
+//! service is asked for `GET /debug/nodes`, which serves [`super::view::cluster_view`] of its
+//! live caches. This module never parses API objects itself.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::OpsError;
+use super::args::{InspectArgs, InspectFormat};
+use super::render;
+use super::view::{ClusterView, cluster_view};
+use crate::cluster::ClusterState;
+use crate::metrics::Metrics;
+use crate::sync::file_source::ClusterFile;
+use crate::sync::{self, Readiness, SyncContext};
+
+/// Caches filled by one of the offline sources.
+pub struct Loaded {
+    pub cluster: Arc<ClusterState>,
+    pub readiness: Arc<Readiness>,
+    pub metrics: Metrics,
+}
+
+impl Loaded {
+    fn new() -> Self {
+        let metrics = Metrics::new();
+        Loaded {
+            cluster: Arc::new(ClusterState::new()),
+            readiness: Readiness::new(sync::declared_kinds(), None, metrics.clone()),
+            metrics,
+        }
+    }
+
+    pub fn context(&self) -> SyncContext {
+        SyncContext {
+            cluster: self.cluster.clone(),
+            readiness: self.readiness.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// A parsed cluster file replayed through the service's file sync.
+pub fn load_cluster_file(file: ClusterFile) -> Loaded {
+    let loaded = Loaded::new();
+    sync::run_file(&loaded.context(), file);
+    loaded
+}
+
+/// One list of every kind through the service's watchers and handlers (no watch).
+pub async fn load_kube(client: &kube::Client) -> Result<Loaded, OpsError> {
+    let loaded = Loaded::new();
+    sync::list_kube_once(&loaded.context(), client, &Default::default())
+        .await
+        .map_err(OpsError::List)?;
+    Ok(loaded)
+}
+
+/// The view a running service serves at `GET /debug/nodes`.
+pub async fn fetch_server(url: &str, nodes: &[String]) -> Result<ClusterView, OpsError> {
+    let server = |message: String| OpsError::Server {
+        url: url.to_string(),
+        message,
+    };
+    let uri: http::Uri = url.parse().map_err(|e| server(format!("not a URL: {e}")))?;
+    // kube's client is already in the binary: plain HTTP or HTTPS to any URL, no auth.
+    let client =
+        kube::Client::try_from(kube::Config::new(uri)).map_err(|e| server(e.to_string()))?;
+    let mut path = "/debug/nodes".to_string();
+    if !nodes.is_empty() {
+        path.push_str("?nodes=");
+        path.push_str(&nodes.join(","));
+    }
+    let request = http::Request::get(path)
+        .body(kube::client::Body::from(Vec::new()))
+        .map_err(|e| server(e.to_string()))?;
+    let response = client
+        .send(request)
+        .await
+        .map_err(|e| server(e.to_string()))?;
+    let status = response.status();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .map_err(|e| server(format!("reading the answer: {e}")))?
+        .to_bytes();
+    if !status.is_success() {
+        // The service answers errors as `{"error": "..."}`; show that, not the raw body.
+        let message = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        return Err(server(format!("{status}: {message}")));
+    }
+    serde_json::from_slice(&body).map_err(|e| server(format!("unexpected answer: {e}")))
+}
+
+/// The view for `args`' source, restricted to `args.nodes`.
+pub async fn view(args: &InspectArgs) -> Result<ClusterView, OpsError> {
+    if let Some(url) = &args.server {
+        return fetch_server(url, &args.nodes).await;
+    }
+    let loaded = match &args.cluster_file {
+        Some(path) => load_cluster_file(ClusterFile::load(path)?),
+        None => {
+            let client = crate::app::kube_client_from(args.kubeconfig.as_deref())
+                .await
+                .map_err(|e| OpsError::Client(e.to_string()))?;
+            load_kube(&client).await?
+        }
+    };
+    select(&loaded.cluster, &args.nodes)
+}
+
+/// The view of `nodes` (all when empty); naming a node the caches do not hold is an error.
+pub fn select(cluster: &ClusterState, nodes: &[String]) -> Result<ClusterView, OpsError> {
+    let view = cluster_view(cluster, nodes);
+    let missing: Vec<String> = nodes
+        .iter()
+        .filter(|n| !view.nodes.iter().any(|v| &v.name == *n))
+        .cloned()
+        .collect();
+    if missing.is_empty() {
+        Ok(view)
+    } else {
+        Err(OpsError::UnknownNodes(missing))
+    }
+}
+
+/// Colour only for a terminal, and never with `NO_COLOR` set (https://no-color.org).
+pub fn use_color(stream_is_terminal: bool) -> bool {
+    stream_is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Renders `view` in `format`.
+pub fn render(view: &ClusterView, format: InspectFormat, color: bool) -> Result<String, OpsError> {
+    match format {
+        InspectFormat::Json => {
+            let mut s =
+                serde_json::to_string_pretty(view).map_err(|e| OpsError::Encode(e.to_string()))?;
+            s.push('\n');
+            Ok(s)
+        }
+        InspectFormat::Table => Ok(render::cluster(view, false, color)),
+        InspectFormat::Wide => Ok(render::cluster(view, true, color)),
+    }
+}
+
+/// The `inspect` command.
+pub async fn run(args: InspectArgs) -> Result<(), OpsError> {
+    let view = view(&args).await?;
+    let out = render(
+        &view,
+        args.output,
+        use_color(std::io::stdout().is_terminal()),
+    )?;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(out.as_bytes()).map_err(OpsError::Io)?;
+    stdout.flush().map_err(OpsError::Io)
+}
+
+/// Loads a cluster file from a path (for callers without a parsed file).
+pub fn load_path(path: &Path) -> Result<Loaded, OpsError> {
+    Ok(load_cluster_file(ClusterFile::load(path)?))
+}

@@ -1,0 +1,49 @@
+//! Operator tools: what the extender sees, for the people who run it.
+//!
+//! - [`view`]: the per-node device view and cluster summary, computed from the caches (the one
+//!   implementation behind `inspect`, `simulate`, `GET /debug/nodes` and the capacity gauges);
+//! - [`inspect`]: the view from a cluster file, a kubeconfig (one list, no watch) or a running
+//!   service, printed as a table or JSON;
+//! - [`simulate`]: pending pods through the real filter → prioritize → bind, in memory;
+//! - [`capacity`]: the scrape-time capacity gauges;
+//! - [`args`]: their command-line flags.
+//!
+//! Nothing here parses API objects or decides placements: loading goes through [`crate::sync`],
+//! decisions through [`crate::extender::verbs`] and [`crate::bind`].
+
+pub mod args;
+pub mod capacity;
+pub mod inspect;
+pub mod render;
+pub mod simulate;
+pub mod view;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error(transparent)]
+    ClusterFile(#[from] crate::sync::file_source::ClusterFileError),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Client(String),
+    #[error("cannot list the cluster: {0}")]
+    List(String),
+    #[error("cannot read the view of {url}: {message}")]
+    Server { url: String, message: String },
+    #[error("not in the cluster: {}", .0.join(", "))]
+    UnknownNodes(Vec<String>),
+    #[error("invalid scoring flags: {0}")]
+    Scoring(#[from] crate::placement::device::score::ScoringConfigError),
+    #[error("cannot encode the output: {0}")]
+    Encode(String),
+    #[error("cannot write the output: {0}")]
+    Io(std::io::Error),
+}

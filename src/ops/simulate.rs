@@ -1,0 +1,551 @@
+//! `simulate`: the what-if. Each pending pod, in file order, goes through the service's real
+//! filter → prioritize → bind (offline [`OfflinePodApi`], memory only), and lands where a
+//! kube-scheduler with `percentageOfNodesToScore: 100` would put it: among the nodes that pass,
+//! the highest extender score, ties to the first name.
+//!
+//! What kube-scheduler itself checks before calling the extender is modelled only as far as it
+//! decides device placement: NodeResourcesFit over the pod's requests against the Node's
+//! allocatable minus the requests of the pods already on it (pod count included), with the
+//! resources the shipped scheduler configs mark `ignoredByScheduler` (`koordinator.sh/*`,
+//! `huawei.com/npu-*`) left to the extender. Taints, affinity, ports and other plugins' scores
+//! are not simulated.
+//!
+//! This module orchestrates the verbs and reports; it never decides a placement itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::OpsError;
+use super::args::{SimulateArgs, SimulateFormat};
+use super::inspect::{Loaded, load_cluster_file};
+use super::render;
+use super::view::{ClusterView, Summary, cluster_view};
+use crate::bind::{Binder, OfflinePodApi, PodApi};
+use crate::cluster::NodeState;
+use crate::cluster::pod::PodDevices;
+use crate::extender::AppState;
+use crate::extender::verbs;
+use crate::extender::wire::{ExtenderArgs, ExtenderBindingArgs};
+use crate::model::device::{GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO};
+use crate::model::ids::PodUid;
+use crate::model::pod::Pod;
+use crate::model::quantity::Quantity;
+use crate::model::requests::{Requests, pod_requests};
+use crate::placement::device::score::ScoringConfig;
+use crate::sync::Kind;
+use crate::sync::file_source::{ClusterFile, documents, fill_identity};
+
+/// One device of a placed pod's allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatedDevice {
+    pub minor: i32,
+    /// Resource name -> amount in whole units (bytes for memory).
+    pub resources: BTreeMap<String, i64>,
+}
+
+/// Where one pod went, or why it went nowhere.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The chosen node; `null` when the pod fits nowhere (or was skipped).
+    pub node: Option<String>,
+    /// The extender's score (0-10) of the chosen node.
+    pub score: Option<i64>,
+    /// Per device type, the devices allocated (empty for pods without device requests).
+    pub devices: BTreeMap<String, Vec<AllocatedDevice>>,
+    /// Why nodes were rejected: reason -> number of nodes (empty when placed).
+    pub reasons: BTreeMap<String, u64>,
+    /// kube-scheduler-style one-liner for a pod that fits nowhere or was skipped.
+    pub message: Option<String>,
+}
+
+/// The whole run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub before: Summary,
+    pub placements: Vec<Placement>,
+    pub after: Summary,
+}
+
+/// A run's results: the report, the full view after, and the resulting cluster's objects.
+pub struct Simulation {
+    pub report: Report,
+    pub after: ClusterView,
+    /// The cluster file's objects with the placed pods added (bound and annotated) — what
+    /// `--output-cluster` writes.
+    pub cluster_objects: Vec<Value>,
+}
+
+/// Resources the shipped scheduler configs leave to the extender (`ignoredByScheduler`).
+fn ignored_by_scheduler(resource: &str) -> bool {
+    resource.starts_with("koordinator.sh/") || resource.starts_with("huawei.com/npu-")
+}
+
+/// kube-scheduler's NodeResourcesFit, as far as simulate models it (see the module docs).
+fn scheduler_fit(node: &NodeState, requests: &Requests) -> Result<(), String> {
+    let Some(record) = &node.node else {
+        return Err("node not found".into());
+    };
+    let allocatable = |name: &str| -> Quantity {
+        record
+            .allocatable
+            .get(name)
+            .and_then(|v| Quantity::parse(v).ok())
+            .unwrap_or(Quantity::ZERO)
+    };
+    if record.allocatable.contains_key("pods") {
+        let max = allocatable("pods").value();
+        if i64::try_from(node.pods.len()).unwrap_or(i64::MAX) >= max {
+            return Err("Too many pods".into());
+        }
+    }
+    for (name, want) in requests {
+        if want.is_zero() || ignored_by_scheduler(name) {
+            continue;
+        }
+        let used: i128 = node
+            .pods
+            .values()
+            .filter_map(|p| p.requests.get(name))
+            .map(Quantity::milli)
+            .sum();
+        if used + want.milli() > allocatable(name).milli() {
+            return Err(format!("Insufficient {name}"));
+        }
+    }
+    Ok(())
+}
+
+/// `0/4 nodes are available: 3 insufficient gpu devices, 1 Insufficient nvidia.com/gpu.`
+fn fits_nowhere_message(total: usize, reasons: &BTreeMap<String, u64>) -> String {
+    let mut by_count: Vec<(&String, &u64)> = reasons.iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let parts: Vec<String> = by_count.iter().map(|(r, n)| format!("{n} {r}")).collect();
+    if parts.is_empty() {
+        format!("0/{total} nodes are available.")
+    } else {
+        format!("0/{total} nodes are available: {}.", parts.join(", "))
+    }
+}
+
+fn pod_key(pod: &Pod) -> (String, String) {
+    (
+        pod.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn is_pod(doc: &Value) -> bool {
+    doc.get("kind").and_then(Value::as_str) == Some("Pod")
+}
+
+fn doc_key(doc: &Value) -> (String, String) {
+    let s = |p: &str| doc.pointer(p).and_then(Value::as_str).map(str::to_owned);
+    (
+        s("/metadata/namespace").unwrap_or_else(|| "default".into()),
+        s("/metadata/name").unwrap_or_default(),
+    )
+}
+
+/// Runs the simulation on texts already read (`cluster_path`/`pods_path` name them in errors).
+pub async fn simulate(
+    cluster_text: &str,
+    cluster_path: &str,
+    pods_text: &str,
+    pods_path: &str,
+    scoring: ScoringConfig,
+) -> Result<Simulation, OpsError> {
+    let file = ClusterFile::parse(cluster_text, cluster_path)?;
+    let cluster_docs = documents(cluster_text, cluster_path)?;
+    let pods_file = ClusterFile::parse(pods_text, pods_path)?;
+    let pod_docs: Vec<Value> = documents(pods_text, pods_path)?
+        .into_iter()
+        .filter(is_pod)
+        .collect();
+
+    let mut pending: Vec<(Pod, Value)> = Vec::new();
+    for (mut pod, doc) in pods_file.pods.into_iter().zip(pod_docs) {
+        fill_identity(&mut pod.metadata, Kind::Pods);
+        pending.push((pod, doc));
+    }
+
+    // The offline API holds every pod; a pods-file pod replaces a cluster pod of the same name.
+    let api = Arc::new(OfflinePodApi::new(
+        file.pods
+            .iter()
+            .cloned()
+            .chain(pending.iter().map(|(p, _)| p.clone())),
+    ));
+    let loaded: Loaded = load_cluster_file(file);
+    let scoring = Arc::new(scoring);
+    let binder = Arc::new(Binder::new(
+        api.clone(),
+        loaded.cluster.clone(),
+        loaded.readiness.clone(),
+        scoring.clone(),
+        loaded.metrics.clone(),
+    ));
+    let state = AppState {
+        cluster: loaded.cluster.clone(),
+        readiness: loaded.readiness.clone(),
+        metrics: loaded.metrics.clone(),
+        binder,
+        scoring,
+        body_limit: usize::MAX,
+    };
+    let before = cluster_view(&state.cluster, &[]).summary;
+
+    let mut placements = Vec::new();
+    let mut placed: BTreeSet<(String, String)> = BTreeSet::new();
+    for (pod, _) in &pending {
+        let (ns, name) = pod_key(pod);
+        placements.push(place(&state, pod, &ns, &name).await);
+        if placements.last().is_some_and(|p| p.node.is_some()) {
+            placed.insert((ns, name));
+        }
+    }
+
+    let after = cluster_view(&state.cluster, &[]);
+    let report = Report {
+        before,
+        placements,
+        after: after.summary,
+    };
+
+    // The resulting cluster: the input's objects, each simulated pod as the offline API now
+    // holds it (bound and annotated by the real bind) in place of or after them.
+    let mut simulated: BTreeMap<(String, String), Value> = BTreeMap::new();
+    for (pod, doc) in &pending {
+        let (ns, name) = pod_key(pod);
+        let mut doc = doc.clone();
+        if placed.contains(&(ns.clone(), name.clone()))
+            && let Ok(Some(now)) = api.get_pod(&ns, &name).await
+        {
+            apply_binding(&mut doc, &now);
+        }
+        if let Some(uid) = &pod.metadata.uid {
+            doc["metadata"]["uid"] = Value::String(uid.clone());
+        }
+        simulated.insert((ns, name), doc);
+    }
+    let mut cluster_objects = Vec::new();
+    for doc in cluster_docs {
+        if is_pod(&doc)
+            && let Some(replacement) = simulated.remove(&doc_key(&doc))
+        {
+            cluster_objects.push(replacement);
+            continue;
+        }
+        cluster_objects.push(doc);
+    }
+    for (pod, _) in &pending {
+        if let Some(doc) = simulated.remove(&pod_key(pod)) {
+            cluster_objects.push(doc);
+        }
+    }
+    Ok(Simulation {
+        report,
+        after,
+        cluster_objects,
+    })
+}
+
+/// Copies what the bind wrote (node and annotations) onto the pod's original object.
+fn apply_binding(doc: &mut Value, pod: &Pod) {
+    if !doc.get("spec").is_some_and(Value::is_object) {
+        doc["spec"] = Value::Object(Default::default());
+    }
+    if let Some(node) = pod.node_name() {
+        doc["spec"]["nodeName"] = Value::String(node.to_string());
+    }
+    if let Some(annotations) = &pod.metadata.annotations {
+        if !doc["metadata"]
+            .get("annotations")
+            .is_some_and(Value::is_object)
+        {
+            doc["metadata"]["annotations"] = Value::Object(Default::default());
+        }
+        for (k, v) in annotations {
+            doc["metadata"]["annotations"][k] = Value::String(v.clone());
+        }
+    }
+}
+
+/// One pod through filter, prioritize and bind.
+async fn place(state: &AppState, pod: &Pod, ns: &str, name: &str) -> Placement {
+    let key = format!("{ns}/{name}");
+    let mut placement = Placement {
+        pod: key.clone(),
+        node: None,
+        score: None,
+        devices: BTreeMap::new(),
+        reasons: BTreeMap::new(),
+        message: None,
+    };
+    if pod.node_name().is_some() || pod.is_terminal() {
+        placement.message = Some("skipped: already assigned or finished".into());
+        return placement;
+    }
+    let requests = match pod_requests(&pod.spec) {
+        Ok(r) => r,
+        Err(e) => {
+            placement.message = Some(format!("skipped: invalid resources: {e}"));
+            return placement;
+        }
+    };
+    // Nodes kube-scheduler knows (a Node object), and its own resource fit on each.
+    let mut total = 0usize;
+    let mut candidates = Vec::new();
+    for node in state.cluster.node_names() {
+        let Some(entry) = state.cluster.node(&node) else {
+            continue;
+        };
+        let verdict = {
+            let s = entry.read();
+            if s.node.is_none() {
+                continue;
+            }
+            scheduler_fit(&s, &requests)
+        };
+        total += 1;
+        match verdict {
+            Ok(()) => candidates.push(node.to_string()),
+            Err(reason) => *placement.reasons.entry(reason).or_default() += 1,
+        }
+    }
+    let filter = verbs::filter(
+        state,
+        ExtenderArgs {
+            pod: Some(pod.clone()),
+            nodes: None,
+            node_names: Some(candidates),
+        },
+    );
+    if !filter.error.is_empty() {
+        placement.message = Some(format!("filter error: {}", filter.error));
+        return placement;
+    }
+    for reason in filter
+        .failed_nodes
+        .iter()
+        .flatten()
+        .chain(filter.failed_and_unresolvable_nodes.iter().flatten())
+        .map(|(_, r)| r)
+    {
+        *placement.reasons.entry(reason.clone()).or_default() += 1;
+    }
+    let passing = filter.node_names.unwrap_or_default();
+    if passing.is_empty() {
+        placement.message = Some(fits_nowhere_message(total, &placement.reasons));
+        return placement;
+    }
+    let scores = verbs::prioritize(
+        state,
+        &ExtenderArgs {
+            pod: Some(pod.clone()),
+            nodes: None,
+            node_names: Some(passing),
+        },
+    );
+    // Highest score; equal scores go to the first name (the candidates are sorted).
+    let mut best: Option<(&str, i64)> = None;
+    for h in &scores {
+        if best.is_none_or(|(n, s)| h.score > s || (h.score == s && h.host.as_str() < n)) {
+            best = Some((&h.host, h.score));
+        }
+    }
+    let Some((node, score)) = best.map(|(n, s)| (n.to_string(), s)) else {
+        placement.message = Some("prioritize returned no nodes".into());
+        return placement;
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let bind = state
+        .binder
+        .bind(&ExtenderBindingArgs {
+            pod_name: name.to_string(),
+            pod_namespace: ns.to_string(),
+            pod_uid: uid.clone(),
+            node: node.clone(),
+        })
+        .await;
+    if let Err(e) = bind {
+        placement.message = Some(format!("bind failed: {e}"));
+        return placement;
+    }
+    placement.reasons.clear();
+    placement.node = Some(node.clone());
+    placement.score = Some(score);
+    if let Some(entry) = state.cluster.node(&node) {
+        let s = entry.read();
+        if let Some(record) = s.pods.get(&PodUid::new(&uid))
+            && let PodDevices::Allocated(a) = &record.devices
+        {
+            for (t, list) in &a.0 {
+                let devices = list
+                    .iter()
+                    .map(|d| AllocatedDevice {
+                        minor: d.minor,
+                        resources: d
+                            .resources
+                            .iter()
+                            .map(|(k, q)| (k.clone(), q.value()))
+                            .collect(),
+                    })
+                    .collect();
+                placement.devices.insert(t.to_string(), devices);
+            }
+        }
+    }
+    placement
+}
+
+/// `gpu 0,1` for whole devices; `gpu 2 (40Gi, core 0%)` for shares.
+fn devices_text(p: &Placement) -> String {
+    let mut parts = Vec::new();
+    for (t, list) in &p.devices {
+        let minors: Vec<String> = list.iter().map(|d| d.minor.to_string()).collect();
+        let whole = list.iter().all(|d| {
+            d.resources.get(GPU_MEMORY_RATIO).is_none_or(|r| *r >= 100)
+                && !d
+                    .resources
+                    .keys()
+                    .any(|k| k.ends_with("/rdma") || k.ends_with("/fpga"))
+        });
+        let mut s = format!("{t} {}", minors.join(","));
+        if !whole && let Some(d) = list.first() {
+            let mem = d
+                .resources
+                .get(GPU_MEMORY)
+                .map(|m| crate::model::device::format_bytes(Quantity::from_units(*m)));
+            let mut detail = Vec::new();
+            if let Some(m) = mem {
+                let each = if list.len() > 1 { " each" } else { "" };
+                detail.push(format!("{m}{each}"));
+            }
+            if let Some(c) = d.resources.get(GPU_CORE) {
+                detail.push(format!("core {c}%"));
+            }
+            for (k, v) in &d.resources {
+                if k.ends_with("/rdma") || k.ends_with("/fpga") {
+                    detail.push(format!("{v}%"));
+                }
+            }
+            if !detail.is_empty() {
+                s.push_str(&format!(" ({})", detail.join(", ")));
+            }
+        }
+        parts.push(s);
+    }
+    if parts.is_empty() {
+        "no devices".to_string()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// The report as text: one line per pod, then the summaries before and after.
+pub fn render_report(report: &Report) -> String {
+    let mut out = String::new();
+    let width = report
+        .placements
+        .iter()
+        .map(|p| p.pod.len())
+        .max()
+        .unwrap_or(3)
+        .max(3);
+    for p in &report.placements {
+        match &p.node {
+            Some(node) => out.push_str(&format!(
+                "{:width$}  -> {node}: {}\n",
+                p.pod,
+                devices_text(p)
+            )),
+            // One reason per line: readable on a narrow terminal (JSON has the one-liner).
+            None if !p.reasons.is_empty() => {
+                let total: u64 = p.reasons.values().sum();
+                out.push_str(&format!(
+                    "{:width$}  -> nowhere: 0/{total} nodes are available:\n",
+                    p.pod
+                ));
+                let mut by_count: Vec<(&String, &u64)> = p.reasons.iter().collect();
+                by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+                for (reason, n) in by_count {
+                    out.push_str(&format!("{:width$}       {n} {reason}\n", ""));
+                }
+            }
+            None => out.push_str(&format!(
+                "{:width$}  -> nowhere: {}\n",
+                p.pod,
+                p.message.as_deref().unwrap_or("")
+            )),
+        }
+    }
+    out.push('\n');
+    render::summary(&mut out, "BEFORE", &report.before);
+    out.push('\n');
+    render::summary(&mut out, "AFTER", &report.after);
+    out
+}
+
+/// The objects as a multi-document YAML cluster file.
+pub fn cluster_yaml(objects: &[Value]) -> Result<String, OpsError> {
+    let mut out = String::from("# Written by device-numa-extender simulate --output-cluster.\n");
+    for o in objects {
+        let doc = serde_saphyr::to_string(o).map_err(|e| OpsError::Encode(e.to_string()))?;
+        out.push_str("---\n");
+        out.push_str(&doc);
+        if !doc.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+/// The `simulate` command.
+pub async fn run(args: SimulateArgs) -> Result<(), OpsError> {
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).map_err(|source| OpsError::Read {
+            path: p.display().to_string(),
+            source,
+        })
+    };
+    let cluster_text = read(&args.cluster_file)?;
+    let pods_text = read(&args.pods)?;
+    let scoring = ScoringConfig::from_flags(&args.score_strategy, args.score_weights.as_deref())?;
+    let sim = simulate(
+        &cluster_text,
+        &args.cluster_file.display().to_string(),
+        &pods_text,
+        &args.pods.display().to_string(),
+        scoring,
+    )
+    .await?;
+    if let Some(path) = &args.output_cluster {
+        std::fs::write(path, cluster_yaml(&sim.cluster_objects)?).map_err(|source| {
+            OpsError::Write {
+                path: path.display().to_string(),
+                source,
+            }
+        })?;
+    }
+    let text = match args.output {
+        SimulateFormat::Table => render_report(&sim.report),
+        SimulateFormat::Json => {
+            let mut s = serde_json::to_string_pretty(&sim.report)
+                .map_err(|e| OpsError::Encode(e.to_string()))?;
+            s.push('\n');
+            s
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes()).map_err(OpsError::Io)?;
+    stdout.flush().map_err(OpsError::Io)
+}

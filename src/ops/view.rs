@@ -1,0 +1,522 @@
+//! The operator's view of the caches: per node, every device (GPU, RDMA, FPGA) with its
+//! health, topology, use and holders, and a cluster summary.
+//!
+//! This is the one place the view is computed. `inspect` (from a cluster file, a kubeconfig or
+//! a running service), `simulate`'s before/after summaries, `GET /debug/nodes` and the capacity
+//! gauges all call [`cluster_view`] / [`node_view`] on a [`ClusterState`], so they can never
+//! disagree. It only reads (node read locks, one node at a time) and never decides placement.
+//!
+//! The JSON shape is documented in `docs/inspect.md` and is stable: fields are only added.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::devices::{EntryState, RecordedAllocation};
+use crate::cluster::{ClusterState, NodeState};
+use crate::model::device::{
+    DeviceResources, DeviceType, FPGA, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, RDMA,
+};
+use crate::model::quantity::Quantity;
+
+/// Used and total of one resource, in whole units (bytes for memory, percent otherwise).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub used: i64,
+    pub total: i64,
+}
+
+impl Usage {
+    fn add(&mut self, other: Usage) {
+        self.used = self.used.saturating_add(other.used);
+        self.total = self.total.saturating_add(other.total);
+    }
+}
+
+/// How much of a device is taken, as the scheduler sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceState {
+    /// Nothing allocated on it.
+    WholeFree,
+    /// Something allocated, something of every dimension left.
+    PartlyUsed,
+    /// Some dimension (memory, core, share) is used up, or the node is blocked by a malformed
+    /// allocation annotation.
+    Full,
+    /// `health: false` (or unparseable resources): zero capacity; holders stay counted.
+    Unhealthy,
+    /// Not in the node's Device object, but recorded in a pod's allocation.
+    Absent,
+}
+
+impl DeviceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceState::WholeFree => "whole_free",
+            DeviceState::PartlyUsed => "partly_used",
+            DeviceState::Full => "full",
+            DeviceState::Unhealthy => "unhealthy",
+            DeviceState::Absent => "absent",
+        }
+    }
+}
+
+/// One pod's share of one device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// `namespace/name`; empty when only the ledger knows the pod (an assumed bind whose pod the
+    /// watch has not shown yet).
+    pub pod: String,
+    pub uid: String,
+    /// `committed` (seen on the pod by the watch) or `assumed` (recorded by a bind, unconfirmed).
+    pub entry: String,
+    /// GPU only.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub core_percent: Option<i64>,
+    /// GPU only.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub memory_bytes: Option<i64>,
+    /// RDMA and FPGA only: `koordinator.sh/rdma` / `koordinator.sh/fpga`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub share_percent: Option<i64>,
+}
+
+/// One device of one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceView {
+    pub minor: i32,
+    pub id: String,
+    pub state: DeviceState,
+    pub healthy: bool,
+    /// NUMA node from the Device topology; `null` when unknown.
+    pub numa: Option<i32>,
+    /// PCIe switch (`pcieID`); `null` when unknown.
+    pub pcie: Option<String>,
+    /// GPU only: `koordinator.sh/gpu-core`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub core_percent: Option<Usage>,
+    /// GPU only: `koordinator.sh/gpu-memory` in bytes.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub memory_bytes: Option<Usage>,
+    /// GPU only: `koordinator.sh/gpu-memory-ratio`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub memory_ratio_percent: Option<Usage>,
+    /// RDMA and FPGA only.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub share_percent: Option<Usage>,
+    /// Pods holding part of it, by pod key then uid.
+    pub holders: Vec<Holder>,
+}
+
+/// Everything about one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub name: String,
+    /// The Node object is in the cache.
+    pub node_object: bool,
+    /// The koordinator Device object is in the cache.
+    pub device_object: bool,
+    /// Pods whose `device-allocated` annotation did not parse: while any is on the node, every
+    /// device counts as fully used.
+    pub blocked_by: Vec<String>,
+    pub gpus: Vec<DeviceView>,
+    pub rdma: Vec<DeviceView>,
+    pub fpga: Vec<DeviceView>,
+    /// CPU columns (free per NUMA node, cpusets and holders, reserved): added by the NUMA work.
+    /// Always `null` until then.
+    pub cpus: Option<serde_json::Value>,
+}
+
+/// Device counts by state over the present devices of one type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCounts {
+    pub total: u64,
+    pub whole_free: u64,
+    pub partly_used: u64,
+    pub full: u64,
+    pub unhealthy: u64,
+}
+
+impl StateCounts {
+    fn count(&mut self, state: DeviceState) {
+        match state {
+            DeviceState::WholeFree => self.whole_free += 1,
+            DeviceState::PartlyUsed => self.partly_used += 1,
+            DeviceState::Full => self.full += 1,
+            DeviceState::Unhealthy => self.unhealthy += 1,
+            // Not a device of the node: shown per node, not counted.
+            DeviceState::Absent => return,
+        }
+        self.total += 1;
+    }
+}
+
+/// The cluster summary line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub nodes: u64,
+    pub gpus: StateCounts,
+    /// Over healthy GPUs (an unhealthy GPU has no capacity; what its pods hold is shown per node).
+    pub gpu_memory_bytes: Usage,
+    pub gpu_core_percent: Usage,
+    /// GPU memory still free on partly used GPUs: capacity only a shared request can use.
+    pub fragmentation_bytes: i64,
+    pub rdma: StateCounts,
+    pub fpga: StateCounts,
+}
+
+/// The whole view: summary and one entry per node, by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub summary: Summary,
+    pub nodes: Vec<NodeView>,
+}
+
+fn amount(r: Option<&DeviceResources>, name: &str) -> i64 {
+    r.and_then(|r| r.get(name))
+        .copied()
+        .unwrap_or(Quantity::ZERO)
+        .value()
+}
+
+fn usage(total: &DeviceResources, used: Option<&DeviceResources>, name: &str) -> Usage {
+    Usage {
+        used: amount(used, name),
+        total: amount(Some(total), name),
+    }
+}
+
+/// The view of one node, from its cached state.
+pub fn node_view(name: &str, state: &NodeState) -> NodeView {
+    let ledger = &state.devices;
+    let devices = ledger.devices();
+    let free = ledger.free(&[]);
+    let used = ledger.used();
+    let blocked = ledger.has_malformed();
+
+    let mut rows: BTreeMap<DeviceType, BTreeMap<i32, DeviceView>> = BTreeMap::new();
+    let gpu_like = |t: &DeviceType| matches!(t, DeviceType::Gpu);
+    let share_name = |t: &DeviceType| match t {
+        DeviceType::Rdma => RDMA,
+        _ => FPGA,
+    };
+    if let Some(devices) = devices {
+        for t in [DeviceType::Gpu, DeviceType::Rdma, DeviceType::Fpga] {
+            for slot in devices.slots(&t) {
+                let slot_used = used.get(&t).and_then(|m| m.get(&slot.minor));
+                let slot_free = free.get(&t).and_then(|m| m.get(&slot.minor));
+                let state = if !slot.healthy {
+                    DeviceState::Unhealthy
+                } else if slot_used.is_none_or(|u| u.is_empty()) && !blocked {
+                    DeviceState::WholeFree
+                } else if slot.total.keys().any(|dim| amount(slot_free, dim) <= 0) {
+                    DeviceState::Full
+                } else {
+                    DeviceState::PartlyUsed
+                };
+                let topology = slot.topology.as_ref();
+                let (core, memory, ratio, share) = if gpu_like(&t) {
+                    (
+                        Some(usage(&slot.total, slot_used, GPU_CORE)),
+                        Some(usage(&slot.total, slot_used, GPU_MEMORY)),
+                        Some(usage(&slot.total, slot_used, GPU_MEMORY_RATIO)),
+                        None,
+                    )
+                } else {
+                    (
+                        None,
+                        None,
+                        None,
+                        Some(usage(&slot.total, slot_used, share_name(&t))),
+                    )
+                };
+                rows.entry(t.clone()).or_default().insert(
+                    slot.minor,
+                    DeviceView {
+                        minor: slot.minor,
+                        id: slot.id.clone(),
+                        state,
+                        healthy: slot.healthy,
+                        numa: topology.map(|t| t.node_id).filter(|n| *n >= 0),
+                        pcie: topology
+                            .map(|t| t.pcie_id.clone())
+                            .filter(|p| !p.is_empty()),
+                        core_percent: core,
+                        memory_bytes: memory,
+                        memory_ratio_percent: ratio,
+                        share_percent: share,
+                        holders: Vec::new(),
+                    },
+                );
+            }
+        }
+    }
+
+    let mut blocked_by = Vec::new();
+    for (uid, entry) in ledger.entries() {
+        let pod = state
+            .pods
+            .get(uid)
+            .map(|p| p.key.to_string())
+            .unwrap_or_default();
+        let entry_state = match entry.state {
+            EntryState::Assumed { .. } => "assumed",
+            EntryState::Committed => "committed",
+        };
+        let allocations = match &entry.allocation {
+            RecordedAllocation::Allocated(a) => a,
+            RecordedAllocation::Malformed { .. } => {
+                blocked_by.push(if pod.is_empty() {
+                    uid.to_string()
+                } else {
+                    pod.clone()
+                });
+                continue;
+            }
+        };
+        for (t, list) in &allocations.0 {
+            if !matches!(t, DeviceType::Gpu | DeviceType::Rdma | DeviceType::Fpga) {
+                continue;
+            }
+            for a in list {
+                let row = rows
+                    .entry(t.clone())
+                    .or_default()
+                    .entry(a.minor)
+                    .or_insert_with(|| absent_row(t, a.minor, used));
+                let r = Some(&a.resources);
+                row.holders.push(Holder {
+                    pod: pod.clone(),
+                    uid: uid.to_string(),
+                    entry: entry_state.to_string(),
+                    core_percent: gpu_like(t).then(|| amount(r, GPU_CORE)),
+                    memory_bytes: gpu_like(t).then(|| amount(r, GPU_MEMORY)),
+                    share_percent: (!gpu_like(t)).then(|| amount(r, share_name(t))),
+                });
+            }
+        }
+    }
+    blocked_by.sort();
+    let mut take = |t: DeviceType| -> Vec<DeviceView> {
+        let mut list: Vec<DeviceView> = rows.remove(&t).unwrap_or_default().into_values().collect();
+        for d in &mut list {
+            d.holders
+                .sort_by(|a, b| (&a.pod, &a.uid).cmp(&(&b.pod, &b.uid)));
+        }
+        list
+    };
+    NodeView {
+        name: name.to_string(),
+        node_object: state.node.is_some(),
+        device_object: devices.is_some(),
+        blocked_by,
+        gpus: take(DeviceType::Gpu),
+        rdma: take(DeviceType::Rdma),
+        fpga: take(DeviceType::Fpga),
+        cpus: None,
+    }
+}
+
+/// A minor only an allocation names (the Device object lost it, or never had it).
+fn absent_row(t: &DeviceType, minor: i32, used: &crate::cluster::devices::UsedMap) -> DeviceView {
+    let none = DeviceResources::new();
+    let slot_used = used.get(t).and_then(|m| m.get(&minor));
+    let gpu = matches!(t, DeviceType::Gpu);
+    let share = if matches!(t, DeviceType::Rdma) {
+        RDMA
+    } else {
+        FPGA
+    };
+    DeviceView {
+        minor,
+        id: String::new(),
+        state: DeviceState::Absent,
+        healthy: false,
+        numa: None,
+        pcie: None,
+        core_percent: gpu.then(|| usage(&none, slot_used, GPU_CORE)),
+        memory_bytes: gpu.then(|| usage(&none, slot_used, GPU_MEMORY)),
+        memory_ratio_percent: gpu.then(|| usage(&none, slot_used, GPU_MEMORY_RATIO)),
+        share_percent: (!gpu).then(|| usage(&none, slot_used, share)),
+        holders: Vec::new(),
+    }
+}
+
+/// Adds one node to a summary.
+pub fn add_to_summary(summary: &mut Summary, node: &NodeView) {
+    summary.nodes += 1;
+    for g in &node.gpus {
+        summary.gpus.count(g.state);
+        if g.healthy {
+            summary
+                .gpu_memory_bytes
+                .add(g.memory_bytes.unwrap_or_default());
+            summary
+                .gpu_core_percent
+                .add(g.core_percent.unwrap_or_default());
+        }
+        if g.state == DeviceState::PartlyUsed {
+            let m = g.memory_bytes.unwrap_or_default();
+            summary.fragmentation_bytes = summary
+                .fragmentation_bytes
+                .saturating_add((m.total - m.used).max(0));
+        }
+    }
+    for d in &node.rdma {
+        summary.rdma.count(d.state);
+    }
+    for d in &node.fpga {
+        summary.fpga.count(d.state);
+    }
+}
+
+/// The summary of a list of node views.
+pub fn summarize<'a>(nodes: impl IntoIterator<Item = &'a NodeView>) -> Summary {
+    let mut s = Summary::default();
+    for n in nodes {
+        add_to_summary(&mut s, n);
+    }
+    s
+}
+
+/// The view of every cached node (or only those named in `only`, when it is not empty), by name.
+/// Names asked for but not cached are left out; the caller reports them.
+pub fn cluster_view(cluster: &ClusterState, only: &[String]) -> ClusterView {
+    let nodes: Vec<NodeView> = cluster
+        .node_names()
+        .into_iter()
+        .filter(|n| only.is_empty() || only.iter().any(|o| o.as_str() == &**n))
+        .filter_map(|name| {
+            let entry = cluster.node(&name)?;
+            let state = entry.read();
+            Some(node_view(&name, &state))
+        })
+        .collect();
+    ClusterView {
+        summary: summarize(&nodes),
+        nodes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::device::DeviceAllocations;
+    use crate::model::ids::PodUid;
+    use crate::ops::inspect::load_cluster_file;
+    use crate::sync::file_source::ClusterFile;
+
+    const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+status: {allocatable: {cpu: "8"}}
+---
+apiVersion: scheduling.koordinator.sh/v1alpha1
+kind: Device
+metadata: {name: n1}
+spec:
+  devices:
+  - {type: gpu, id: g0, minor: 0, health: true, topology: {nodeID: 0, pcieID: p0},
+     resources: {koordinator.sh/gpu-core: "100", koordinator.sh/gpu-memory: 16Gi, koordinator.sh/gpu-memory-ratio: "100"}}
+  - {type: gpu, id: g1, minor: 1, health: false,
+     resources: {koordinator.sh/gpu-core: "100", koordinator.sh/gpu-memory: 16Gi, koordinator.sh/gpu-memory-ratio: "100"}}
+"#;
+
+    fn share(minor: i32, ratio: u32) -> RecordedAllocation {
+        let json = format!(
+            r#"{{"gpu":[{{"minor":{minor},"resources":{{"koordinator.sh/gpu-memory-ratio":"{ratio}","koordinator.sh/gpu-memory":"{}Mi"}}}}]}}"#,
+            16 * 1024 * ratio / 100
+        );
+        RecordedAllocation::Allocated(DeviceAllocations::parse_annotation(&json).unwrap())
+    }
+
+    fn view_after(f: impl FnOnce(&mut NodeState)) -> NodeView {
+        let loaded = load_cluster_file(ClusterFile::parse(CLUSTER, "t.yaml").unwrap());
+        let entry = loaded.cluster.node("n1").unwrap();
+        f(&mut entry.write());
+        cluster_view(&loaded.cluster, &[]).nodes.remove(0)
+    }
+
+    #[test]
+    fn states_topology_and_assumed_holders() {
+        let v = view_after(|s| {
+            s.devices.record(
+                PodUid::new("u-assumed"),
+                share(0, 50),
+                EntryState::Assumed {
+                    at: std::time::Instant::now(),
+                },
+            );
+            // Only an allocation names minor 7.
+            s.devices
+                .record(PodUid::new("u-gone"), share(7, 10), EntryState::Committed);
+        });
+        let g = |m: i32| v.gpus.iter().find(|d| d.minor == m).unwrap();
+        assert_eq!(g(0).state, DeviceState::PartlyUsed);
+        assert_eq!((g(0).numa, g(0).pcie.as_deref()), (Some(0), Some("p0")));
+        assert_eq!(g(0).holders.len(), 1);
+        let h = &g(0).holders[0];
+        assert_eq!(
+            (h.pod.as_str(), h.uid.as_str(), h.entry.as_str()),
+            ("", "u-assumed", "assumed")
+        );
+        assert_eq!(h.memory_bytes, Some(8 << 30));
+        assert_eq!(g(1).state, DeviceState::Unhealthy);
+        assert_eq!((g(1).numa, g(1).pcie.clone()), (None, None));
+        assert_eq!(g(7).state, DeviceState::Absent);
+        let s = summarize([&v]);
+        assert_eq!(
+            (s.gpus.total, s.gpus.partly_used, s.gpus.unhealthy),
+            (2, 1, 1),
+            "absent minors are not devices of the node"
+        );
+        assert_eq!(s.fragmentation_bytes, 8 << 30);
+        assert_eq!(
+            s.gpu_memory_bytes,
+            Usage {
+                used: 8 << 30,
+                total: 16 << 30
+            }
+        );
+        let table = crate::ops::render::cluster(
+            &ClusterView {
+                summary: s,
+                nodes: vec![v.clone()],
+            },
+            false,
+            false,
+        );
+        assert!(table.contains("uid:u-assumed [assumed]"), "{table}");
+        assert!(table.contains("UNHEALTHY"), "{table}");
+    }
+
+    #[test]
+    fn a_malformed_allocation_blocks_every_device_of_its_node() {
+        let v = view_after(|s| {
+            s.devices.record(
+                PodUid::new("u-bad"),
+                RecordedAllocation::Malformed {
+                    reason: "not JSON".into(),
+                },
+                EntryState::Committed,
+            );
+        });
+        assert_eq!(v.blocked_by, vec!["u-bad".to_string()]);
+        assert_eq!(v.gpus[0].state, DeviceState::Full);
+        assert_eq!(v.gpus[1].state, DeviceState::Unhealthy);
+    }
+
+    #[test]
+    fn one_whole_gpu_is_full_and_a_free_one_whole_free() {
+        let v = view_after(|s| {
+            s.devices
+                .record(PodUid::new("u"), share(0, 100), EntryState::Committed);
+        });
+        assert_eq!(v.gpus[0].state, DeviceState::Full);
+        let v = view_after(|_| {});
+        assert_eq!(v.gpus[0].state, DeviceState::WholeFree);
+        assert!(v.cpus.is_none(), "CPU columns are left to the NUMA work");
+    }
+}

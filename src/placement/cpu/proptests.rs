@@ -1,0 +1,541 @@
+//! Property tests of [`super::place`] and [`super::fast_feasible`] against a brute-force
+//! reference written from the view alone: it rebuilds cores from the raw `CpuDetail`s, resolves
+//! the policies from the raw fields, and counts eligible CPUs per NUMA node directly. It calls
+//! neither the accumulator, nor the hint code, nor `CpuTopology::cores`.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::accumulator::synthetic_topology;
+use super::tests::{GI, Node};
+use super::*;
+
+/// A tiny deterministic generator so one `u64` seed describes a whole node and pod (proptest
+/// then shrinks the seed's neighbourhood poorly, but reports it for replay).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len() as u64) as usize]
+    }
+}
+
+fn gen_node(r: &mut Rng) -> Node {
+    let topo = synthetic_topology(
+        1 + r.below(2) as u32,
+        1 + r.below(2) as u32,
+        1 + r.below(4) as u32,
+        1 + r.below(2) as u32,
+    );
+    let mut node = Node::new(topo, (4 + r.below(12) as i64) * GI);
+    let busy = r.below(80);
+    let mut allocated = CpuSet::new();
+    let mut reserved = CpuSet::new();
+    for c in node.topo.all().iter() {
+        if r.chance(busy) {
+            allocated.insert(c);
+        } else if r.chance(8) {
+            reserved.insert(c);
+        }
+    }
+    node.reserved = reserved;
+    // Zone allocatable excludes reserved CPUs, as the ledger builds it.
+    for z in node.zones.iter_mut() {
+        z.cpu_milli -= node.topo.numa_cpus(z.id).intersection(&reserved).len() as i64 * 1000;
+    }
+    for (i, z) in node.zones.clone().iter().enumerate() {
+        let held = node.topo.numa_cpus(z.id).intersection(&allocated).len() as i64 * 1000;
+        let shared = if r.chance(30) {
+            r.below(4000) as i64
+        } else {
+            0
+        };
+        node.usage[i].cpu_milli = held + shared;
+        node.usage[i].memory_bytes = r.below(z.memory_bytes as u64 + 1) as i64;
+        node.usage[i].single_numa_pods = u32::from(r.chance(20));
+        node.usage[i].multi_numa_pods = u32::from(r.chance(20));
+    }
+    node.allocated = allocated;
+    for c in allocated.iter() {
+        if r.chance(20) {
+            node.pcpu_exclusive.insert(c);
+        }
+        if r.chance(20) {
+            node.numa_exclusive.insert(c);
+        }
+    }
+    node.bind_policy = r.pick(&[
+        NodeCpuBindPolicy::None,
+        NodeCpuBindPolicy::None,
+        NodeCpuBindPolicy::FullPcpusOnly,
+        NodeCpuBindPolicy::SpreadByPcpus,
+    ]);
+    node.numa_policy = r.pick(&[
+        NumaPolicy::None,
+        NumaPolicy::BestEffort,
+        NumaPolicy::Restricted,
+        NumaPolicy::SingleNumaNode,
+    ]);
+    node.strategy = r.pick(&[
+        NumaAllocateStrategy::MostAllocated,
+        NumaAllocateStrategy::LeastAllocated,
+    ]);
+    node
+}
+
+fn gen_pod(r: &mut Rng) -> PodCpuRequest {
+    let cpus = r.below(11) as i64;
+    let cpu_milli = if r.chance(15) {
+        cpus * 1000 + 500
+    } else {
+        cpus * 1000
+    };
+    let cpuset = (r.chance(70) && cpu_milli % 1000 == 0).then(|| CpusetWish {
+        policy: r.pick(&[CpuBindPolicy::FullPcpus, CpuBindPolicy::SpreadByPcpus]),
+        required: r.chance(50),
+        exclusive: r.pick(&[
+            CpuExclusivePolicy::None,
+            CpuExclusivePolicy::PcpuLevel,
+            CpuExclusivePolicy::NumaNodeLevel,
+        ]),
+    });
+    PodCpuRequest {
+        cpu_milli,
+        memory_bytes: r.below(10) as i64 * GI / 2,
+        cpuset,
+        numa_policy: r.pick(&[
+            NumaPolicy::None,
+            NumaPolicy::None,
+            NumaPolicy::BestEffort,
+            NumaPolicy::Restricted,
+            NumaPolicy::SingleNumaNode,
+        ]),
+        numa_exclusive: r.pick(&[
+            NumaExclusive::Unset,
+            NumaExclusive::Required,
+            NumaExclusive::Preferred,
+        ]),
+    }
+}
+
+fn gen_scoring(r: &mut Rng) -> CpuScoring {
+    let strategies = [
+        CpuScoreStrategy::LeastAllocated,
+        CpuScoreStrategy::MostAllocated,
+    ];
+    CpuScoring {
+        node_strategy: r.pick(&strategies),
+        numa_strategy: r.pick(&strategies),
+        cpu_weight: r.below(4) as i64,
+        memory_weight: r.below(4) as i64,
+        default_bind_policy: CpuBindPolicy::FullPcpus,
+    }
+}
+
+/// The reference's own reading of the policies. `None` = the pair conflicts (or the request
+/// is malformed for a cpuset): unresolvable.
+#[derive(Debug, Clone, Copy)]
+struct RefDemand {
+    /// (policy, required, cpus) of the cpuset, if any.
+    cpuset: Option<(CpuBindPolicy, bool, usize)>,
+    numa: NumaPolicy,
+    exclusive_required: bool,
+}
+
+fn reference_resolve(node: &Node, req: &PodCpuRequest) -> Option<RefDemand> {
+    let threads = {
+        let mut per_core: BTreeMap<(u32, u32), usize> = BTreeMap::new();
+        for d in node.topo.cpus() {
+            *per_core.entry((d.socket, d.core)).or_default() += 1;
+        }
+        node.topo.cpus().len() / per_core.len()
+    };
+    let forced = match node.bind_policy {
+        NodeCpuBindPolicy::None => None,
+        NodeCpuBindPolicy::FullPcpusOnly => Some(CpuBindPolicy::FullPcpus),
+        NodeCpuBindPolicy::SpreadByPcpus => Some(CpuBindPolicy::SpreadByPcpus),
+    };
+    let mut cpuset = None;
+    if req.cpu_milli > 0 && (forced.is_some() || req.cpuset.is_some()) {
+        if req.cpu_milli % 1000 != 0 {
+            return None;
+        }
+        let (policy, required) = match (forced, req.cpuset) {
+            (Some(f), Some(w)) if w.required && w.policy != f => return None,
+            (Some(f), _) => (f, true),
+            (None, Some(w)) => (w.policy, w.required),
+            (None, None) => return None,
+        };
+        let cpus = (req.cpu_milli / 1000) as usize;
+        if required && policy == CpuBindPolicy::FullPcpus && !cpus.is_multiple_of(threads) {
+            return None;
+        }
+        cpuset = Some((policy, required, cpus));
+    }
+    let numa = match (req.numa_policy, node.numa_policy) {
+        (NumaPolicy::None, n) => n,
+        (p, NumaPolicy::None) => p,
+        (p, n) if p == n => p,
+        _ => return None,
+    };
+    let exclusive_required = match req.numa_exclusive {
+        NumaExclusive::Required => true,
+        NumaExclusive::Preferred => false,
+        NumaExclusive::Unset => req.numa_policy != NumaPolicy::None,
+    };
+    Some(RefDemand {
+        cpuset,
+        numa,
+        exclusive_required,
+    })
+}
+
+/// Eligible free CPUs among `cpus` for the cpuset (counted from raw details).
+fn eligible_count(node: &Node, cpus: CpuSet, policy: CpuBindPolicy, required: bool) -> usize {
+    let free = cpus.difference(&node.allocated).difference(&node.reserved);
+    if !required {
+        return free.len();
+    }
+    let mut cores: BTreeMap<(u32, u32), (usize, usize)> = BTreeMap::new();
+    for d in node.topo.cpus() {
+        let e = cores.entry((d.socket, d.core)).or_default();
+        e.0 += 1;
+        if free.contains(d.id) {
+            e.1 += 1;
+        }
+    }
+    // Cores are confined to `cpus` here: every core of a NUMA node lies in it.
+    let in_scope = |k: &(u32, u32)| {
+        node.topo
+            .cpus()
+            .iter()
+            .any(|d| (d.socket, d.core) == *k && cpus.contains(d.id))
+    };
+    cores
+        .iter()
+        .filter(|(k, _)| in_scope(k))
+        .map(|(_, &(total, f))| match policy {
+            CpuBindPolicy::FullPcpus if f == total => total,
+            CpuBindPolicy::FullPcpus => 0,
+            CpuBindPolicy::SpreadByPcpus => usize::from(f > 0),
+        })
+        .sum()
+}
+
+fn check_cpuset_shape(node: &Node, d: &RefDemand, p: &CpuPlacement) -> Result<(), TestCaseError> {
+    let taken = node.allocated.union(&node.reserved);
+    prop_assert!(
+        p.cpuset.is_disjoint(&taken),
+        "{} overlaps held/reserved",
+        p.cpuset
+    );
+    prop_assert!(p.cpuset.is_subset(&node.topo.all()));
+    match d.cpuset {
+        None => prop_assert!(p.cpuset.is_empty()),
+        Some((policy, required, cpus)) => {
+            prop_assert_eq!(p.cpuset.len(), cpus);
+            if required {
+                let mut per_core: BTreeMap<(u32, u32), (usize, usize)> = BTreeMap::new();
+                for c in node.topo.cpus() {
+                    let e = per_core.entry((c.socket, c.core)).or_default();
+                    e.0 += 1;
+                    e.1 += usize::from(p.cpuset.contains(c.id));
+                }
+                for (k, (total, got)) in per_core {
+                    match policy {
+                        CpuBindPolicy::FullPcpus => {
+                            prop_assert!(got == 0 || got == total, "core {:?} split", k)
+                        }
+                        CpuBindPolicy::SpreadByPcpus => prop_assert!(got <= 1, "core {:?}", k),
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check(seed: u64) -> Result<(), TestCaseError> {
+    let mut r = Rng(seed | 1);
+    let node = gen_node(&mut r);
+    let req = gen_pod(&mut r);
+    let scoring = gen_scoring(&mut r);
+    let got = place(&node.view(), &req, None, &scoring);
+
+    // The summary agrees with place whenever it answers, and it always answers without
+    // devices.
+    let summary = CpuSummary::new(&node.view());
+    let fast = fast_feasible(&summary, &req, false, &scoring);
+    prop_assert_eq!(fast, Some(got.clone().map(|_| ())), "summary vs place");
+    prop_assert_eq!(
+        fast_score(&summary, &req, false, &scoring),
+        Some(score_or_zero(&node.view(), &req, None, &scoring)),
+        "summary score vs place"
+    );
+
+    let Some(d) = reference_resolve(&node, &req) else {
+        prop_assert!(got.as_ref().is_err_and(|e| e.unresolvable), "{:?}", got);
+        return Ok(());
+    };
+    let p = match &got {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            prop_assert!(d.cpuset.is_none());
+            prop_assert!(
+                d.numa == NumaPolicy::None || (req.cpu_milli == 0 && req.memory_bytes == 0)
+            );
+            return Ok(());
+        }
+        Err(_) => {
+            // Feasibility is checked by the brute force below.
+            &CpuPlacement::default()
+        }
+    };
+    if got.as_ref().is_ok_and(|p| p.is_some()) {
+        check_cpuset_shape(&node, &d, p)?;
+        if d.numa != NumaPolicy::None {
+            let total_cpu: i64 = p.numa.iter().map(|s| s.cpu_milli).sum();
+            let total_mem: i64 = p.numa.iter().map(|s| s.memory_bytes).sum();
+            prop_assert_eq!(total_cpu, req.cpu_milli);
+            prop_assert_eq!(total_mem, req.memory_bytes);
+            for s in &p.numa {
+                let i = node.zones.iter().position(|z| z.id == s.numa).unwrap();
+                let z = node.zones[i];
+                let u = node.usage[i];
+                prop_assert!(s.cpu_milli <= (z.cpu_milli - u.cpu_milli).max(0));
+                prop_assert!(s.memory_bytes <= (z.memory_bytes - u.memory_bytes).max(0));
+                prop_assert!(p.affinity.is_some_and(|m| m.contains(s.numa)));
+                // The cpuset's CPUs on this NUMA node match its share.
+                if d.cpuset.is_some() {
+                    let on = p.cpuset.intersection(&node.topo.numa_cpus(s.numa)).len() as i64;
+                    prop_assert_eq!(on * 1000, s.cpu_milli);
+                }
+            }
+        }
+        if d.numa == NumaPolicy::SingleNumaNode {
+            prop_assert!(
+                p.affinity.is_some_and(|m| m.count() == 1),
+                "{:?}",
+                p.affinity
+            );
+            prop_assert!(p.numa.len() <= 1);
+            let on_one = node
+                .topo
+                .numa_ids()
+                .any(|n| p.cpuset.is_subset(&node.topo.numa_cpus(n)));
+            prop_assert!(on_one, "{} spans NUMA nodes", p.cpuset);
+        }
+        prop_assert!((0..=100).contains(&p.score));
+    }
+
+    // Brute-force feasibility.
+    let cpu_need = req.cpu_milli.max(0);
+    let mem_need = req.memory_bytes.max(0);
+    let fits_numa = |i: usize| -> bool {
+        let z = node.zones[i];
+        let u = node.usage[i];
+        let cpu_ok = match d.cpuset {
+            Some((policy, required, cpus)) => {
+                eligible_count(&node, node.topo.numa_cpus(z.id), policy, required) >= cpus
+                    && z.cpu_milli - u.cpu_milli >= cpus as i64 * 1000
+            }
+            // Nothing asked is always there, even on an over-committed NUMA node.
+            None => cpu_need == 0 || z.cpu_milli - u.cpu_milli >= cpu_need,
+        };
+        cpu_ok && (mem_need == 0 || z.memory_bytes - u.memory_bytes >= mem_need)
+    };
+    match d.numa {
+        NumaPolicy::None => {
+            if let Some((policy, required, cpus)) = d.cpuset {
+                let n = eligible_count(&node, node.topo.all(), policy, required);
+                prop_assert_eq!(got.is_ok(), n >= cpus, "node-level brute force {}", n);
+            }
+        }
+        NumaPolicy::SingleNumaNode => {
+            // With exclusivity Required a NUMA node shared by multi-NUMA pods is demoted.
+            let exists = (0..node.zones.len()).any(|i| {
+                fits_numa(i) && !(d.exclusive_required && node.usage[i].multi_numa_pods > 0)
+            });
+            prop_assert_eq!(got.is_ok(), exists, "single-NUMA brute force: {:?}", got);
+        }
+        NumaPolicy::BestEffort | NumaPolicy::Restricted => {
+            if got.is_err() && d.numa == NumaPolicy::BestEffort {
+                // BestEffort only fails when the whole node cannot hold it.
+                let threads = node.topo.cpus().len() as i64
+                    / node
+                        .topo
+                        .cpus()
+                        .iter()
+                        .map(|c| (c.socket, c.core))
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .len() as i64;
+                let total_cpu: i64 = node
+                    .zones
+                    .iter()
+                    .zip(node.usage.iter())
+                    .map(|(z, u)| {
+                        let free_milli = (z.cpu_milli - u.cpu_milli).max(0);
+                        match d.cpuset {
+                            Some((policy, required, _)) => {
+                                let eligible = eligible_count(
+                                    &node,
+                                    node.topo.numa_cpus(z.id),
+                                    policy,
+                                    required,
+                                ) as i64;
+                                // A required FullPCPUs share is whole cores per NUMA node.
+                                let step = if required && policy == CpuBindPolicy::FullPcpus {
+                                    threads
+                                } else {
+                                    1
+                                };
+                                eligible.min(free_milli / 1000 / step * step) * 1000
+                            }
+                            None => free_milli,
+                        }
+                    })
+                    .sum();
+                let total_mem: i64 = node
+                    .zones
+                    .iter()
+                    .zip(node.usage.iter())
+                    .map(|(z, u)| (z.memory_bytes - u.memory_bytes).max(0))
+                    .sum();
+                prop_assert!(
+                    total_cpu < cpu_need || total_mem < mem_need,
+                    "BestEffort rejected a node that holds it: {:?}",
+                    got
+                );
+            }
+            if got.is_err() && d.numa == NumaPolicy::Restricted && !d.exclusive_required {
+                // Restricted must admit whenever one NUMA node fits it (the preferred size
+                // is then 1, by capacity).
+                let one = (0..node.zones.len()).any(fits_numa);
+                prop_assert!(!one, "Restricted rejected a single-NUMA fit: {:?}", got);
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn place_agrees_with_the_brute_force_and_the_summary(seed in any::<u64>()) {
+        check(seed)?;
+    }
+
+    /// Pods placed one after another, each recorded before the next: no CPU is ever in two
+    /// cpusets, none is reserved, and the summary keeps agreeing.
+    #[test]
+    fn sequential_placements_never_share_a_cpu(seed in any::<u64>()) {
+        let mut r = Rng(seed | 1);
+        let mut node = gen_node(&mut r);
+        let scoring = CpuScoring::default();
+        let mut held: Vec<CpuSet> = Vec::new();
+        for _ in 0..6 {
+            let req = gen_pod(&mut r);
+            let got = place(&node.view(), &req, None, &scoring);
+            let fast = fast_feasible(&CpuSummary::new(&node.view()), &req, false, &scoring);
+            prop_assert_eq!(fast, Some(got.clone().map(|_| ())));
+            if let Ok(Some(p)) = got {
+                prop_assert!(p.cpuset.is_disjoint(&node.reserved));
+                for h in &held {
+                    prop_assert!(p.cpuset.is_disjoint(h));
+                }
+                for s in &p.numa {
+                    let i = node.zones.iter().position(|z| z.id == s.numa).unwrap();
+                    node.usage[i].cpu_milli += s.cpu_milli;
+                    node.usage[i].memory_bytes += s.memory_bytes;
+                }
+                if p.numa.is_empty() {
+                    // Node-level cpuset: account its CPUs per NUMA node as the ledger would.
+                    for (i, z) in node.zones.clone().iter().enumerate() {
+                        node.usage[i].cpu_milli +=
+                            node.topo.numa_cpus(z.id).intersection(&p.cpuset).len() as i64 * 1000;
+                    }
+                }
+                node.allocated = node.allocated.union(&p.cpuset);
+                held.push(p.cpuset);
+            }
+        }
+    }
+
+    /// With devices: the summary steps aside under a NUMA policy, and otherwise agrees; the
+    /// chosen affinity is one the callback accepted.
+    #[test]
+    fn device_alignment_honours_the_callback(seed in any::<u64>()) {
+        let mut r = Rng(seed | 1);
+        let node = gen_node(&mut r);
+        let req = gen_pod(&mut r);
+        let ok_masks = r.next() as u16;
+        let mut cb = |m: NumaMask| m.0 & !ok_masks == 0;
+        let got = place(&node.view(), &req, Some(&mut cb), &CpuScoring::default());
+        let fast = fast_feasible(&CpuSummary::new(&node.view()), &req, true, &CpuScoring::default());
+        if let Some(f) = fast {
+            prop_assert_eq!(f, got.clone().map(|_| ()));
+        }
+        if let Ok(Some(p)) = &got
+            && let Some(a) = p.affinity
+            && let Some(d) = reference_resolve(&node, &req)
+            && d.numa != NumaPolicy::BestEffort
+        {
+            prop_assert!(a.0 & ok_masks == a.0, "affinity {:?} not accepted", a);
+        }
+    }
+}
+
+#[test]
+fn summary_is_small_and_flat() {
+    // The read path copies these into a contiguous snapshot; keep an eye on the size.
+    assert!(
+        std::mem::size_of::<CpuSummary>() <= 1024,
+        "{}",
+        std::mem::size_of::<CpuSummary>()
+    );
+}
+
+/// The generator must reach every outcome class, or the properties above prove little.
+#[test]
+fn generator_covers_every_outcome() {
+    let mut counts: BTreeMap<(String, &'static str), usize> = BTreeMap::new();
+    for seed in 1..4000u64 {
+        let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let node = gen_node(&mut r);
+        let req = gen_pod(&mut r);
+        let outcome = match place(&node.view(), &req, None, &CpuScoring::default()) {
+            Ok(None) => "none",
+            Ok(Some(p)) if !p.cpuset.is_empty() => "cpuset",
+            Ok(Some(_)) => "shares",
+            Err(e) if e.unresolvable => "unresolvable",
+            Err(_) => "failed",
+        };
+        let policy = reference_resolve(&node, &req)
+            .map_or("conflict".to_string(), |d| format!("{:?}", d.numa));
+        *counts.entry((policy, outcome)).or_default() += 1;
+    }
+    for policy in ["None", "BestEffort", "Restricted", "SingleNumaNode"] {
+        for outcome in ["cpuset", "failed", "unresolvable"] {
+            let n = counts
+                .get(&(policy.to_string(), outcome))
+                .copied()
+                .unwrap_or(0);
+            assert!(n >= 5, "{policy}/{outcome}: {n} cases; all: {counts:?}");
+        }
+    }
+}

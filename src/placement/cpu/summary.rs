@@ -1,0 +1,98 @@
+//! [`CpuSummary`]: a fixed-size per-node CPU summary for filter at cluster scale, and
+//! [`fast_feasible`], which answers "does this pod fit" from it exactly as [`super::place`]
+//! would, without building a cpuset.
+//!
+//! The summary is the node's [`NumaStats`] (per NUMA: free CPUs, free whole-core CPUs, free
+//! cores, the same three with every pod gone, cpu and memory allocatable and used, the
+//! exclusivity flags; node totals) plus its policies. `Copy`, no heap, built once per ledger
+//! change by the caller; nothing here reads a ledger.
+//!
+//! Exactness rests on two facts proved in `hints` and `split`: the NUMA split succeeds exactly
+//! when a mask's availabilities cover the need, and the accumulator always fills a need from
+//! a pool that holds it. The only case left to [`super::place`] is device alignment (the
+//! device callback needs the device ledger), for which `fast_feasible` returns `None`. A
+//! property test holds the two equal on generated nodes.
+
+use super::hints::NumaStats;
+use super::place::{decide, demand, placement_score};
+use super::policy::resolve;
+use super::{CpuFitError, CpuScoring, NodeCpuBindPolicy, NodeCpuView, NumaPolicy, PodCpuRequest};
+
+/// A node's CPU/NUMA state reduced to what feasibility needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuSummary {
+    pub stats: NumaStats,
+    pub bind_policy: NodeCpuBindPolicy,
+    pub numa_policy: NumaPolicy,
+}
+
+impl CpuSummary {
+    pub fn new(view: &NodeCpuView<'_>) -> Self {
+        CpuSummary {
+            stats: NumaStats::from_view(view),
+            bind_policy: view.bind_policy,
+            numa_policy: view.numa_policy,
+        }
+    }
+}
+
+/// `Some(r)` where `r == place(view, req, devices, _).map(|_| ())` for the view the summary
+/// was built from; `None` when only `place` can answer (a NUMA policy applies and the pod
+/// also asks for devices, so the device callback decides the hint).
+pub fn fast_feasible(
+    summary: &CpuSummary,
+    req: &PodCpuRequest,
+    has_devices: bool,
+    scoring: &CpuScoring,
+) -> Option<Result<(), CpuFitError>> {
+    let stats = &summary.stats;
+    let res = match resolve(
+        summary.bind_policy,
+        summary.numa_policy,
+        usize::from(stats.cpus_per_core),
+        req,
+        has_devices,
+    ) {
+        Err(e) => return Some(Err(e)),
+        Ok(None) => return Some(Ok(())),
+        Ok(Some(res)) => res,
+    };
+    if res.numa_policy != NumaPolicy::None && has_devices && stats.len > 0 {
+        return None;
+    }
+    let d = demand(&res, req, stats.cpus_per_core);
+    // Scores do not change feasibility, but they rank the non-preferred hints, and the
+    // failure reason names the best of those (exclusivity or not): same scoring as place.
+    Some(decide(stats, &res, &d, None, scoring).map(|_| ()))
+}
+
+/// `Some(s)` where `s == score_or_zero(view, req, devices, scoring)` for the view the summary
+/// was built from (`s` is `None` when nothing CPU/NUMA-related applies, `Some(0)` when the pod
+/// does not fit); `None` when only `place` can answer (NUMA policy plus devices).
+pub fn fast_score(
+    summary: &CpuSummary,
+    req: &PodCpuRequest,
+    has_devices: bool,
+    scoring: &CpuScoring,
+) -> Option<Option<i64>> {
+    let stats = &summary.stats;
+    let res = match resolve(
+        summary.bind_policy,
+        summary.numa_policy,
+        usize::from(stats.cpus_per_core),
+        req,
+        has_devices,
+    ) {
+        Err(_) => return Some(Some(0)),
+        Ok(None) => return Some(None),
+        Ok(Some(res)) => res,
+    };
+    if res.numa_policy != NumaPolicy::None && has_devices && stats.len > 0 {
+        return None;
+    }
+    let d = demand(&res, req, stats.cpus_per_core);
+    Some(Some(match decide(stats, &res, &d, None, scoring) {
+        Ok(decision) => placement_score(stats, decision, req, scoring),
+        Err(_) => 0,
+    }))
+}

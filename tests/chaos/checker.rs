@@ -1,0 +1,500 @@
+//! The independent checker: what the API server's Pods and Devices say is held, computed from
+//! the API objects alone. It parses the koordinator annotations and quantities itself (from
+//! `reference/koord-deviceshare.md` §2.4 and `reference/numa.md` §0.5) and never calls the
+//! crate: a shared parser bug would otherwise hide itself.
+//!
+//! Invariants (DESIGN.md: "never hands out a device or CPU that is already in use"):
+//! 1. per node, device type and minor, the sum of every resource dimension over assigned,
+//!    non-terminal pods (terminating ones included: they still run) ≤ the minor's capacity;
+//! 2. no allocation first seen after a device was unhealthy, removed, or its node's Device
+//!    object missing (at the start of the scheduling round) names that device;
+//! 3. no CPU is in two pods' exclusive cpusets (`resource-status` `cpuset`) on one node;
+//! 4. at quiescence, the service's `/debug/nodes/{name}` ledger equals this view.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+pub const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
+pub const RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
+
+/// (device type, minor) → resource name → amount in milli-units.
+pub type Allocation = BTreeMap<(String, i64), BTreeMap<String, i128>>;
+
+/// A Kubernetes quantity in milli-units: plain or decimal numbers, binary (Ki..Ei) and decimal
+/// (k, M, G, T, P, E, m) suffixes. Enough for what Devices and allocations carry.
+pub fn parse_quantity(s: &str) -> Option<i128> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let mult: i128 = match suffix {
+        "" => 1000,
+        "m" => 1,
+        "k" => 1000 * 1000,
+        "M" => 1000 * 1_000_000,
+        "G" => 1000 * 1_000_000_000,
+        "T" => 1000 * 1_000_000_000_000,
+        "P" => 1000 * 1_000_000_000_000_000,
+        "Ki" => 1000 << 10,
+        "Mi" => 1000 << 20,
+        "Gi" => 1000 << 30,
+        "Ti" => 1000 << 40,
+        "Pi" => 1000 << 50,
+        "Ei" => 1000 << 60,
+        _ => return None,
+    };
+    if num.is_empty() {
+        return None;
+    }
+    match num.split_once('.') {
+        None => num.parse::<i128>().ok()?.checked_mul(mult),
+        Some((int, frac)) => {
+            let neg = int.starts_with('-');
+            let int_v: i128 = if int.is_empty() || int == "-" {
+                0
+            } else {
+                int.parse().ok()?
+            };
+            let frac_digits = frac.len() as u32;
+            if frac_digits > 18 || !frac.chars().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            let frac_v: i128 = if frac.is_empty() {
+                0
+            } else {
+                frac.parse().ok()?
+            };
+            let scale = 10i128.pow(frac_digits);
+            let whole = int_v.checked_mul(mult)?;
+            let part = frac_v.checked_mul(mult)? / scale;
+            Some(if neg { whole - part } else { whole + part })
+        }
+    }
+}
+
+/// The `device-allocated` annotation: `{type: [{minor, resources: {name: quantity}}, ...]}`.
+pub fn parse_device_allocated(s: &str) -> Result<Allocation, String> {
+    let v: Value = serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))?;
+    let types = v.as_object().ok_or("not an object")?;
+    let mut out = Allocation::new();
+    for (ty, entries) in types {
+        for e in entries
+            .as_array()
+            .ok_or_else(|| format!("{ty}: not an array"))?
+        {
+            let minor = e["minor"]
+                .as_i64()
+                .ok_or_else(|| format!("{ty}: entry without an integer minor: {e}"))?;
+            let slot = out.entry((ty.clone(), minor)).or_default();
+            for (name, q) in e["resources"].as_object().into_iter().flatten() {
+                let amount = q
+                    .as_str()
+                    .and_then(parse_quantity)
+                    .ok_or_else(|| format!("{ty}/{minor}: bad quantity {name}={q}"))?;
+                *slot.entry(name.clone()).or_default() += amount;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A Linux CPU list (`0-3,8,10-11`).
+pub fn parse_cpu_list(s: &str) -> Result<BTreeSet<u32>, String> {
+    let mut out = BTreeSet::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let a: u32 = a
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("bad cpu range {part:?}"))?;
+                let b: u32 = b
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("bad cpu range {part:?}"))?;
+                if a > b || b - a > 100_000 {
+                    return Err(format!("bad cpu range {part:?}"));
+                }
+                out.extend(a..=b);
+            }
+            None => {
+                out.insert(part.parse().map_err(|_| format!("bad cpu {part:?}"))?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
+    obj["metadata"]["annotations"][key].as_str()
+}
+
+fn name(obj: &Value) -> &str {
+    obj["metadata"]["name"].as_str().unwrap_or("")
+}
+
+fn uid(obj: &Value) -> &str {
+    obj["metadata"]["uid"].as_str().unwrap_or("")
+}
+
+/// The node a pod is assigned to, if it is assigned and not terminal (terminating pods still
+/// hold what they hold).
+pub fn holding_node(pod: &Value) -> Option<&str> {
+    let node = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty())?;
+    match pod["status"]["phase"].as_str() {
+        Some("Succeeded" | "Failed") => None,
+        _ => Some(node),
+    }
+}
+
+/// One Device entry: health and capacity.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slot {
+    pub healthy: bool,
+    pub capacity: BTreeMap<String, i128>,
+}
+
+/// A Device object's entries by (type, minor); the first entry of a duplicated minor wins.
+pub fn device_slots(device: &Value) -> BTreeMap<(String, i64), Slot> {
+    let mut out = BTreeMap::new();
+    for d in device["spec"]["devices"].as_array().into_iter().flatten() {
+        let (Some(ty), Some(minor)) = (d["type"].as_str(), d["minor"].as_i64()) else {
+            continue;
+        };
+        let capacity = d["resources"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, q)| Some((k.clone(), parse_quantity(q.as_str()?)?)))
+            .collect();
+        out.entry((ty.to_string(), minor)).or_insert(Slot {
+            healthy: d["health"].as_bool().unwrap_or(false),
+            capacity,
+        });
+    }
+    out
+}
+
+/// Where nothing may be newly allocated: unhealthy or absent minors, and GPU nodes whose
+/// Device object is missing. Taken at the start of a scheduling round.
+#[derive(Clone, Debug, Default)]
+pub struct Forbidden {
+    pub minors: BTreeSet<(String, String, i64)>,
+    pub deviceless: BTreeSet<String>,
+}
+
+#[derive(Default)]
+pub struct Checker {
+    /// Last known capacity of every minor ever seen, so a minor removed by a shrink still
+    /// bounds the pods that hold it.
+    capacity: BTreeMap<(String, String, i64), BTreeMap<String, i128>>,
+    /// (uid, node, annotation) of allocations already judged against [`Forbidden`].
+    seen: BTreeSet<(String, String, String)>,
+    pub violations: Vec<String>,
+    pub checks: u64,
+    pub allocations_seen: u64,
+}
+
+impl Checker {
+    /// Records the current capacity of every present minor; returns what is forbidden now.
+    /// `gpu_nodes` are the nodes that are meant to have a Device object.
+    pub fn observe_devices(&mut self, devices: &[Value], gpu_nodes: &[String]) -> Forbidden {
+        let mut forbidden = Forbidden::default();
+        let mut present: BTreeSet<&str> = BTreeSet::new();
+        for dev in devices {
+            let node = name(dev).to_string();
+            present.insert(name(dev));
+            let slots = device_slots(dev);
+            for ((ty, minor), slot) in &slots {
+                self.capacity
+                    .insert((node.clone(), ty.clone(), *minor), slot.capacity.clone());
+                if !slot.healthy {
+                    forbidden.minors.insert((node.clone(), ty.clone(), *minor));
+                }
+            }
+            // Minors known before but absent now (a shrink) are forbidden.
+            for (n, ty, minor) in self.capacity.keys() {
+                if n == &node && !slots.contains_key(&(ty.clone(), *minor)) {
+                    forbidden.minors.insert((n.clone(), ty.clone(), *minor));
+                }
+            }
+        }
+        for n in gpu_nodes {
+            if !present.contains(n.as_str()) {
+                forbidden.deviceless.insert(n.clone());
+            }
+        }
+        forbidden
+    }
+
+    /// The per-node view of what assigned, non-terminal pods hold: node → uid → allocation.
+    pub fn holdings(
+        pods: &[Value],
+    ) -> (BTreeMap<String, BTreeMap<String, Allocation>>, Vec<String>) {
+        let mut out: BTreeMap<String, BTreeMap<String, Allocation>> = BTreeMap::new();
+        let mut problems = Vec::new();
+        for pod in pods {
+            let Some(node) = holding_node(pod) else {
+                continue;
+            };
+            let Some(a) = annotation(pod, DEVICE_ALLOCATED) else {
+                continue;
+            };
+            match parse_device_allocated(a) {
+                Ok(alloc) => {
+                    out.entry(node.to_string())
+                        .or_default()
+                        .insert(uid(pod).to_string(), alloc);
+                }
+                Err(e) => problems.push(format!(
+                    "pod {} on {node} has an unparseable {DEVICE_ALLOCATED}: {e}: {a}",
+                    name(pod)
+                )),
+            }
+        }
+        (out, problems)
+    }
+
+    /// [`Checker::check_with`] where every new allocation comes from a round that began when
+    /// `forbidden` held.
+    pub fn check(&mut self, step: u64, pods: &[Value], forbidden: &Forbidden) {
+        let f = Arc::new(forbidden.clone());
+        self.check_with(step, pods, |_| vec![f.clone()]);
+    }
+
+    /// Checks invariants 1–3 on the API server's current pods. `rounds(uid)` gives what was
+    /// forbidden at the start of each bind round that may have produced the pod's allocation
+    /// (a bind detached by a timeout can land rounds later): a new allocation on a device is a
+    /// violation only if that device was forbidden in every one of them.
+    pub fn check_with(
+        &mut self,
+        step: u64,
+        pods: &[Value],
+        rounds: impl Fn(&str) -> Vec<Arc<Forbidden>>,
+    ) {
+        self.checks += 1;
+        let (holdings, problems) = Self::holdings(pods);
+        for p in problems {
+            self.violations.push(format!("step {step}: {p}"));
+        }
+        for (node, by_uid) in &holdings {
+            let mut sums: BTreeMap<(String, i64), BTreeMap<String, i128>> = BTreeMap::new();
+            for alloc in by_uid.values() {
+                for (slot, res) in alloc {
+                    let s = sums.entry(slot.clone()).or_default();
+                    for (r, v) in res {
+                        *s.entry(r.clone()).or_default() += v;
+                    }
+                }
+            }
+            for ((ty, minor), used) in &sums {
+                let Some(cap) = self.capacity.get(&(node.clone(), ty.clone(), *minor)) else {
+                    self.violations.push(format!(
+                        "step {step}: {node} {ty}/{minor} is held ({used:?}) but no Device ever had it"
+                    ));
+                    continue;
+                };
+                for (r, v) in used {
+                    let c = cap.get(r).copied().unwrap_or(0);
+                    if *v > c {
+                        let who: Vec<String> = by_uid
+                            .iter()
+                            .filter(|(_, a)| a.contains_key(&(ty.clone(), *minor)))
+                            .map(|(u, _)| u.clone())
+                            .collect();
+                        self.violations.push(format!(
+                            "step {step}: OVER-ALLOCATION on {node} {ty}/{minor} {r}: {v} > {c} (milli), held by {who:?}"
+                        ));
+                    }
+                }
+            }
+        }
+        // Invariant 2: allocations first seen now must avoid what was forbidden.
+        for pod in pods {
+            let Some(node) = holding_node(pod) else {
+                continue;
+            };
+            let Some(a) = annotation(pod, DEVICE_ALLOCATED) else {
+                continue;
+            };
+            let key = (uid(pod).to_string(), node.to_string(), a.to_string());
+            if self.seen.contains(&key) {
+                continue;
+            }
+            self.seen.insert(key);
+            self.allocations_seen += 1;
+            let Ok(alloc) = parse_device_allocated(a) else {
+                continue;
+            };
+            let candidates = rounds(uid(pod));
+            if candidates.is_empty() {
+                continue;
+            }
+            if candidates.iter().all(|f| f.deviceless.contains(node)) && !alloc.is_empty() {
+                self.violations.push(format!(
+                    "step {step}: pod {} allocated on {node} while its Device object was missing: {a}",
+                    name(pod)
+                ));
+            }
+            for (ty, minor) in alloc.keys() {
+                let slot = (node.to_string(), ty.clone(), *minor);
+                if candidates.iter().all(|f| f.minors.contains(&slot)) {
+                    self.violations.push(format!(
+                        "step {step}: pod {} newly allocated {node} {ty}/{minor}, which was unhealthy or absent",
+                        name(pod)
+                    ));
+                }
+            }
+        }
+        // Invariant 3: exclusive cpusets are disjoint per node.
+        let mut cpus: BTreeMap<&str, BTreeMap<u32, &str>> = BTreeMap::new();
+        for pod in pods {
+            let Some(node) = holding_node(pod) else {
+                continue;
+            };
+            let Some(rs) = annotation(pod, RESOURCE_STATUS) else {
+                continue;
+            };
+            let cpuset = match serde_json::from_str::<Value>(rs) {
+                Ok(v) => v["cpuset"].as_str().unwrap_or("").to_string(),
+                Err(e) => {
+                    self.violations.push(format!(
+                        "step {step}: pod {} has an unparseable {RESOURCE_STATUS}: {e}",
+                        name(pod)
+                    ));
+                    continue;
+                }
+            };
+            match parse_cpu_list(&cpuset) {
+                Ok(set) => {
+                    let owners = cpus.entry(node).or_default();
+                    for cpu in set {
+                        if let Some(other) = owners.insert(cpu, name(pod)) {
+                            self.violations.push(format!(
+                                "step {step}: CPU {cpu} on {node} is in the cpusets of {other} and {}",
+                                name(pod)
+                            ));
+                        }
+                    }
+                }
+                Err(e) => self.violations.push(format!(
+                    "step {step}: pod {} has a bad cpuset {cpuset:?}: {e}",
+                    name(pod)
+                )),
+            }
+        }
+    }
+}
+
+/// Differences between a service's `/debug/nodes/{node}` view and what the API objects say.
+#[derive(Debug, Default)]
+pub struct LedgerDiff {
+    /// Real disagreements.
+    pub problems: Vec<String>,
+    /// Assumed entries whose pod is not assigned to this node (issue 11's leak).
+    pub stale_assumed: Vec<String>,
+}
+
+fn parse_rendered(map: &Value) -> BTreeMap<String, i128> {
+    map.as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, q)| Some((k.clone(), parse_quantity(q.as_str()?)?)))
+        .filter(|(_, v)| *v != 0)
+        .collect()
+}
+
+/// Compares one node of the ledger (`debug["state"]["devices"]`) with the pods that hold on it
+/// according to the API server: committed entries must be exactly the holding pods with their
+/// annotations; assumed entries are either a holding pod not yet confirmed or stale; `used`
+/// per minor must equal the sum of every entry.
+pub fn compare_ledger(
+    node: &str,
+    debug: &Value,
+    holding: &BTreeMap<String, Allocation>,
+) -> LedgerDiff {
+    let mut diff = LedgerDiff::default();
+    let devices = &debug["state"]["devices"];
+    let mut seen = BTreeSet::new();
+    let mut sums: BTreeMap<(String, i64), BTreeMap<String, i128>> = BTreeMap::new();
+    for (uid, e) in devices["entries"].as_object().into_iter().flatten() {
+        let state = e["state"].as_str().unwrap_or("?");
+        let alloc = match e["allocation"].as_str().map(parse_device_allocated) {
+            Some(Ok(a)) => a,
+            other => {
+                diff.problems.push(format!(
+                    "{node}: entry {uid} ({state}) has no parseable allocation: {other:?} {e}"
+                ));
+                continue;
+            }
+        };
+        for (slot, res) in &alloc {
+            let s = sums.entry(slot.clone()).or_default();
+            for (r, v) in res {
+                *s.entry(r.clone()).or_default() += v;
+            }
+        }
+        match (state, holding.get(uid)) {
+            ("committed", Some(want)) if *want == alloc => {
+                seen.insert(uid.clone());
+            }
+            ("committed", Some(want)) => diff.problems.push(format!(
+                "{node}: committed entry {uid} is {alloc:?}, the pod's annotation says {want:?}"
+            )),
+            ("committed", None) => diff.problems.push(format!(
+                "{node}: committed entry {uid} for a pod that does not hold anything here"
+            )),
+            ("assumed", Some(want)) if *want == alloc => {
+                // Bound here, the watch has not confirmed it yet: not quiescent.
+                diff.problems.push(format!(
+                    "{node}: entry {uid} still assumed although its pod is bound here"
+                ));
+                seen.insert(uid.clone());
+            }
+            ("assumed", Some(want)) => diff.problems.push(format!(
+                "{node}: assumed entry {uid} is {alloc:?}, the bound pod's annotation says {want:?}"
+            )),
+            ("assumed", None) => diff
+                .stale_assumed
+                .push(format!("{node}/{uid}: {}", e["allocation"])),
+            (other, _) => diff
+                .problems
+                .push(format!("{node}: entry {uid} in state {other:?}")),
+        }
+    }
+    for uid in holding.keys() {
+        if !seen.contains(uid) {
+            diff.problems.push(format!(
+                "{node}: pod {uid} holds {:?} but the ledger has no entry",
+                holding[uid]
+            ));
+        }
+    }
+    for (ty, minors) in devices["types"].as_object().into_iter().flatten() {
+        for (minor, view) in minors.as_object().into_iter().flatten() {
+            let Ok(m) = minor.parse::<i64>() else {
+                diff.problems.push(format!("{node}: minor key {minor:?}"));
+                continue;
+            };
+            let used = parse_rendered(&view["used"]);
+            let want = sums.remove(&(ty.clone(), m)).unwrap_or_default();
+            let want: BTreeMap<String, i128> = want.into_iter().filter(|(_, v)| *v != 0).collect();
+            if used != want {
+                diff.problems.push(format!(
+                    "{node}: {ty}/{minor} used {used:?}, entries sum to {want:?}"
+                ));
+            }
+        }
+    }
+    for (slot, want) in sums {
+        if want.values().any(|v| *v != 0) {
+            diff.problems.push(format!(
+                "{node}: entries hold {slot:?} = {want:?} but the ledger shows no such minor"
+            ));
+        }
+    }
+    diff
+}

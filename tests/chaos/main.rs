@@ -1,0 +1,255 @@
+//! The chaos suite (issue 9 §2, issue 11): a seeded, randomized workload of pod churn, device
+//! changes, watch faults, write faults (refused and lost answers), SIGKILLs and leader
+//! failovers, against the fake API server and two leader-elected replicas of the real binary,
+//! judged after every event by an independent checker. See RELIABILITY.md.
+//!
+//! * `cargo test --test chaos` runs the short run (300 events, a fresh seed, printed).
+//! * `CHAOS_SEED=<n>` replays a seed; `CHAOS_EVENTS=<n>` sets the length; the long run is
+//!   `CHAOS_EVENTS=20000 cargo test --test chaos chaos_run -- --nocapture`.
+//! * `CHAOS_ENFORCE_RELEASE=1` also enforces issue 11's end-of-run release check (see
+//!   [`driver::ENFORCE_RELEASE_AFTER_DELETE`]); `CHAOS_DEVICE_DELETE=1` also deletes Devices
+//!   (see [`driver::STALE_ANNOTATION_FIXED`]); `CHAOS_BIND_IN_WATCH_GAPS=1` schedules during
+//!   watch gaps (see [`driver::BIND_IN_WATCH_GAPS_FIXED`]).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod checker;
+mod driver;
+mod prng;
+mod replica;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_run() {
+    let seed = env_u64("CHAOS_SEED").unwrap_or_else(prng::fresh_seed);
+    let events = env_u64("CHAOS_EVENTS").unwrap_or(300);
+    let enforce_release = driver::ENFORCE_RELEASE_AFTER_DELETE
+        || std::env::var("CHAOS_ENFORCE_RELEASE").is_ok_and(|v| v == "1");
+    let device_delete = driver::STALE_ANNOTATION_FIXED
+        || std::env::var("CHAOS_DEVICE_DELETE").is_ok_and(|v| v == "1");
+    let bind_in_watch_gaps = driver::BIND_IN_WATCH_GAPS_FIXED
+        || std::env::var("CHAOS_BIND_IN_WATCH_GAPS").is_ok_and(|v| v == "1");
+    println!(
+        "chaos: seed={seed} events={events} enforce_release={enforce_release} device_delete={device_delete} bind_in_watch_gaps={bind_in_watch_gaps} (CHAOS_SEED={seed} replays)"
+    );
+    let cfg = driver::Config {
+        seed,
+        events,
+        enforce_release,
+        device_delete,
+        bind_in_watch_gaps,
+    };
+    let d = driver::Driver::start(&cfg).await;
+    let report = d.run(cfg.events, cfg.device_delete).await;
+    let text = report.render();
+    println!("{text}");
+    assert!(
+        report.violations.is_empty(),
+        "chaos found {} violations (seed {seed}):\n{text}",
+        report.violations.len()
+    );
+    // The run must have exercised what it claims to (a run that never binds proves nothing).
+    assert!(
+        report.cycles.get("bound").copied().unwrap_or(0) > 0,
+        "no pod was ever bound:\n{text}"
+    );
+    assert!(report.quiescence_checks > 0, "{text}");
+}
+
+// ---- the checker can fail: each invariant on a hand-made violation --------------------------
+
+mod checker_self_test {
+    use serde_json::{Value, json};
+
+    use super::checker::*;
+
+    fn device(node: &str, gpus: &[(i64, bool)]) -> Value {
+        let devices: Vec<Value> = gpus
+            .iter()
+            .map(|(m, h)| {
+                json!({"type": "gpu", "minor": m, "health": h,
+                "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "80Gi",
+                              "koordinator.sh/gpu-memory-ratio": "100"}})
+            })
+            .collect();
+        json!({"metadata": {"name": node}, "spec": {"devices": devices}})
+    }
+
+    fn pod(name: &str, node: &str, alloc: Option<&str>, cpuset: Option<&str>) -> Value {
+        let mut ann = serde_json::Map::new();
+        if let Some(a) = alloc {
+            ann.insert(DEVICE_ALLOCATED.into(), json!(a));
+        }
+        if let Some(c) = cpuset {
+            ann.insert(
+                RESOURCE_STATUS.into(),
+                json!(json!({"cpuset": c}).to_string()),
+            );
+        }
+        json!({"metadata": {"name": name, "uid": format!("u-{name}"), "annotations": ann},
+               "spec": {"nodeName": node}, "status": {"phase": "Running"}})
+    }
+
+    const HALF: &str = r#"{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-memory":"40Gi","koordinator.sh/gpu-memory-ratio":"50"}}]}"#;
+    const WHOLE0: &str = r#"{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory":"80Gi","koordinator.sh/gpu-memory-ratio":"100"}}]}"#;
+
+    #[test]
+    fn quantities_and_cpu_lists_parse() {
+        assert_eq!(parse_quantity("80Gi"), Some(80 * 1000 * (1 << 30)));
+        assert_eq!(parse_quantity("100"), Some(100_000));
+        assert_eq!(parse_quantity("500m"), Some(500));
+        assert_eq!(parse_quantity("1.5"), Some(1500));
+        assert_eq!(parse_quantity("2k"), Some(2_000_000));
+        assert_eq!(parse_quantity("x"), None);
+        assert_eq!(
+            parse_cpu_list("0-2,5").unwrap(),
+            [0, 1, 2, 5].into_iter().collect()
+        );
+        assert!(parse_cpu_list("3-1").is_err());
+    }
+
+    #[test]
+    fn two_halves_fit_and_a_third_share_is_an_over_allocation() {
+        let mut c = Checker::default();
+        let f = c.observe_devices(&[device("n", &[(0, true)])], &["n".into()]);
+        c.check(
+            1,
+            &[
+                pod("a", "n", Some(HALF), None),
+                pod("b", "n", Some(HALF), None),
+            ],
+            &f,
+        );
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        c.check(
+            2,
+            &[
+                pod("a", "n", Some(HALF), None),
+                pod("b", "n", Some(HALF), None),
+                pod("c", "n", Some(HALF), None),
+            ],
+            &f,
+        );
+        assert!(
+            c.violations.iter().any(|v| v.contains("OVER-ALLOCATION")),
+            "{:?}",
+            c.violations
+        );
+    }
+
+    #[test]
+    fn terminal_pods_release_and_terminating_pods_hold() {
+        let mut c = Checker::default();
+        let f = c.observe_devices(&[device("n", &[(0, true)])], &["n".into()]);
+        let mut done = pod("a", "n", Some(WHOLE0), None);
+        done["status"]["phase"] = json!("Succeeded");
+        c.check(1, &[done, pod("b", "n", Some(WHOLE0), None)], &f);
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        let mut terminating = pod("a", "n", Some(WHOLE0), None);
+        terminating["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        c.check(2, &[terminating, pod("b", "n", Some(WHOLE0), None)], &f);
+        assert!(!c.violations.is_empty());
+    }
+
+    #[test]
+    fn a_new_allocation_on_an_unhealthy_or_removed_minor_is_a_violation() {
+        let mut c = Checker::default();
+        c.observe_devices(&[device("n", &[(0, true), (1, true)])], &["n".into()]);
+        let f = c.observe_devices(&[device("n", &[(0, false)])], &["n".into()]);
+        assert!(f.minors.contains(&("n".into(), "gpu".into(), 0)));
+        assert!(
+            f.minors.contains(&("n".into(), "gpu".into(), 1)),
+            "a removed minor"
+        );
+        c.check(1, &[pod("a", "n", Some(WHOLE0), None)], &f);
+        assert!(
+            c.violations
+                .iter()
+                .any(|v| v.contains("unhealthy or absent")),
+            "{:?}",
+            c.violations
+        );
+        // Seen once, judged once: an allocation that predates the fault is not re-judged.
+        let n = c.violations.len();
+        c.check(2, &[pod("a", "n", Some(WHOLE0), None)], &f);
+        assert_eq!(c.violations.len(), n);
+        // Missing Device object.
+        let mut c = Checker::default();
+        let f = c.observe_devices(&[], &["n".into()]);
+        c.check(1, &[pod("a", "n", Some(WHOLE0), None)], &f);
+        assert!(
+            c.violations
+                .iter()
+                .any(|v| v.contains("Device object was missing"))
+        );
+    }
+
+    #[test]
+    fn overlapping_cpusets_are_a_violation() {
+        let mut c = Checker::default();
+        let f = c.observe_devices(&[], &[]);
+        c.check(
+            1,
+            &[
+                pod("a", "n", None, Some("0-3")),
+                pod("b", "n", None, Some("4-7")),
+                pod("c", "m", None, Some("0-3")),
+            ],
+            &f,
+        );
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        c.check(
+            2,
+            &[
+                pod("a", "n", None, Some("0-3")),
+                pod("b", "n", None, Some("3,8")),
+            ],
+            &f,
+        );
+        assert!(
+            c.violations.iter().any(|v| v.contains("CPU 3")),
+            "{:?}",
+            c.violations
+        );
+    }
+
+    #[test]
+    fn the_ledger_comparison_finds_missing_extra_and_stale_entries() {
+        let (holding, _) = Checker::holdings(&[pod("a", "n", Some(WHOLE0), None)]);
+        let held = holding["n"].clone();
+        let good = json!({"state": {"devices": {
+            "entries": {"u-a": {"state": "committed", "allocation": WHOLE0}},
+            "types": {"gpu": {"0": {"used": {"koordinator.sh/gpu-core": "100",
+                "koordinator.sh/gpu-memory": "80Gi", "koordinator.sh/gpu-memory-ratio": "100"}},
+                "1": {"used": {}}}}}}});
+        let d = compare_ledger("n", &good, &held);
+        assert!(d.problems.is_empty() && d.stale_assumed.is_empty(), "{d:?}");
+        let missing = json!({"state": {"devices": {"entries": {}, "types": {}}}});
+        assert!(!compare_ledger("n", &missing, &held).problems.is_empty());
+        let stale = json!({"state": {"devices": {
+            "entries": {"u-a": {"state": "committed", "allocation": WHOLE0},
+                        "u-gone": {"state": "assumed", "allocation": HALF}},
+            "types": {"gpu": {"0": {"used": {"koordinator.sh/gpu-core": "100",
+                "koordinator.sh/gpu-memory": "120Gi", "koordinator.sh/gpu-memory-ratio": "150"}}}}}}});
+        let d = compare_ledger("n", &stale, &held);
+        assert!(d.problems.is_empty(), "{d:?}");
+        assert_eq!(d.stale_assumed.len(), 1, "{d:?}");
+        let wrong_used = json!({"state": {"devices": {
+            "entries": {"u-a": {"state": "committed", "allocation": WHOLE0}},
+            "types": {"gpu": {"0": {"used": {}}}}}}});
+        assert!(!compare_ledger("n", &wrong_used, &held).problems.is_empty());
+    }
+
+    #[test]
+    fn prng_is_deterministic() {
+        let mut a = super::prng::Rng::new(7);
+        let mut b = super::prng::Rng::new(7);
+        let xs: Vec<u64> = (0..5).map(|_| a.next_u64()).collect();
+        let ys: Vec<u64> = (0..5).map(|_| b.next_u64()).collect();
+        assert_eq!(xs, ys);
+    }
+}

@@ -1,0 +1,95 @@
+//! Defects the chaos suite found, each reduced to a deterministic test against the fake API
+//! server's per-verb write faults. Each failed before its fix landed.
+
+use serde_json::json;
+
+use crate::gpu::{Env, annotation_of, node_of};
+use crate::support::service;
+use crate::support::{FakeApiServer, Kind, WriteFault, WriteOp};
+
+/// Chaos seed 3942192151155041054, step 231: a pod ended up bound to `gpu-a` (Device object
+/// deleted, so nothing to allocate there) carrying `gpu-b`'s minors in its
+/// `device-allocated` annotation. Reduced: the annotation patch of a bind to n1 applies but
+/// its answer is lost, so the bind fails and the annotation stays on the pending pod; the
+/// retried bind to a Device-less node allocates nothing and leaves it. koordlet on n2 would
+/// then expose n1's minors, and once n2's Device appears those minors are charged there.
+#[tokio::test]
+async fn bind_that_allocates_nothing_removes_a_stale_annotation() {
+    let fake = FakeApiServer::new();
+    service::add_gpu_node(&fake, "n1", 2, &[]);
+    fake.create(Kind::Node, service::node("n2")).unwrap(); // no Device: device plugins own it
+    let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    fake.create(Kind::Pod, p.clone()).unwrap();
+    let env = Env::start(&fake, &[]).await;
+
+    fake.push_write_fault(WriteOp::PodPatch, WriteFault::AppliedThenStatus(500));
+    let err = env.bind(&p, "n1").await.unwrap_err();
+    assert!(err.contains("patch annotations"), "{err}");
+    assert_eq!(fake.pending_write_faults(), 0, "the fault was not hit");
+    assert!(
+        annotation_of(&fake, &p).is_some(),
+        "precondition: the lost patch left n1's annotation on the pending pod"
+    );
+
+    env.bind(&p, "n2").await.unwrap();
+    assert_eq!(node_of(&fake, &p).as_deref(), Some("n2"));
+    assert_eq!(
+        annotation_of(&fake, &p),
+        None,
+        "a pod bound to n2 with nothing allocated must not keep n1's minors"
+    );
+    env.svc.shutdown().await.unwrap();
+}
+
+/// Chaos seed 8371440133105718596, step 40: `OVER-ALLOCATION on gpu-b gpu/1` (and gpu/2). A
+/// failing list page during a forced relist left the standby's pod watch down (kube's watcher
+/// backs off before listing again); the leader was then SIGTERMed, the standby took over at
+/// once and bound two pods onto the GPUs the old leader had just given a third pod, which its
+/// stale cache had never seen. Reduced to one replica: its pod watch cannot restart, and
+/// meanwhile another binder (the old leader, or another scheduler) binds a pod holding the
+/// node's only GPU. A bind now must not hand out that GPU again: while a kind's watch is known
+/// to be down, the cache is not a safe base for a new allocation.
+#[tokio::test]
+async fn bind_refuses_while_the_pod_watch_is_down() {
+    let fake = FakeApiServer::new();
+    service::add_gpu_node(&fake, "n1", 1, &[]);
+    let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    fake.create(Kind::Pod, p.clone()).unwrap();
+    let env = Env::start(&fake, &[]).await;
+    service::wait_for_all_watches(&fake, std::time::Duration::from_secs(30)).await;
+
+    // The pod watch breaks and cannot come back for now.
+    fake.fail_watch_start(Kind::Pod, 500, 1_000_000);
+    fake.close_watches();
+    // Meanwhile the old leader binds a pod onto the node's only GPU.
+    fake.create(
+        Kind::Pod,
+        service::pod(
+            "ml",
+            "other",
+            "uid-other",
+            json!({"nvidia.com/gpu": "1"}),
+            Some("n1"),
+            Some(&service::whole_gpus(&[0])),
+        ),
+    )
+    .unwrap();
+
+    let result = env.bind(&p, "n1").await;
+    let holders: Vec<String> = fake
+        .list(Kind::Pod)
+        .into_iter()
+        .filter(|pod| pod["spec"]["nodeName"] == "n1")
+        .filter_map(|pod| {
+            pod["metadata"]["annotations"]["scheduling.koordinator.sh/device-allocated"]
+                .as_str()
+                .map(|_| pod["metadata"]["name"].as_str().unwrap_or("").to_string())
+        })
+        .collect();
+    assert!(
+        result.is_err() && holders == vec!["other".to_string()],
+        "GPU 0 handed out twice: bind {result:?}, holders {holders:?}"
+    );
+    fake.fail_watch_start(Kind::Pod, 500, 0);
+    env.svc.shutdown().await.unwrap();
+}

@@ -1,0 +1,456 @@
+//! NUMA-aware CPU placement end to end: the real service over HTTP against the fake API
+//! server and the real kube client. Checks read the API server's pods and parse the
+//! annotations from first principles (their JSON and the Linux CPU list form), never through
+//! the service's own types.
+//!
+//! Every wait has a timeout that only stops a hang.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::gpu::{Env, metric_value};
+use crate::support::service::{self, Http};
+use crate::support::{FakeApiServer, Kind};
+
+const WAIT: Duration = Duration::from_secs(60);
+const RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
+const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
+
+/// A koordlet-style NRT: `numas` NUMA nodes on one socket each with `cores` 2-thread cores;
+/// CPU ids sequential with a core's threads adjacent (so NUMA `n` holds
+/// `n*cores*2 .. (n+1)*cores*2`). `policy` goes to `topologyPolicies`.
+fn koord_nrt(name: &str, numas: u32, cores: u32, policy: &str, extra: &[(&str, &str)]) -> Value {
+    let mut detail = Vec::new();
+    for n in 0..numas {
+        for c in 0..cores {
+            for t in 0..2 {
+                let core = n * cores + c;
+                detail.push(json!({"id": core * 2 + t, "core": core, "socket": n, "node": n}));
+            }
+        }
+    }
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(
+        "node.koordinator.sh/cpu-topology".into(),
+        json!({ "detail": detail }).to_string().into(),
+    );
+    annotations.insert(
+        "kubelet.koordinator.sh/cpu-manager-policy".into(),
+        r#"{"policy":"none"}"#.into(),
+    );
+    for (k, v) in extra {
+        annotations.insert(k.to_string(), v.to_string().into());
+    }
+    let zones: Vec<Value> = (0..numas)
+        .map(|n| {
+            let cpus = (cores * 2).to_string();
+            json!({"name": format!("node-{n}"), "type": "Node", "resources": [
+                {"name": "cpu", "capacity": cpus, "allocatable": cpus, "available": cpus},
+                {"name": "memory", "capacity": "64Gi", "allocatable": "64Gi", "available": "64Gi"}]})
+        })
+        .collect();
+    json!({
+        "apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+        "metadata": {"name": name, "annotations": annotations},
+        "topologyPolicies": [policy],
+        "zones": zones,
+    })
+}
+
+/// A pending LSR pod asking for `cpu` CPUs (and `extra` resources), requests = limits.
+fn lsr_pod(name: &str, cpu: u32, extra: Value) -> Value {
+    let mut requests = json!({"cpu": cpu.to_string(), "memory": "8Gi"});
+    if let (Some(r), Some(e)) = (requests.as_object_mut(), extra.as_object()) {
+        r.extend(e.clone());
+    }
+    let mut p = service::pending(name, requests);
+    p["metadata"]["labels"] = json!({"koordinator.sh/qosClass": "LSR"});
+    p
+}
+
+/// The Linux CPU list form, parsed independently of the service.
+fn cpu_list(s: &str) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
+            None => {
+                out.insert(part.parse::<u32>().unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn annotation(fake: &FakeApiServer, name: &str, key: &str) -> Option<String> {
+    let p = fake.get(Kind::Pod, "ml", name)?;
+    p["metadata"]["annotations"][key]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// One `numaNodeResources` entry: NUMA id and its resources.
+type NumaEntry = (u64, serde_json::Map<String, Value>);
+
+/// The `resource-status` annotation checked for exactly the shape koordlet decodes:
+/// an object with only `cpuset` (string) and `numaNodeResources` (list of `{node: int,
+/// resources: {name: quantity string}}`). Returns (cpus, [(numa, resources)]).
+fn koordlet_status(text: &str) -> (BTreeSet<u32>, Vec<NumaEntry>) {
+    let v: Value = serde_json::from_str(text).expect("resource-status is JSON");
+    let obj = v.as_object().expect("resource-status is an object");
+    for key in obj.keys() {
+        assert!(
+            key == "cpuset" || key == "numaNodeResources",
+            "unexpected field {key} in {text}"
+        );
+    }
+    let cpus = obj
+        .get("cpuset")
+        .map(|c| cpu_list(c.as_str().expect("cpuset is a string")))
+        .unwrap_or_default();
+    let mut numa = Vec::new();
+    for e in obj
+        .get("numaNodeResources")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let node = e["node"].as_u64().expect("node is an unsigned integer");
+        let resources = e["resources"]
+            .as_object()
+            .expect("resources is a map")
+            .clone();
+        for (k, q) in &resources {
+            assert!(q.is_string(), "{k} must be a quantity string: {text}");
+        }
+        numa.push((node, resources));
+    }
+    (cpus, numa)
+}
+
+async fn debug_cpus(http: &Http, node: &str) -> Value {
+    let (status, body) = http.get(&format!("/debug/nodes/{node}")).await;
+    assert_eq!(status, 200, "{body}");
+    body["state"]["cpus"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_and_cpuset_land_on_the_numa_node_of_the_free_gpus() {
+    let fake = FakeApiServer::new();
+    let mut node = service::node("n");
+    node["metadata"]["labels"]["node.koordinator.sh/numa-topology-policy"] =
+        json!("SingleNUMANode");
+    fake.create(Kind::Node, node).unwrap();
+    // 4 GPUs, two per NUMA node: minors 0-1 on NUMA 0, 2-3 on NUMA 1.
+    fake.create(Kind::Device, service::gpu_device("n", 4, 2, &[]))
+        .unwrap();
+    fake.create(
+        Kind::NodeResourceTopology,
+        koord_nrt("n", 2, 8, "None", &[]),
+    )
+    .unwrap();
+    // NUMA 0's GPUs are taken; its CPUs are all free (CPU alone would pick NUMA 0).
+    fake.create(
+        Kind::Pod,
+        service::pod(
+            "ml",
+            "holder",
+            "uid-holder",
+            json!({"nvidia.com/gpu": "2"}),
+            Some("n"),
+            Some(&service::whole_gpus(&[0, 1])),
+        ),
+    )
+    .unwrap();
+    let env = Env::start(&fake, &[]).await;
+
+    let pod = lsr_pod("aligned", 8, json!({"nvidia.com/gpu": "1"}));
+    fake.create(Kind::Pod, pod.clone()).unwrap();
+    let f = env.filter(&pod, &["n"]).await;
+    assert_eq!(f["NodeNames"], json!(["n"]), "{f}");
+    env.bind(&pod, "n").await.expect("bind succeeds");
+
+    let status = annotation(&fake, "aligned", RESOURCE_STATUS).expect("resource-status written");
+    let (cpus, numa) = koordlet_status(&status);
+    assert_eq!(cpus.len(), 8, "{status}");
+    assert!(
+        cpus.iter().all(|c| (16..32).contains(c)),
+        "cpuset on NUMA 1 (CPUs 16-31): {status}"
+    );
+    assert_eq!(numa.len(), 1, "{status}");
+    assert_eq!(numa[0].0, 1, "{status}");
+    assert_eq!(numa[0].1["cpu"], json!("8"), "{status}");
+    assert_eq!(numa[0].1["memory"], json!("8Gi"), "{status}");
+
+    let devices = annotation(&fake, "aligned", DEVICE_ALLOCATED).expect("device-allocated");
+    let d: Value = serde_json::from_str(&devices).unwrap();
+    let minors: Vec<u64> = d["gpu"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["minor"].as_u64().unwrap())
+        .collect();
+    assert_eq!(minors.len(), 1, "{devices}");
+    assert!(minors[0] == 2 || minors[0] == 3, "GPU on NUMA 1: {devices}");
+    assert_eq!(
+        fake.get(Kind::Pod, "ml", "aligned").unwrap()["spec"]["nodeName"],
+        "n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_cpuset_binds_never_share_a_cpu() {
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Node, service::node("big")).unwrap();
+    // 64 CPUs: 2 NUMA nodes x 16 cores x 2 threads, no NUMA policy.
+    fake.create(
+        Kind::NodeResourceTopology,
+        koord_nrt("big", 2, 16, "None", &[]),
+    )
+    .unwrap();
+    let env = Env::start(&fake, &[]).await;
+    let pods: Vec<Value> = (0..64)
+        .map(|i| {
+            let mut p = lsr_pod(&format!("x{i}"), 4, json!({}));
+            p["spec"]["containers"][0]["resources"] = json!({
+                "requests": {"cpu": "4"}, "limits": {"cpu": "4"}});
+            p["metadata"]["annotations"] = json!({
+                "scheduling.koordinator.sh/resource-spec":
+                    r#"{"preferredCPUBindPolicy":"FullPCPUs","preferredCPUExclusivePolicy":"PCPULevel"}"#});
+            p
+        })
+        .collect();
+    for p in &pods {
+        fake.create(Kind::Pod, p.clone()).unwrap();
+    }
+    let results = tokio::time::timeout(
+        WAIT,
+        futures::future::join_all(pods.iter().map(|p| env.bind(p, "big"))),
+    )
+    .await
+    .expect("binds finish");
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(
+        ok,
+        16,
+        "{:?}",
+        results
+            .iter()
+            .filter(|r| r.is_err())
+            .take(3)
+            .collect::<Vec<_>>()
+    );
+
+    // From the API server alone: every bound pod has a 4-CPU cpuset, no CPU twice.
+    let mut seen = BTreeSet::new();
+    let mut bound = 0;
+    for p in fake.list(Kind::Pod) {
+        if p["spec"]["nodeName"] != "big" {
+            assert!(
+                p["metadata"]["annotations"][RESOURCE_STATUS].is_null(),
+                "an unbound pod carries no cpuset: {p}"
+            );
+            continue;
+        }
+        bound += 1;
+        let status = p["metadata"]["annotations"][RESOURCE_STATUS]
+            .as_str()
+            .expect("bound pod has resource-status");
+        let (cpus, _) = koordlet_status(status);
+        assert_eq!(cpus.len(), 4, "{status}");
+        for c in cpus {
+            assert!(c < 64, "{status}");
+            assert!(seen.insert(c), "cpu {c} in two cpusets");
+        }
+    }
+    assert_eq!(bound, 16);
+    assert_eq!(seen.len(), 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_rebuilds_the_same_cpu_ledger_and_a_relist_frees_a_deleted_pods_cpus() {
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Node, service::node("n")).unwrap();
+    fake.create(
+        Kind::NodeResourceTopology,
+        koord_nrt(
+            "n",
+            2,
+            4,
+            "SingleNUMANodePodLevel",
+            &[(
+                "node.koordinator.sh/reservation",
+                r#"{"reservedCPUs":"0-1"}"#,
+            )],
+        ),
+    )
+    .unwrap();
+    let env = Env::start(&fake, &[]).await;
+    let pods: Vec<Value> = (0..3)
+        .map(|i| lsr_pod(&format!("r{i}"), 4, json!({})))
+        .collect();
+    for p in &pods {
+        fake.create(Kind::Pod, p.clone()).unwrap();
+        env.bind(p, "n").await.expect("bind");
+    }
+    // 16 CPUs minus 2 reserved: three 4-CPU pods fit (single NUMA each), a fourth does not.
+    let cluster = env.svc.state.cluster.clone();
+    service::eventually(WAIT, "all three committed", || {
+        let snap = cluster.snapshot();
+        let by_pod = &snap["n"]["cpus"]["allocated_by_pod"];
+        (0..3).all(|i| by_pod[format!("uid-r{i}")]["state"] == "committed")
+    })
+    .await;
+    let before = debug_cpus(&env.http, "n").await;
+    let held = cpu_list(before["allocated"].as_str().unwrap());
+    assert_eq!(held.len(), 12, "{before}");
+    assert!(
+        !held.contains(&0) && !held.contains(&1),
+        "reserved never handed out: {before}"
+    );
+
+    // A restart rebuilds exactly the same CPU ledger from the API server.
+    env.svc.shutdown().await.expect("shutdown");
+    let env = Env::start(&fake, &[]).await;
+    let after = debug_cpus(&env.http, "n").await;
+    assert_eq!(after, before);
+
+    // A watch gap: the pod is deleted while the watches are down and the log is compacted,
+    // so the pod watch must relist; the diff frees its CPUs.
+    let (_, ready) = env.http.get("/readyz").await;
+    let relists = ready["kinds"]["pods"]["relists"].as_u64().unwrap_or(0);
+    for kind in service::WATCHED {
+        fake.set_watch_delay(kind, Duration::from_millis(1500));
+    }
+    fake.close_watches();
+    fake.delete(Kind::Pod, "ml", "r1").unwrap();
+    fake.compact();
+    for kind in service::WATCHED {
+        fake.set_watch_delay(kind, Duration::ZERO);
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, ready) = env.http.get("/readyz").await;
+        if ready["kinds"]["pods"]["relists"].as_u64().unwrap_or(0) > relists
+            && ready["kinds"]["pods"]["phase"] == "synced"
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pods never relisted: {ready}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cluster = env.svc.state.cluster.clone();
+    service::eventually(WAIT, "r1's CPUs released", || {
+        cluster.snapshot()["n"]["cpus"]["allocated_by_pod"]["uid-r1"].is_null()
+    })
+    .await;
+    let r1 = koordlet_status(&annotation_in(&before, "uid-r1")).0;
+    let now = cpu_list(
+        debug_cpus(&env.http, "n").await["allocated"]
+            .as_str()
+            .unwrap(),
+    );
+    assert!(
+        now.is_disjoint(&r1),
+        "r1's cpus {r1:?} free again, held now {now:?}"
+    );
+    assert_eq!(now.len(), 8);
+    // And a new pod can take them.
+    let next = lsr_pod("r3", 4, json!({}));
+    fake.create(Kind::Pod, next.clone()).unwrap();
+    env.bind(&next, "n").await.expect("freed CPUs are bindable");
+    env.svc.shutdown().await.expect("shutdown");
+}
+
+fn annotation_in(debug: &Value, uid: &str) -> String {
+    debug["allocated_by_pod"][uid]["resource_status"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{uid} in {debug}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_nrt_annotations_are_counted_and_block_only_that_node() {
+    let fake = FakeApiServer::new();
+    let cases = [
+        (
+            "bad-json",
+            "node.koordinator.sh/cpu-topology",
+            "{nope",
+            "bad_json",
+        ),
+        (
+            "out-of-range",
+            "node.koordinator.sh/cpu-topology",
+            r#"{"detail":[{"id":4096,"core":0,"socket":0,"node":0}]}"#,
+            "out_of_range",
+        ),
+        (
+            "duplicate",
+            "node.koordinator.sh/cpu-topology",
+            r#"{"detail":[{"id":0,"core":0,"socket":0,"node":0},{"id":0,"core":1,"socket":0,"node":0}]}"#,
+            "duplicate_cpu",
+        ),
+        (
+            "missing",
+            "node.koordinator.sh/cpu-topology",
+            r#"{"detail":[{"id":0,"socket":0,"node":0}]}"#,
+            "missing_field",
+        ),
+        (
+            "negative",
+            "kubelet.koordinator.sh/cpu-manager-policy",
+            r#"{"policy":"static","reservedCPUs":"-1"}"#,
+            "negative",
+        ),
+    ];
+    for (name, key, value, _) in &cases {
+        service::add_gpu_node(&fake, name, 2, &[]);
+        fake.create(
+            Kind::NodeResourceTopology,
+            koord_nrt(name, 2, 4, "None", &[(key, value)]),
+        )
+        .unwrap();
+    }
+    service::add_gpu_node(&fake, "good", 2, &[]);
+    fake.create(
+        Kind::NodeResourceTopology,
+        koord_nrt("good", 2, 4, "None", &[]),
+    )
+    .unwrap();
+    let env = Env::start(&fake, &[]).await;
+
+    let (_, metrics) = env.http.get("/metrics").await;
+    let text = metrics.as_str().unwrap_or_default();
+    for (name, key, _, problem) in &cases {
+        let short = key.rsplit('/').next().unwrap();
+        assert!(
+            metric_value(
+                text,
+                "dne_nrt_problems_total",
+                &format!("annotation=\"{short}\",problem=\"{problem}\"")
+            ) >= 1.0,
+            "{name}: {problem} not counted:\n{text}"
+        );
+    }
+    let names: Vec<&str> = cases.iter().map(|c| c.0).chain(["good"]).collect();
+    let cpuset = lsr_pod("c", 2, json!({}));
+    let f = env.filter(&cpuset, &names).await;
+    assert_eq!(f["NodeNames"], json!(["good"]), "{f}");
+    for (name, ..) in &cases {
+        let reason = f["FailedAndUnresolvableNodes"][name].as_str().unwrap_or("");
+        assert!(reason.contains("unusable"), "{name}: {f}");
+    }
+    // The device ledger of a blocked node is untouched: a GPU pod still fits everywhere.
+    let gpu = service::pending("g", json!({"nvidia.com/gpu": "2"}));
+    let f = env.filter(&gpu, &names).await;
+    assert_eq!(f["NodeNames"].as_array().unwrap().len(), names.len(), "{f}");
+    let d = crate::gpu::ledger(&env.http, "bad-json").await;
+    assert_eq!(d["device_object_present"], true, "{d}");
+    env.svc.shutdown().await.expect("shutdown");
+}
