@@ -196,9 +196,30 @@ pub struct Checker {
     pub violations: Vec<String>,
     pub checks: u64,
     pub allocations_seen: u64,
+    /// Every CPU id each node's NodeResourceTopology has ever listed in its
+    /// `node.koordinator.sh/cpu-topology` annotation (the union, as with `capacity`).
+    cpu_ids: BTreeMap<String, BTreeSet<u32>>,
 }
 
 impl Checker {
+    /// Records the CPU ids of every NodeResourceTopology's koordinator CPU topology.
+    pub fn observe_topologies(&mut self, nrts: &[Value]) {
+        for nrt in nrts {
+            let Some(a) = annotation(nrt, "node.koordinator.sh/cpu-topology") else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(a) else {
+                continue;
+            };
+            let ids = self.cpu_ids.entry(name(nrt).to_string()).or_default();
+            for cpu in v["detail"].as_array().into_iter().flatten() {
+                if let Some(id) = cpu["id"].as_u64() {
+                    ids.insert(id as u32);
+                }
+            }
+        }
+    }
+
     /// Records the current capacity of every present minor; returns what is forbidden now.
     /// `gpu_nodes` are the nodes that are meant to have a Device object.
     pub fn observe_devices(&mut self, devices: &[Value], gpu_nodes: &[String]) -> Forbidden {
@@ -370,6 +391,23 @@ impl Checker {
             };
             match parse_cpu_list(&cpuset) {
                 Ok(set) => {
+                    if !set.is_empty()
+                        && let Some(want) = integer_cpus(pod)
+                        && set.len() != want as usize
+                    {
+                        self.violations.push(format!(
+                            "step {step}: pod {} asked for {want} CPUs and holds {cpuset:?}",
+                            name(pod)
+                        ));
+                    }
+                    if let Some(ids) = self.cpu_ids.get(node)
+                        && let Some(bad) = set.iter().find(|c| !ids.contains(c))
+                    {
+                        self.violations.push(format!(
+                            "step {step}: pod {} holds CPU {bad} on {node}, which its topology does not have",
+                            name(pod)
+                        ));
+                    }
                     let owners = cpus.entry(node).or_default();
                     for cpu in set {
                         if let Some(other) = owners.insert(cpu, name(pod)) {
@@ -493,6 +531,118 @@ pub fn compare_ledger(
         if want.values().any(|v| *v != 0) {
             diff.problems.push(format!(
                 "{node}: entries hold {slot:?} = {want:?} but the ledger shows no such minor"
+            ));
+        }
+    }
+    diff
+}
+
+/// The cpuset a pod holds per its `resource-status` annotation (`None`: no annotation or no
+/// cpuset in it); `Err` names what does not parse.
+pub fn cpuset_of(pod: &Value) -> Result<Option<BTreeSet<u32>>, String> {
+    let Some(rs) = annotation(pod, RESOURCE_STATUS) else {
+        return Ok(None);
+    };
+    let v: Value = serde_json::from_str(rs).map_err(|e| format!("{RESOURCE_STATUS}: {e}"))?;
+    match v["cpuset"].as_str() {
+        None | Some("") => Ok(None),
+        Some(list) => parse_cpu_list(list).map(Some),
+    }
+}
+
+/// node → uid → cpuset, for assigned, non-terminal pods holding one.
+pub fn cpuset_holdings(pods: &[Value]) -> BTreeMap<String, BTreeMap<String, BTreeSet<u32>>> {
+    let mut out: BTreeMap<String, BTreeMap<String, BTreeSet<u32>>> = BTreeMap::new();
+    for pod in pods {
+        let Some(node) = holding_node(pod) else {
+            continue;
+        };
+        if let Ok(Some(set)) = cpuset_of(pod) {
+            out.entry(node.to_string())
+                .or_default()
+                .insert(uid(pod).to_string(), set);
+        }
+    }
+    out
+}
+
+/// The pod's whole-CPU request (sum over its containers), if its cpu request is integral.
+pub fn integer_cpus(pod: &Value) -> Option<u32> {
+    let mut milli = 0i128;
+    for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
+        if let Some(q) = c["resources"]["requests"]["cpu"].as_str() {
+            milli += parse_quantity(q)?;
+        }
+    }
+    (milli > 0 && milli % 1000 == 0).then_some((milli / 1000) as u32)
+}
+
+/// Compares the CPU half of one node's `/debug` view (`state.cpus.allocated_by_pod`) with the
+/// cpusets the API server's pods hold there: every committed cpuset entry is a holding pod
+/// with the same cpuset; every holding pod has an entry; assumed entries without a holding
+/// pod are stale (issue 11).
+pub fn compare_cpu_ledger(
+    node: &str,
+    debug: &Value,
+    holding: &BTreeMap<String, BTreeSet<u32>>,
+) -> LedgerDiff {
+    let mut diff = LedgerDiff::default();
+    let mut seen = BTreeSet::new();
+    for (uid, e) in debug["state"]["cpus"]["allocated_by_pod"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        let state = e["state"].as_str().unwrap_or("?");
+        let cpuset = match e["resource_status"].as_str() {
+            None => None,
+            Some(rs) => match serde_json::from_str::<Value>(rs) {
+                Ok(v) => match v["cpuset"].as_str() {
+                    None | Some("") => None,
+                    Some(list) => match parse_cpu_list(list) {
+                        Ok(set) => Some(set),
+                        Err(err) => {
+                            diff.problems
+                                .push(format!("{node}: CPU entry {uid}: {err}: {rs}"));
+                            continue;
+                        }
+                    },
+                },
+                Err(err) => {
+                    diff.problems
+                        .push(format!("{node}: CPU entry {uid}: {err}: {rs}"));
+                    continue;
+                }
+            },
+        };
+        let Some(cpuset) = cpuset else {
+            continue;
+        };
+        match (state, holding.get(uid)) {
+            ("committed", Some(want)) if *want == cpuset => {
+                seen.insert(uid.clone());
+            }
+            ("committed", want) => diff.problems.push(format!(
+                "{node}: committed CPU entry {uid} holds {cpuset:?}, the pod says {want:?}"
+            )),
+            ("assumed", Some(_)) => {
+                diff.problems.push(format!(
+                    "{node}: CPU entry {uid} still assumed although its pod is bound here"
+                ));
+                seen.insert(uid.clone());
+            }
+            ("assumed", None) => diff
+                .stale_assumed
+                .push(format!("{node}/{uid}: cpuset {cpuset:?}")),
+            (other, _) => diff
+                .problems
+                .push(format!("{node}: CPU entry {uid} in state {other:?}")),
+        }
+    }
+    for (uid, set) in holding {
+        if !seen.contains(uid) {
+            diff.problems.push(format!(
+                "{node}: pod {uid} holds cpuset {set:?} but the CPU ledger has no entry"
             ));
         }
     }

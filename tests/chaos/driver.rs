@@ -173,8 +173,42 @@ fn device_json(node: &str, shape: &Shape) -> Value {
     })
 }
 
-/// Pod shapes: (label, requests).
-const POD_KINDS: [(&str, &str); 7] = [
+/// Each GPU node's CPU topology: 16 logical CPUs, 2 per physical core (SMT-2), 8 per NUMA
+/// node and socket; NRT zones `node-0`/`node-1` with 8 CPUs and 32Gi each. No NUMA policy, so
+/// LSR pods get exclusive whole-core cpusets chosen independently of their GPUs.
+fn chaos_nrt(node: &str) -> Value {
+    let detail: Vec<Value> = (0..16)
+        .map(|id| json!({"id": id, "core": id / 2, "socket": id / 8, "node": id / 8}))
+        .collect();
+    let zones: Vec<Value> = (0..2)
+        .map(|z| {
+            json!({"name": format!("node-{z}"), "type": "Node", "resources": [
+                {"name": "cpu", "capacity": "8", "allocatable": "8", "available": "8"},
+                {"name": "memory", "capacity": "32Gi", "allocatable": "32Gi", "available": "32Gi"}
+            ]})
+        })
+        .collect();
+    json!({
+        "apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+        "metadata": {"name": node, "annotations": {
+            "node.koordinator.sh/cpu-topology": json!({"detail": detail}).to_string()
+        }},
+        "topologyPolicies": ["None"],
+        "zones": zones
+    })
+}
+
+/// Pods whose label starts with this are koordinator LSR pods (`koordinator.sh/qosClass`):
+/// their integer CPU request gets an exclusive cpuset.
+const LSR_PREFIX: &str = "lsr";
+
+/// Pod shapes: (label, requests). Labels with [`LSR_PREFIX`] are LSR pods.
+const POD_KINDS: [(&str, &str); 9] = [
+    ("lsr4", r#"{"cpu": "4", "memory": "1Gi"}"#),
+    (
+        "lsr2-gpu1",
+        r#"{"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "1"}"#,
+    ),
     ("gpu1", r#"{"nvidia.com/gpu": "1"}"#),
     ("gpu2", r#"{"nvidia.com/gpu": "2"}"#),
     ("half", r#"{"koordinator.sh/gpu-memory-ratio": "50"}"#),
@@ -383,7 +417,7 @@ impl Driver {
             let shape = Shape::full();
             fake.create(Kind::Device, device_json(n, &shape))
                 .expect("device");
-            fake.create(Kind::NodeResourceTopology, service::nrt(n))
+            fake.create(Kind::NodeResourceTopology, chaos_nrt(n))
                 .expect("nrt");
             shapes.insert(n.to_string(), shape);
         }
@@ -633,6 +667,8 @@ impl Driver {
     }
 
     fn current_forbidden(&mut self) -> Forbidden {
+        self.checker
+            .observe_topologies(&self.fake.list(Kind::NodeResourceTopology));
         let devices = self.fake.list(Kind::Device);
         self.checker.observe_devices(&devices, &self.nodes())
     }
@@ -651,7 +687,9 @@ impl Driver {
             }
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
-                let (holdings, _) = Checker::holdings(&self.pods());
+                let pods = self.pods();
+                let (holdings, _) = Checker::holdings(&pods);
+                let cpusets = checker::cpuset_holdings(&pods);
                 let mut problems = Vec::new();
                 let mut stale = Vec::new();
                 for node in NODES {
@@ -666,6 +704,14 @@ impl Driver {
                                 node,
                                 &v,
                                 holdings.get(node).unwrap_or(&empty),
+                            );
+                            problems.extend(d.problems);
+                            stale.extend(d.stale_assumed);
+                            let empty = BTreeMap::new();
+                            let d = checker::compare_cpu_ledger(
+                                node,
+                                &v,
+                                cpusets.get(node).unwrap_or(&empty),
                             );
                             problems.extend(d.problems);
                             stale.extend(d.stale_assumed);
@@ -869,7 +915,7 @@ impl Driver {
                     let _ = self.fake.delete(Kind::NodeResourceTopology, "", node);
                     let _ = self
                         .fake
-                        .create(Kind::NodeResourceTopology, service::nrt(node));
+                        .create(Kind::NodeResourceTopology, chaos_nrt(node));
                 } else {
                     let _ = self.fake.patch_merge(
                         Kind::NodeResourceTopology,
@@ -966,10 +1012,11 @@ impl Driver {
             let uid = self.fresh_uid();
             let name = format!("{label}-{}", self.next_pod).replace('+', "-");
             let requests: Value = serde_json::from_str(requests).expect("static JSON");
-            let _ = self.fake.create(
-                Kind::Pod,
-                service::pod(NS, &name, &uid, requests, None, None),
-            );
+            let mut pod = service::pod(NS, &name, &uid, requests, None, None);
+            if label.starts_with(LSR_PREFIX) {
+                pod["metadata"]["labels"] = json!({"koordinator.sh/qosClass": "LSR"});
+            }
+            let _ = self.fake.create(Kind::Pod, pod);
         }
     }
 
@@ -1148,13 +1195,17 @@ impl Driver {
         let mut last = BTreeMap::new();
         while !waiting.is_empty() && Instant::now() < deadline {
             for node in waiting.clone() {
-                let mut reqs = vec![json!({"nvidia.com/gpu": GPUS.to_string()})];
+                let mut reqs = vec![
+                    (json!({"nvidia.com/gpu": GPUS.to_string()}), false),
+                    // Every CPU of the node as one exclusive cpuset.
+                    (json!({"cpu": "16", "memory": "1Gi"}), true),
+                ];
                 if RDMA_NODES.contains(&node) {
-                    reqs.push(json!({"koordinator.sh/rdma": "200"}));
+                    reqs.push((json!({"koordinator.sh/rdma": "200"}), false));
                 }
                 let mut all = true;
-                for (i, r) in reqs.into_iter().enumerate() {
-                    let probe = service::pod(
+                for (i, (r, lsr)) in reqs.into_iter().enumerate() {
+                    let mut probe = service::pod(
                         NS,
                         &format!("probe-{i}"),
                         &format!("probe-uid-{i}"),
@@ -1162,6 +1213,9 @@ impl Driver {
                         None,
                         None,
                     );
+                    if lsr {
+                        probe["metadata"]["labels"] = json!({"koordinator.sh/qosClass": "LSR"});
+                    }
                     let f = http
                         .try_post(
                             "/filter",
@@ -1184,7 +1238,12 @@ impl Driver {
             let ledger = http
                 .try_get(&format!("/debug/nodes/{node}"))
                 .await
-                .map(|(_, v)| v["state"]["devices"]["entries"].to_string())
+                .map(|(_, v)| {
+                    format!(
+                        "{} cpus {}",
+                        v["state"]["devices"]["entries"], v["state"]["cpus"]["allocated_by_pod"]
+                    )
+                })
                 .unwrap_or_default();
             let msg = format!(
                 "{node}: full capacity not offered {guard:?} after every pod was deleted: filter {}; ledger entries {ledger}",

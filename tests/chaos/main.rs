@@ -218,6 +218,56 @@ mod checker_self_test {
     }
 
     #[test]
+    fn a_cpuset_of_the_wrong_size_or_outside_the_topology_is_a_violation() {
+        let mut c = Checker::default();
+        let nrt = json!({"metadata": {"name": "n", "annotations": {
+            "node.koordinator.sh/cpu-topology":
+                r#"{"detail":[{"id":0,"core":0,"socket":0,"node":0},{"id":1,"core":0,"socket":0,"node":0},{"id":2,"core":1,"socket":0,"node":0},{"id":3,"core":1,"socket":0,"node":0}]}"#
+        }}});
+        c.observe_topologies(&[nrt]);
+        let f = c.observe_devices(&[], &[]);
+        let with_cpu = |mut p: Value, cpu: &str| {
+            p["spec"]["containers"] = json!([{"resources": {"requests": {"cpu": cpu}}}]);
+            p
+        };
+        c.check(1, &[with_cpu(pod("a", "n", None, Some("0-1")), "2")], &f);
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        c.check(2, &[with_cpu(pod("a", "n", None, Some("0-2")), "2")], &f);
+        assert!(
+            c.violations.iter().any(|v| v.contains("asked for 2 CPUs")),
+            "{:?}",
+            c.violations
+        );
+        c.violations.clear();
+        c.check(3, &[with_cpu(pod("a", "n", None, Some("3-4")), "2")], &f);
+        assert!(
+            c.violations.iter().any(|v| v.contains("CPU 4")),
+            "{:?}",
+            c.violations
+        );
+    }
+
+    #[test]
+    fn the_cpu_ledger_comparison_finds_missing_wrong_and_stale_entries() {
+        let pods = [pod("a", "n", None, Some("0-3"))];
+        let held = cpuset_holdings(&pods)["n"].clone();
+        let entry = |state: &str, cpuset: &str| json!({"state": state, "resource_status": json!({"cpuset": cpuset}).to_string()});
+        let view = |entries: Value| json!({"state": {"cpus": {"allocated_by_pod": entries}}});
+        let good = view(json!({"u-a": entry("committed", "0-3")}));
+        let d = compare_cpu_ledger("n", &good, &held);
+        assert!(d.problems.is_empty() && d.stale_assumed.is_empty(), "{d:?}");
+        let missing = view(json!({}));
+        assert!(!compare_cpu_ledger("n", &missing, &held).problems.is_empty());
+        let wrong = view(json!({"u-a": entry("committed", "0-2,4")}));
+        assert!(!compare_cpu_ledger("n", &wrong, &held).problems.is_empty());
+        let stale =
+            view(json!({"u-a": entry("committed", "0-3"), "u-gone": entry("assumed", "4-7")}));
+        let d = compare_cpu_ledger("n", &stale, &held);
+        assert!(d.problems.is_empty(), "{d:?}");
+        assert_eq!(d.stale_assumed.len(), 1, "{d:?}");
+    }
+
+    #[test]
     fn the_ledger_comparison_finds_missing_extra_and_stale_entries() {
         let (holding, _) = Checker::holdings(&[pod("a", "n", Some(WHOLE0), None)]);
         let held = holding["n"].clone();
