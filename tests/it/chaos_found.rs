@@ -93,3 +93,53 @@ async fn bind_refuses_while_the_pod_watch_is_down() {
     fake.fail_watch_start(Kind::Pod, 500, 0);
     env.svc.shutdown().await.unwrap();
 }
+
+/// The fence behind the fix above, observed from outside: while the pod watch and the relist
+/// it asks for both fail, a bind is refused with a "catching up" error, counted as
+/// `dne_binds_total{outcome="cache_not_current"}`, and the fence as
+/// `dne_pod_fences_total{reason="watch_error"}`; once lists and watches work again the relist
+/// lifts the fence and the same bind succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_binds_are_refused_counted_and_resume_after_the_relist() {
+    let fake = FakeApiServer::new();
+    service::add_gpu_node(&fake, "n1", 1, &[]);
+    let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    fake.create(Kind::Pod, p.clone()).unwrap();
+    let env = Env::start(&fake, &[]).await;
+    assert_eq!(env.metric("dne_pod_fences_total", "").await, 0.0);
+
+    crate::gpu::pod_watch_down(&fake).await;
+    // The fence is raised when the watcher reports its failed restart: wait for that.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while env
+        .metric("dne_pod_fences_total", "reason=\"watch_error\"")
+        .await
+        < 1.0
+    {
+        assert!(tokio::time::Instant::now() < deadline, "no fence raised");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let err = env.bind(&p, "n1").await.unwrap_err();
+    assert!(err.contains("catching up"), "{err}");
+    assert_eq!(
+        env.metric("dne_binds_total", "outcome=\"cache_not_current\"")
+            .await,
+        1.0
+    );
+    assert_eq!(node_of(&fake, &p), None, "a fenced bind wrote to the pod");
+
+    crate::gpu::pod_watch_up(&fake);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match env.bind(&p, "n1").await {
+            Ok(()) => break,
+            Err(e) => assert!(
+                e.contains("catching up") && tokio::time::Instant::now() < deadline,
+                "the bind never resumed: {e}"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(node_of(&fake, &p).as_deref(), Some("n1"));
+    env.svc.shutdown().await.unwrap();
+}

@@ -2,7 +2,11 @@
 //! bytes, and mutations of the golden wire fixtures (`tests/fixtures/wire`) and of valid
 //! annotations, fed to every decoder the crate has for untrusted input: the extender wire
 //! decoder (all four verbs), the `device-allocated` annotation parser, device request
-//! annotations, quantities, and the Device CRD / Pod decode with the cache's record building.
+//! annotations, quantities, and the Device CRD / Pod decode with the cache's record building;
+//! and the NUMA side: the Linux CPU list form, `resource-status`, `resource-spec`,
+//! `numa-topology-spec`, and every koordinator annotation on a NodeResourceTopology
+//! (`cpu-topology`, `cpu-manager-policy`, `pod-cpu-allocs`, `reservation`,
+//! `system-qos-resource`), alone and through the NRT decode into the CPU ledger.
 //! Properties: never a panic; an error from the wire decoder is a 4xx; a parsed annotation
 //! survives its own round trip. Cases per property: `FUZZ_CASES` (default 512); the figures
 //! measured with larger counts are in RELIABILITY.md.
@@ -11,12 +15,17 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use device_numa_extender::cluster::PodRecord;
+use device_numa_extender::cluster::TopologyRecord;
+use device_numa_extender::cluster::cpus::CpuLedger;
 use device_numa_extender::cluster::devices::{DeviceLedger, NodeDevices};
 use device_numa_extender::extender::input::decode;
 use device_numa_extender::extender::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs,
 };
+use device_numa_extender::model::cpuset::CpuSet;
 use device_numa_extender::model::device::{Device, DeviceAllocations};
+use device_numa_extender::model::koord_cpu::{self, ResourceStatus};
+use device_numa_extender::model::nrt::NodeResourceTopology;
 use device_numa_extender::model::pod::Pod;
 use device_numa_extender::model::quantity::Quantity;
 use device_numa_extender::placement::device::pod_device_request;
@@ -149,8 +158,125 @@ fn pod_pipeline(bytes: &[u8]) {
     }
 }
 
+/// Valid seeds for the NUMA parsers: (name, parser index, value).
+const NUMA_SEEDS: [&str; 8] = [
+    r#"{"cpuset":"0-3,8","numaNodeResources":[{"node":0,"resources":{"cpu":"4","memory":"8Gi"}}]}"#,
+    r#"{"detail":[{"id":0,"core":0,"socket":0,"node":0},{"id":1,"core":0,"socket":0,"node":0},{"id":2,"core":1,"socket":1,"node":1}]}"#,
+    r#"{"policy":"static","options":{"full-pcpus-only":"true"},"reservedCPUs":"0-1"}"#,
+    r#"[{"namespace":"ml","name":"a","uid":"u1","cpuset":"2-3","managedByKubelet":true}]"#,
+    r#"{"reservedCPUs":"4-5","resources":{"cpu":"2"}}"#,
+    r#"{"cpuset":"6"}"#,
+    r#"{"requiredCPUBindPolicy":"FullPCPUs","preferredCPUBindPolicy":"SpreadByPCPUs","preferredCPUExclusivePolicy":"PCPULevel"}"#,
+    r#"{"numaTopologyPolicy":"SingleNUMANode","singleNUMANodeExclusive":"Preferred"}"#,
+];
+
+/// Runs parser `which` on `s`; a value that parses must survive its own round trip where the
+/// type has a writer.
+fn numa_parse(which: usize, s: &str) -> Result<(), TestCaseError> {
+    match which % NUMA_SEEDS.len() {
+        0 => {
+            if let Ok(rs) = ResourceStatus::parse(s) {
+                let again = ResourceStatus::parse(&rs.to_annotation());
+                prop_assert_eq!(
+                    again.as_ref().ok(),
+                    Some(&rs),
+                    "resource-status round trip of {:?}",
+                    s
+                );
+            }
+        }
+        1 => {
+            let _ = koord_cpu::parse_cpu_topology(s);
+        }
+        2 => {
+            let _ = koord_cpu::parse_kubelet_cpu_policy(s);
+        }
+        3 => {
+            let _ = koord_cpu::parse_pod_cpu_allocs(s);
+        }
+        4 => {
+            let _ = koord_cpu::parse_node_reservation(s);
+        }
+        5 => {
+            let _ = koord_cpu::parse_system_qos(s);
+        }
+        6 => {
+            let _ = koord_cpu::parse_resource_spec(s);
+        }
+        _ => {
+            let _ = koord_cpu::parse_numa_topology_spec(s);
+        }
+    }
+    Ok(())
+}
+
+const NRT_ANNOTATIONS: [&str; 5] = [
+    "node.koordinator.sh/cpu-topology",
+    "kubelet.koordinator.sh/cpu-manager-policy",
+    "node.koordinator.sh/pod-cpu-allocs",
+    "node.koordinator.sh/reservation",
+    "node.koordinator.sh/system-qos-resource",
+];
+
+/// An NRT whose annotations are the seeds, with annotation `key` replaced by `value`, decoded
+/// and built into a CPU ledger the way the sync handler does; then the ledger's views.
+fn nrt_pipeline(key: usize, value: &str) {
+    let mut annotations = serde_json::Map::new();
+    for (k, seed) in NRT_ANNOTATIONS.iter().zip([1usize, 2, 3, 4, 5]) {
+        annotations.insert(k.to_string(), serde_json::json!(NUMA_SEEDS[seed]));
+    }
+    annotations.insert(
+        NRT_ANNOTATIONS[key % NRT_ANNOTATIONS.len()].to_string(),
+        serde_json::json!(value),
+    );
+    let nrt = serde_json::json!({
+        "apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+        "metadata": {"name": "n", "uid": "u", "annotations": annotations},
+        "topologyPolicies": ["SingleNUMANodeContainerLevel"],
+        "zones": [{"name": "node-0", "type": "Node", "resources": [{"name": "cpu", "capacity": "2", "allocatable": "2", "available": "2"}]},
+                  {"name": "node-1", "type": "Node", "resources": [{"name": "cpu", "capacity": "1", "allocatable": "1", "available": "1"}]}]
+    });
+    if let Ok(nrt) = serde_json::from_value::<NodeResourceTopology>(nrt) {
+        let record = TopologyRecord::from_nrt(&nrt);
+        let mut ledger = CpuLedger::default();
+        ledger.set_nrt(Some(record.cpu.clone()));
+        let _ = ledger.summary();
+        let _ = ledger.debug_view();
+    }
+}
+
 proptest! {
     #![proptest_config(config())]
+
+    #[test]
+    fn fuzz_cpu_list_form(s in "[0-9,\\- ]{0,40}|.{0,40}") {
+        if let Ok(set) = s.parse::<CpuSet>() {
+            let again = set.to_string().parse::<CpuSet>();
+            prop_assert_eq!(again.ok(), Some(set), "list form round trip of {:?}", s);
+        }
+    }
+
+    #[test]
+    fn fuzz_numa_annotations_on_arbitrary_strings(which in 0usize..8, s in ".{0,200}") {
+        numa_parse(which, &s)?;
+    }
+
+    #[test]
+    fn fuzz_numa_annotations_on_mutations(which in 0usize..8, e in edits()) {
+        let m = mutate(NUMA_SEEDS[which].as_bytes(), &e);
+        numa_parse(which, &String::from_utf8_lossy(&m))?;
+    }
+
+    #[test]
+    fn fuzz_nrt_decode_into_the_cpu_ledger(key in 0usize..5, e in edits(), arbitrary in ".{0,120}", mutated in any::<bool>()) {
+        let base = NUMA_SEEDS[1 + key % 5];
+        let value = if mutated {
+            String::from_utf8_lossy(&mutate(base.as_bytes(), &e)).into_owned()
+        } else {
+            arbitrary
+        };
+        nrt_pipeline(key, &value);
+    }
 
     #[test]
     fn fuzz_wire_decoders_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..1024)) {
@@ -211,6 +337,19 @@ proptest! {
     fn fuzz_pod_decode_on_mutations(e in edits()) {
         pod_pipeline(&mutate(POD.as_bytes(), &e));
     }
+}
+
+#[test]
+fn numa_fuzz_seeds_are_valid_inputs() {
+    // Each seed must parse, or its mutations only explore the error paths.
+    assert!(ResourceStatus::parse(NUMA_SEEDS[0]).is_ok());
+    assert!(koord_cpu::parse_cpu_topology(NUMA_SEEDS[1]).is_ok());
+    assert!(koord_cpu::parse_kubelet_cpu_policy(NUMA_SEEDS[2]).is_ok());
+    assert!(koord_cpu::parse_pod_cpu_allocs(NUMA_SEEDS[3]).is_ok());
+    assert!(koord_cpu::parse_node_reservation(NUMA_SEEDS[4]).is_ok());
+    assert!(koord_cpu::parse_system_qos(NUMA_SEEDS[5]).is_ok());
+    assert!(koord_cpu::parse_resource_spec(NUMA_SEEDS[6]).is_ok());
+    assert!(koord_cpu::parse_numa_topology_spec(NUMA_SEEDS[7]).is_ok());
 }
 
 #[test]
