@@ -15,15 +15,15 @@ use crate::support::{FakeApiServer, Kind};
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A child process killed on drop (test failure included), its log printed when failing.
-struct Running {
+pub(crate) struct Running {
     child: Child,
     log: PathBuf,
     _dir: tempfile::TempDir,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Running {
-    fn start(args: &[&str]) -> Running {
+    pub(crate) fn start(args: &[&str]) -> Running {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("extender.log");
         let out = std::fs::File::create(&log).expect("log file");
@@ -94,7 +94,7 @@ fn free_port() -> SocketAddr {
     l.local_addr().expect("addr")
 }
 
-async fn wait_ready(http: &Http, p: &mut Running) -> Value {
+pub(crate) async fn wait_ready(http: &Http, p: &mut Running) -> Value {
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     loop {
         if let Some((200, body)) = http.try_get("/readyz").await {
@@ -116,7 +116,7 @@ async fn wait_ready(http: &Http, p: &mut Running) -> Value {
 }
 
 /// SIGTERM: `/readyz` fails during `--shutdown-delay`, then the process exits 0.
-async fn terminate(http: &Http, p: &mut Running) {
+pub(crate) async fn terminate(http: &Http, p: &mut Running) {
     p.sigterm();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {

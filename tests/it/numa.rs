@@ -136,14 +136,13 @@ async fn debug_cpus(http: &Http, node: &str) -> Value {
     body["state"]["cpus"].clone()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gpu_and_cpuset_land_on_the_numa_node_of_the_free_gpus() {
-    let fake = FakeApiServer::new();
+/// A 2-NUMA node under SingleNUMANode with 4 GPUs (minors 0-1 on NUMA 0, 2-3 on NUMA 1),
+/// NUMA 0's GPUs held by a running pod; its CPUs all free (CPU alone would pick NUMA 0).
+fn aligned_cluster(fake: &FakeApiServer) -> Value {
     let mut node = service::node("n");
     node["metadata"]["labels"]["node.koordinator.sh/numa-topology-policy"] =
         json!("SingleNUMANode");
     fake.create(Kind::Node, node).unwrap();
-    // 4 GPUs, two per NUMA node: minors 0-1 on NUMA 0, 2-3 on NUMA 1.
     fake.create(Kind::Device, service::gpu_device("n", 4, 2, &[]))
         .unwrap();
     fake.create(
@@ -151,7 +150,6 @@ async fn gpu_and_cpuset_land_on_the_numa_node_of_the_free_gpus() {
         koord_nrt("n", 2, 8, "None", &[]),
     )
     .unwrap();
-    // NUMA 0's GPUs are taken; its CPUs are all free (CPU alone would pick NUMA 0).
     fake.create(
         Kind::Pod,
         service::pod(
@@ -164,15 +162,24 @@ async fn gpu_and_cpuset_land_on_the_numa_node_of_the_free_gpus() {
         ),
     )
     .unwrap();
-    let env = Env::start(&fake, &[]).await;
-
     let pod = lsr_pod("aligned", 8, json!({"nvidia.com/gpu": "1"}));
     fake.create(Kind::Pod, pod.clone()).unwrap();
-    let f = env.filter(&pod, &["n"]).await;
-    assert_eq!(f["NodeNames"], json!(["n"]), "{f}");
-    env.bind(&pod, "n").await.expect("bind succeeds");
+    pod
+}
 
-    let status = annotation(&fake, "aligned", RESOURCE_STATUS).expect("resource-status written");
+/// Filter passes `n`, bind succeeds, and the pod's annotations (read back from the API
+/// server, parsed as koordlet does) put the 8 CPUs and the GPU on NUMA 1.
+async fn place_and_check_alignment(fake: &FakeApiServer, http: &Http, pod: &Value) {
+    let (status, f) = http
+        .post("/filter", &service::extender_args(pod, &["n"]))
+        .await;
+    assert_eq!(status, 200, "{f}");
+    assert_eq!(f["NodeNames"], json!(["n"]), "{f}");
+    crate::gpu::bind(http, pod, "n")
+        .await
+        .expect("bind succeeds");
+
+    let status = annotation(fake, "aligned", RESOURCE_STATUS).expect("resource-status written");
     let (cpus, numa) = koordlet_status(&status);
     assert_eq!(cpus.len(), 8, "{status}");
     assert!(
@@ -184,7 +191,7 @@ async fn gpu_and_cpuset_land_on_the_numa_node_of_the_free_gpus() {
     assert_eq!(numa[0].1["cpu"], json!("8"), "{status}");
     assert_eq!(numa[0].1["memory"], json!("8Gi"), "{status}");
 
-    let devices = annotation(&fake, "aligned", DEVICE_ALLOCATED).expect("device-allocated");
+    let devices = annotation(fake, "aligned", DEVICE_ALLOCATED).expect("device-allocated");
     let d: Value = serde_json::from_str(&devices).unwrap();
     let minors: Vec<u64> = d["gpu"]
         .as_array()
@@ -198,6 +205,31 @@ async fn gpu_and_cpuset_land_on_the_numa_node_of_the_free_gpus() {
         fake.get(Kind::Pod, "ml", "aligned").unwrap()["spec"]["nodeName"],
         "n"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_and_cpuset_land_on_the_numa_node_of_the_free_gpus() {
+    let fake = FakeApiServer::new();
+    let pod = aligned_cluster(&fake);
+    let env = Env::start(&fake, &[]).await;
+    place_and_check_alignment(&fake, &env.http, &pod).await;
+}
+
+/// The same through the real binary, bootstrapped from a kubeconfig against the fake API
+/// server served over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_aligns_gpu_and_cpuset_against_the_fake_api_server() {
+    let fake = FakeApiServer::new();
+    let pod = aligned_cluster(&fake);
+    let served = fake.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    served.write_kubeconfig(&kubeconfig).unwrap();
+    let mut p = crate::binary::Running::start(&["--kubeconfig", kubeconfig.to_str().unwrap()]);
+    let http = Http::new(p.addr);
+    crate::binary::wait_ready(&http, &mut p).await;
+    place_and_check_alignment(&fake, &http, &pod).await;
+    crate::binary::terminate(&http, &mut p).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,4 +485,69 @@ async fn malformed_nrt_annotations_are_counted_and_block_only_that_node() {
     let d = crate::gpu::ledger(&env.http, "bad-json").await;
     assert_eq!(d["device_object_present"], true, "{d}");
     env.svc.shutdown().await.expect("shutdown");
+}
+
+/// Preempt releases the victims' CPUs (not only their devices) in its scratch copy: on an
+/// 8-CPU node whose CPUs two LSR pods hold, a 4-CPU LSR pod fits once one of them is a
+/// victim, not with a victim that holds nothing there; and preempt changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempt_releases_the_victims_cpus() {
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Node, service::node("small")).unwrap();
+    fake.create(
+        Kind::NodeResourceTopology,
+        koord_nrt("small", 1, 4, "None", &[]),
+    )
+    .unwrap();
+    for (name, cpus) in [("v1", "0-3"), ("v2", "4-7")] {
+        let mut p = service::pod(
+            "ml",
+            name,
+            &format!("uid-{name}"),
+            json!({"cpu": "4", "memory": "8Gi"}),
+            Some("small"),
+            None,
+        );
+        p["metadata"]["labels"] = json!({"koordinator.sh/qosClass": "LSR"});
+        p["metadata"]["annotations"] = json!({
+            RESOURCE_STATUS: json!({"cpuset": cpus}).to_string()
+        });
+        fake.create(Kind::Pod, p).unwrap();
+    }
+    let env = Env::start(&fake, &[]).await;
+    let pod = lsr_pod("hi", 4, json!({}));
+    fake.create(Kind::Pod, pod.clone()).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while debug_cpus(&env.http, "small").await["allocated"] != "0-7" {
+        assert!(tokio::time::Instant::now() < deadline, "CPUs never held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let f = env.filter(&pod, &["small"]).await;
+    assert_eq!(f["NodeNames"], json!([]), "every CPU is held: {f}");
+
+    let meta = |uids: &[&str]| {
+        let pods: Vec<Value> = uids.iter().map(|u| json!({"UID": u})).collect();
+        json!({"Pods": pods, "NumPDBViolations": 0})
+    };
+    for (victims, kept) in [
+        (vec!["uid-v1"], true),
+        (vec!["uid-v2", "uid-v1"], true),
+        (vec!["uid-nobody"], false),
+    ] {
+        let args = json!({"Pod": pod, "NodeNameToMetaVictims": {"small": meta(&victims)}});
+        let (status, out) = env.http.post("/preempt", &args).await;
+        assert_eq!(status, 200, "{out}");
+        let want = if kept {
+            json!({"small": meta(&victims)})
+        } else {
+            json!({})
+        };
+        assert_eq!(out["NodeNameToMetaVictims"], want, "victims {victims:?}");
+    }
+    assert_eq!(
+        debug_cpus(&env.http, "small").await["allocated"],
+        "0-7",
+        "preempt only looks"
+    );
+    env.svc.shutdown().await.unwrap();
 }
