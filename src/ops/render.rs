@@ -7,7 +7,8 @@
 use std::fmt::Write as _;
 
 use super::view::{
-    ClusterView, DeviceState, DeviceView, Holder, NodeView, StateCounts, Summary, Usage,
+    ClusterView, CpuHolder, CpuView, DeviceState, DeviceView, Holder, NodeView, StateCounts,
+    Summary, Usage,
 };
 use crate::model::device::format_bytes;
 use crate::model::quantity::Quantity;
@@ -176,6 +177,102 @@ fn device_rows(kind: &str, devices: &[DeviceView], wide: bool) -> Vec<Vec<Cell>>
     rows
 }
 
+fn cpus_of(milli: i64) -> String {
+    Quantity::from_milli(milli.into()).to_string()
+}
+
+fn cpu_holder_text(h: &CpuHolder, wide: bool) -> (String, Option<&'static str>) {
+    let mut s = if h.pod.is_empty() {
+        format!("uid:{}", h.uid)
+    } else {
+        h.pod.clone()
+    };
+    if wide && !h.pod.is_empty() {
+        let _ = write!(s, " uid={}", h.uid);
+    }
+    if let Some(m) = &h.malformed {
+        let _ = write!(s, " MALFORMED: {m}");
+        return (s, Some(RED));
+    }
+    if h.entry == "assumed" {
+        s.push_str(" [assumed]");
+        (s, Some(YELLOW))
+    } else {
+        (s, None)
+    }
+}
+
+/// The CPU part of a node's block: a heading line, one row per NUMA node, one per holder.
+fn cpu_block(out: &mut String, c: &CpuView, wide: bool, color: bool) {
+    let mut heading = format!(
+        "  CPUS {}  reserved {}  NUMA policy {}",
+        c.cpus.as_deref().unwrap_or("unknown"),
+        if c.reserved.is_empty() {
+            "-"
+        } else {
+            &c.reserved
+        },
+        c.numa_policy
+    );
+    if let Some(why) = &c.unusable {
+        let note = format!("  NO CPUSETS: {why}");
+        if color {
+            let _ = write!(heading, "{RED}{note}{RESET}");
+        } else {
+            heading.push_str(&note);
+        }
+    }
+    out.push_str(&heading);
+    out.push('\n');
+    let mut rows = vec![vec![
+        Cell::plain("NUMA"),
+        Cell::plain("FREE CPUS"),
+        Cell::plain("CPU"),
+        Cell::plain("MEMORY"),
+    ]];
+    for n in &c.numa {
+        rows.push(vec![
+            Cell::plain(n.id.to_string()),
+            Cell::plain(match n.free_cpus.as_deref() {
+                None => "-",
+                Some("") => "none",
+                Some(f) => f,
+            }),
+            Cell::plain(used_of(Some(n.cpu_milli), cpus_of)),
+            Cell::plain(used_of(Some(n.memory_bytes), bytes)),
+        ]);
+    }
+    table(out, "  ", &rows, color);
+    if c.holders.is_empty() {
+        return;
+    }
+    let mut rows = vec![vec![
+        Cell::plain("CPUSET"),
+        Cell::plain("NUMA"),
+        Cell::plain("EXCLUSIVE"),
+        Cell::plain("HOLDER"),
+    ]];
+    for h in &c.holders {
+        let (text, style) = cpu_holder_text(h, wide);
+        let numa: Vec<String> = h.numa.iter().map(u32::to_string).collect();
+        rows.push(vec![
+            Cell::plain(if h.cpuset.is_empty() { "-" } else { &h.cpuset }),
+            Cell::plain(if numa.is_empty() {
+                "-".to_string()
+            } else {
+                numa.join(",")
+            }),
+            Cell::plain(if h.exclusive.is_empty() {
+                "-"
+            } else {
+                &h.exclusive
+            }),
+            Cell::styled(text, style),
+        ]);
+    }
+    table(out, "  ", &rows, color);
+}
+
 /// One node's block.
 pub fn node(out: &mut String, n: &NodeView, wide: bool, color: bool) {
     let name = if color {
@@ -211,6 +308,9 @@ pub fn node(out: &mut String, n: &NodeView, wide: bool, color: bool) {
     }
     if !any {
         out.push_str("  no devices\n");
+    }
+    if let Some(c) = &n.cpus {
+        cpu_block(out, c, wide, color);
     }
 }
 

@@ -26,7 +26,7 @@ use super::render;
 use super::view::{ClusterView, Summary, cluster_view};
 use crate::bind::{Binder, OfflinePodApi, PodApi};
 use crate::cluster::NodeState;
-use crate::cluster::pod::PodDevices;
+use crate::cluster::pod::{PodCpus, PodDevices};
 use crate::extender::AppState;
 use crate::extender::verbs;
 use crate::extender::wire::{ExtenderArgs, ExtenderBindingArgs};
@@ -58,6 +58,14 @@ pub struct Placement {
     pub score: Option<i64>,
     /// Per device type, the devices allocated (empty for pods without device requests).
     pub devices: BTreeMap<String, Vec<AllocatedDevice>>,
+    /// The cpuset bound (Linux list form), as written to `resource-status`; absent when the pod
+    /// got none.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub cpuset: Option<String>,
+    /// NUMA nodes the pod's CPU and memory were bound to (`numaNodeResources`); empty when no
+    /// NUMA policy applied.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub numa: Vec<u32>,
     /// Why nodes were rejected: reason -> number of nodes (empty when placed).
     pub reasons: BTreeMap<String, u64>,
     /// kube-scheduler-style one-liner for a pod that fits nowhere or was skipped.
@@ -287,6 +295,8 @@ async fn place(state: &AppState, pod: &Pod, ns: &str, name: &str) -> Placement {
         node: None,
         score: None,
         devices: BTreeMap::new(),
+        cpuset: None,
+        numa: Vec::new(),
         reasons: BTreeMap::new(),
         message: None,
     };
@@ -386,6 +396,12 @@ async fn place(state: &AppState, pod: &Pod, ns: &str, name: &str) -> Placement {
     if let Some(entry) = state.cluster.node(&node) {
         let s = entry.read();
         if let Some(record) = s.pods.get(&PodUid::new(&uid))
+            && let PodCpus::Allocated(c) = &record.cpus
+        {
+            placement.cpuset = (!c.cpuset.is_empty()).then(|| c.cpuset.to_string());
+            placement.numa = c.numa.iter().map(|n| n.numa).collect();
+        }
+        if let Some(record) = s.pods.get(&PodUid::new(&uid))
             && let PodDevices::Allocated(a) = &record.devices
         {
             for (t, list) in &a.0 {
@@ -407,7 +423,8 @@ async fn place(state: &AppState, pod: &Pod, ns: &str, name: &str) -> Placement {
     placement
 }
 
-/// `gpu 0,1` for whole devices; `gpu 2 (40Gi, core 0%)` for shares.
+/// `gpu 0,1` for whole devices; `gpu 2 (40Gi, core 0%)` for shares; then the cpuset and the
+/// NUMA nodes bound, if any.
 fn devices_text(p: &Placement) -> String {
     let mut parts = Vec::new();
     for (t, list) in &p.devices {
@@ -443,6 +460,13 @@ fn devices_text(p: &Placement) -> String {
             }
         }
         parts.push(s);
+    }
+    if let Some(c) = &p.cpuset {
+        parts.push(format!("cpuset {c}"));
+    }
+    if !p.numa.is_empty() {
+        let ids: Vec<String> = p.numa.iter().map(u32::to_string).collect();
+        parts.push(format!("NUMA {}", ids.join(",")));
     }
     if parts.is_empty() {
         "no devices".to_string()

@@ -123,9 +123,137 @@ pub struct NodeView {
     pub gpus: Vec<DeviceView>,
     pub rdma: Vec<DeviceView>,
     pub fpga: Vec<DeviceView>,
-    /// CPU columns (free per NUMA node, cpusets and holders, reserved): added by the NUMA work.
-    /// Always `null` until then.
-    pub cpus: Option<serde_json::Value>,
+    /// CPUs from the node's NodeResourceTopology: free per NUMA node, cpusets and who holds
+    /// them, reserved. `null` when the node has no NRT.
+    pub cpus: Option<CpuView>,
+}
+
+/// The CPU half of a node: what koordlet's NRT says and what pods hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuView {
+    /// Every CPU of the node (Linux list form); `null` when the `cpu-topology` annotation is
+    /// absent or malformed.
+    pub cpus: Option<String>,
+    /// Never handed out: kubelet reserved, kubelet-static pods, node reservation, system QoS.
+    pub reserved: String,
+    /// Held by some pod's cpuset.
+    pub allocated: String,
+    /// The node's effective NUMA policy (`None`, `BestEffort`, `Restricted`, `SingleNUMANode`).
+    pub numa_policy: String,
+    /// Why cpuset pods cannot land here; `null` when they can.
+    pub unusable: Option<String>,
+    /// One row per NUMA node (NRT zone), by id.
+    pub numa: Vec<NumaCpuView>,
+    /// Pods holding a cpuset or NUMA shares here, by pod key then uid.
+    pub holders: Vec<CpuHolder>,
+}
+
+/// One NUMA node: free CPUs and what its pods' `numaNodeResources` take of its allocatable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NumaCpuView {
+    pub id: u32,
+    /// CPUs of this NUMA node neither reserved nor in a cpuset; `null` without a topology.
+    pub free_cpus: Option<String>,
+    /// milli-CPUs.
+    pub cpu_milli: Usage,
+    pub memory_bytes: Usage,
+}
+
+/// One pod's CPU entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuHolder {
+    /// `namespace/name`; empty when only the ledger knows the pod.
+    pub pod: String,
+    pub uid: String,
+    /// `committed` or `assumed`.
+    pub entry: String,
+    /// Linux list form; empty for a pod with NUMA shares but no cpuset.
+    pub cpuset: String,
+    /// `PCPULevel`, `NUMANodeLevel` or `None`.
+    pub exclusive: String,
+    /// NUMA ids the pod has shares on.
+    pub numa: Vec<u32>,
+    /// Set when the pod's `resource-status` did not parse (the node takes no cpuset pod).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub malformed: Option<String>,
+}
+
+/// The CPU view of one node; `None` without an NRT.
+fn cpu_view(state: &NodeState) -> Option<CpuView> {
+    use crate::cluster::cpus::RecordedCpus;
+    let ledger = &state.cpus;
+    let nrt = ledger.nrt()?;
+    let allocated = ledger.allocated();
+    let usage = ledger.numa_usage();
+    let numa = nrt
+        .zones
+        .iter()
+        .map(|z| {
+            let used = usage.get(&z.id).copied().unwrap_or_default();
+            NumaCpuView {
+                id: z.id,
+                free_cpus: nrt.topology.as_deref().map(|t| {
+                    t.numa_cpus(z.id)
+                        .difference(&nrt.reserved)
+                        .difference(&allocated)
+                        .to_string()
+                }),
+                cpu_milli: Usage {
+                    used: used.cpu_milli,
+                    total: z.cpu_milli,
+                },
+                memory_bytes: Usage {
+                    used: used.memory_bytes,
+                    total: z.memory_bytes,
+                },
+            }
+        })
+        .collect();
+    let mut holders: Vec<CpuHolder> = ledger
+        .entries()
+        .map(|(uid, e)| {
+            let pod = state
+                .pods
+                .get(uid)
+                .map(|p| p.key.to_string())
+                .unwrap_or_default();
+            let entry = match e.state {
+                EntryState::Assumed { .. } => "assumed",
+                EntryState::Committed => "committed",
+            }
+            .to_string();
+            match &e.allocation {
+                RecordedCpus::Allocated(a) => CpuHolder {
+                    pod,
+                    uid: uid.to_string(),
+                    entry,
+                    cpuset: a.cpuset.to_string(),
+                    exclusive: format!("{:?}", a.exclusive),
+                    numa: a.numa.iter().map(|n| n.numa).collect(),
+                    malformed: None,
+                },
+                RecordedCpus::Malformed { reason } => CpuHolder {
+                    pod,
+                    uid: uid.to_string(),
+                    entry,
+                    cpuset: String::new(),
+                    exclusive: String::new(),
+                    numa: Vec::new(),
+                    malformed: Some(reason.clone()),
+                },
+            }
+        })
+        .collect();
+    holders.sort_by(|a, b| (&a.pod, &a.uid).cmp(&(&b.pod, &b.uid)));
+    Some(CpuView {
+        cpus: nrt.topology.as_deref().map(|t| t.all().to_string()),
+        reserved: nrt.reserved.to_string(),
+        allocated: allocated.to_string(),
+        numa_policy: ledger.numa_policy().as_str().to_string(),
+        unusable: ledger.usable_error(),
+        numa,
+        holders,
+    })
 }
 
 /// Device counts by state over the present devices of one type.
@@ -314,7 +442,7 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeView {
         gpus: take(DeviceType::Gpu),
         rdma: take(DeviceType::Rdma),
         fpga: take(DeviceType::Fpga),
-        cpus: None,
+        cpus: cpu_view(state),
     }
 }
 
@@ -517,6 +645,6 @@ spec:
         assert_eq!(v.gpus[0].state, DeviceState::Full);
         let v = view_after(|_| {});
         assert_eq!(v.gpus[0].state, DeviceState::WholeFree);
-        assert!(v.cpus.is_none(), "CPU columns are left to the NUMA work");
+        assert!(v.cpus.is_none(), "a node without an NRT has no CPU columns");
     }
 }

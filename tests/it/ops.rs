@@ -176,6 +176,58 @@ fn gpus_from_objects(docs: &[Value]) -> BTreeMap<(String, i64), Gpu> {
     out
 }
 
+/// node → (pod key → cpuset as written) from the `resource-status` annotations of assigned,
+/// non-terminal pods; every node with a NodeResourceTopology is present (maybe empty).
+fn cpusets_from_objects(docs: &[Value]) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for d in docs.iter().filter(|d| kind_of(d) == "NodeResourceTopology") {
+        out.entry(s(d, "/metadata/name").to_string()).or_default();
+    }
+    for p in docs.iter().filter(|d| kind_of(d) == "Pod") {
+        let node = s(p, "/spec/nodeName");
+        let phase = s(p, "/status/phase");
+        let ann = s(
+            p,
+            "/metadata/annotations/scheduling.koordinator.sh~1resource-status",
+        );
+        if node.is_empty() || phase == "Succeeded" || phase == "Failed" || ann.is_empty() {
+            continue;
+        }
+        let status: Value = serde_json::from_str(ann).expect("resource-status JSON");
+        let cpuset = status["cpuset"].as_str().unwrap_or("").to_string();
+        let key = format!(
+            "{}/{}",
+            p["metadata"]["namespace"].as_str().unwrap_or("default"),
+            s(p, "/metadata/name")
+        );
+        out.entry(node.to_string()).or_default().insert(key, cpuset);
+    }
+    out
+}
+
+/// node → (pod key → cpuset) as `inspect -o json` reports it, for nodes with CPU columns.
+fn cpusets_from_view(view: &Value) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for n in view["nodes"].as_array().expect("nodes") {
+        if n["cpus"].is_null() {
+            continue;
+        }
+        let holders = n["cpus"]["holders"]
+            .as_array()
+            .expect("cpu holders")
+            .iter()
+            .map(|h| {
+                (
+                    h["pod"].as_str().unwrap().to_string(),
+                    h["cpuset"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        out.insert(n["name"].as_str().unwrap().to_string(), holders);
+    }
+    out
+}
+
 /// (node, minor) → (healthy, holders) as `inspect -o json` reports it.
 fn gpus_from_view(view: &Value) -> BTreeMap<(String, i64), (bool, BTreeSet<String>)> {
     let mut out = BTreeMap::new();
@@ -226,13 +278,15 @@ fn inspect_shows_every_gpu_with_its_holders_and_marks_the_unhealthy_one() {
     let unhealthy = want.values().filter(|g| !g.healthy).count() as u64;
     assert_eq!(json["summary"]["gpus"]["unhealthy"], json!(unhealthy));
     assert_eq!(json["summary"]["gpus"]["total"], json!(want.len() as u64));
+    // CPU columns: exactly the nodes with an NRT, each cpuset with its holder.
+    let want_cpus = cpusets_from_objects(&yaml_docs(&text));
     assert!(
-        json["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|n| n["cpus"].is_null())
+        want_cpus
+            .values()
+            .any(|h| h.values().any(|c| !c.is_empty())),
+        "the example cluster has running cpuset pods"
     );
+    assert_eq!(cpusets_from_view(&json), want_cpus);
 
     // The table: one row per GPU under its node, holders on it, the sick one marked.
     let table = run_ok(&["inspect", "--cluster-file", "examples/cluster.yaml"]);
@@ -527,6 +581,154 @@ async fn simulate_places_whole_and_shared_pods_and_says_why_one_fits_nowhere() {
         (4 * 80 + 40) << 30
     );
     assert_eq!(g.after, sim.after.summary);
+}
+
+/// The Linux CPU list form, parsed here (not by the crate).
+fn cpu_ids(list: &str) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
+            None => {
+                out.insert(part.parse::<u32>().unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// LSR pods through `simulate`, judged from the example objects alone: each gets exactly its
+/// CPU count, none of them reserved or held by a running pod or an earlier placement on that
+/// node; on a SingleNUMANode node the cpuset sits on one NUMA node and the GPU with it.
+#[tokio::test]
+async fn simulate_gives_lsr_pods_disjoint_cpusets_aligned_with_their_gpus() {
+    let lsr = |name: &str, limits: Value| {
+        let mut d = pod_doc(name, limits);
+        d["metadata"]["labels"] = json!({"koordinator.sh/qosClass": "LSR"});
+        d
+    };
+    let pods = [
+        lsr("db-0", json!({"cpu": "8", "memory": "16Gi"})),
+        lsr("db-1", json!({"cpu": "8", "memory": "16Gi"})),
+        lsr(
+            "gpu-lsr-0",
+            json!({"cpu": "8", "memory": "16Gi", "nvidia.com/gpu": "1"}),
+        ),
+        lsr(
+            "gpu-lsr-1",
+            json!({"cpu": "8", "memory": "16Gi", "nvidia.com/gpu": "1"}),
+        ),
+    ];
+    let sim = simulate_example(&pods_text(&pods)).await;
+    let docs = yaml_docs(&std::fs::read_to_string(example_cluster()).unwrap());
+    // node → CPUs nobody may get: held by running pods, or reserved in the NRT's annotations.
+    let mut taken: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    for (node, holders) in cpusets_from_objects(&docs) {
+        let set = taken.entry(node).or_default();
+        for c in holders.values() {
+            set.extend(cpu_ids(c));
+        }
+    }
+    // node → (cpu → NUMA id), node → policy, (node, GPU minor) → NUMA id.
+    let mut numa_of: BTreeMap<String, BTreeMap<u32, u64>> = BTreeMap::new();
+    let mut single_numa: BTreeSet<String> = BTreeSet::new();
+    let mut gpu_numa: BTreeMap<(String, i64), i64> = BTreeMap::new();
+    for d in &docs {
+        let name = s(d, "/metadata/name").to_string();
+        match kind_of(d) {
+            "NodeResourceTopology" => {
+                let topo: Value = serde_json::from_str(s(
+                    d,
+                    "/metadata/annotations/node.koordinator.sh~1cpu-topology",
+                ))
+                .expect("cpu-topology JSON");
+                let m = numa_of.entry(name.clone()).or_default();
+                for c in topo["detail"].as_array().unwrap() {
+                    m.insert(
+                        c["id"].as_u64().unwrap() as u32,
+                        c["node"].as_u64().unwrap(),
+                    );
+                }
+                for key in [
+                    "kubelet.koordinator.sh~1cpu-manager-policy",
+                    "node.koordinator.sh~1reservation",
+                ] {
+                    if let Ok(v) =
+                        serde_json::from_str::<Value>(s(d, &format!("/metadata/annotations/{key}")))
+                        && let Some(r) = v["reservedCPUs"].as_str()
+                    {
+                        taken.entry(name.clone()).or_default().extend(cpu_ids(r));
+                    }
+                }
+                let policy_attribute = d["attributes"].as_array().into_iter().flatten().any(|a| {
+                    a["name"] == "topologyManagerPolicy" && a["value"] == "single-numa-node"
+                });
+                if policy_attribute
+                    || d["topologyPolicies"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|p| p.as_str().is_some_and(|p| p.starts_with("SingleNUMANode")))
+                {
+                    single_numa.insert(name);
+                }
+            }
+            "Node"
+                if s(
+                    d,
+                    "/metadata/labels/node.koordinator.sh~1numa-topology-policy",
+                ) == "SingleNUMANode" =>
+            {
+                single_numa.insert(name);
+            }
+            "Device" => {
+                for e in d["spec"]["devices"].as_array().into_iter().flatten() {
+                    if e["type"] == "gpu" {
+                        gpu_numa.insert(
+                            (name.clone(), e["minor"].as_i64().unwrap()),
+                            e["topology"]["nodeID"].as_i64().unwrap_or(-1),
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut aligned_checked = 0;
+    for p in &sim.report.placements {
+        let node = p
+            .node
+            .clone()
+            .unwrap_or_else(|| panic!("{} placed nowhere: {p:?}", p.pod));
+        let cpus = cpu_ids(p.cpuset.as_deref().expect("an LSR pod gets a cpuset"));
+        assert_eq!(cpus.len(), 8, "{p:?}");
+        let held = taken.entry(node.clone()).or_default();
+        assert!(
+            cpus.is_disjoint(held),
+            "{} got {cpus:?} on {node}, where {held:?} are taken",
+            p.pod
+        );
+        held.extend(&cpus);
+        if single_numa.contains(&node) {
+            let numas: BTreeSet<u64> = cpus.iter().map(|c| numa_of[&node][c]).collect();
+            assert_eq!(numas.len(), 1, "{} spans NUMA nodes {numas:?}", p.pod);
+            for d in p.devices.get("gpu").into_iter().flatten() {
+                assert_eq!(
+                    gpu_numa[&(node.clone(), i64::from(d.minor))] as u64,
+                    *numas.first().unwrap(),
+                    "{}: GPU {} is not on the cpuset's NUMA node",
+                    p.pod,
+                    d.minor
+                );
+                aligned_checked += 1;
+            }
+        }
+    }
+    assert!(
+        aligned_checked >= 1,
+        "no GPU+cpuset pod landed on a SingleNUMANode node: {:?}",
+        sim.report.placements
+    );
 }
 
 #[derive(Debug, Clone)]

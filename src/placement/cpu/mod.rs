@@ -121,6 +121,18 @@ pub enum NumaPolicy {
     SingleNumaNode,
 }
 
+impl NumaPolicy {
+    /// The name koordinator's labels and the NRT use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NumaPolicy::None => "None",
+            NumaPolicy::BestEffort => "BestEffort",
+            NumaPolicy::Restricted => "Restricted",
+            NumaPolicy::SingleNumaNode => "SingleNUMANode",
+        }
+    }
+}
+
 /// `numa-topology-spec` `singleNUMANodeExclusive`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum NumaExclusive {
