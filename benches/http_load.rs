@@ -204,6 +204,8 @@ async fn run() {
     println!(
         "\n-- filter+prioritize latency, {NODES} nodes, names mode, 1 connection, sequential; client-side timing (send -> last byte, both verbs) --"
     );
+    // (case, service p50, service p99): each placement case against the pass-through one.
+    let mut service_percentiles: Vec<(Case, Duration, Duration)> = Vec::new();
     for case in Case::ALL {
         let key = format!("{}@{NODES}", case.label());
         let body = &bodies[&key];
@@ -244,6 +246,7 @@ async fn run() {
             println!("  {name:<8} {s}");
         }
         let (w, b) = (&results[0].1, &results[1].1);
+        service_percentiles.push((case, w.p50, w.p99));
         println!(
             "  ratio    mean {:.2}x  p50 {:.2}x  p99 {:.2}x\n  service-side mean (dne_http_request_duration_seconds sum/count): filter {}, prioritize {}",
             w.mean.as_secs_f64() / b.mean.as_secs_f64(),
@@ -252,6 +255,24 @@ async fn run() {
             ms(filter_mean),
             ms(prio_mean),
         );
+    }
+
+    if let Some(&(_, pass_p50, pass_p99)) = service_percentiles
+        .iter()
+        .find(|(c, _, _)| matches!(c, Case::NoDevices))
+    {
+        println!(
+            "\n-- each case against the pass-through request ({}, no placement needs) of this run, service side --",
+            Case::NoDevices.label()
+        );
+        for (case, p50, p99) in &service_percentiles {
+            println!(
+                "  {:<14} p50 {:.2}x  p99 {:.2}x",
+                case.label(),
+                p50.as_secs_f64() / pass_p50.as_secs_f64(),
+                p99.as_secs_f64() / pass_p99.as_secs_f64()
+            );
+        }
     }
 
     println!(

@@ -43,31 +43,76 @@ fn shared_annotation(minor: i32) -> String {
     .to_string()
 }
 
+/// Each node's CPUs: 2 NUMA nodes (one socket each) × 16 cores × 2 threads = 64 CPUs, a core's
+/// threads adjacent (NUMA `n` holds CPUs `32n .. 32n+31`), as koordlet reports them in
+/// `node.koordinator.sh/cpu-topology`; no NUMA policy (pods may ask for one themselves).
+pub fn nrt(name: &str) -> Value {
+    let mut detail = Vec::new();
+    for core in 0..32u32 {
+        for t in 0..2 {
+            detail.push(
+                json!({"id": core * 2 + t, "core": core, "socket": core / 16, "node": core / 16}),
+            );
+        }
+    }
+    let zones: Vec<Value> = (0..2)
+        .map(|n| {
+            json!({"name": format!("node-{n}"), "type": "Node", "resources": [
+                {"name": "cpu", "capacity": "32", "allocatable": "32", "available": "32"},
+                {"name": "memory", "capacity": "256Gi", "allocatable": "256Gi", "available": "256Gi"}]})
+        })
+        .collect();
+    json!({
+        "apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+        "metadata": {"name": name, "annotations": {
+            "node.koordinator.sh/cpu-topology": json!({"detail": detail}).to_string(),
+            "kubelet.koordinator.sh/cpu-manager-policy": r#"{"policy":"none"}"#
+        }},
+        "topologyPolicies": ["None"],
+        "zones": zones,
+    })
+}
+
+/// How many 4-CPU LSR pods (2 whole cores each) node `i` runs, on NUMA node `i % 2` from its
+/// first core up: 0 to 4 (up to half of that NUMA node).
+pub fn lsr_pods(i: usize) -> usize {
+    i % 5
+}
+
 /// The `PODS_PER_NODE` assigned, running pods of node `i`: the device holders of
-/// [`occupancy`] first, then CPU-only pods.
+/// [`occupancy`] first, then the LSR cpuset holders of [`lsr_pods`], then CPU-only pods.
 pub fn node_pods(i: usize) -> Vec<Value> {
     let node = node_name(i);
     let (whole, shared) = occupancy(i);
     let mut pods = Vec::with_capacity(PODS_PER_NODE);
     let ns = format!("team-{}", i % 50);
-    let mut push = |j: usize, requests: Value, allocated: Option<String>| {
-        let name = format!("{node}-p{j:02}");
-        let uid = format!("uid-{i:05}-{j:02}");
-        pods.push(service::pod(
-            &ns,
-            &name,
-            &uid,
-            requests,
-            Some(&node),
-            allocated.as_deref(),
-        ));
-    };
+    // `cpuset`: an LSR pod holding that cpuset (`resource-status`).
+    let mut push =
+        |j: usize, requests: Value, allocated: Option<String>, cpuset: Option<String>| {
+            let name = format!("{node}-p{j:02}");
+            let uid = format!("uid-{i:05}-{j:02}");
+            let mut pod = service::pod(
+                &ns,
+                &name,
+                &uid,
+                requests,
+                Some(&node),
+                allocated.as_deref(),
+            );
+            if let Some(cpuset) = cpuset {
+                pod["metadata"]["labels"] = json!({"koordinator.sh/qosClass": "LSR"});
+                pod["metadata"]["annotations"]["scheduling.koordinator.sh/resource-status"] =
+                    json!(json!({"cpuset": cpuset}).to_string());
+            }
+            pods.push(pod);
+        };
     let mut j = 0;
     for minor in 0..whole {
         push(
             j,
             json!({"nvidia.com/gpu": "1", "cpu": "8", "memory": "32Gi"}),
             Some(whole_annotation(minor)),
+            None,
         );
         j += 1;
     }
@@ -76,11 +121,19 @@ pub fn node_pods(i: usize) -> Vec<Value> {
             j,
             json!({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50", "cpu": "4"}),
             Some(shared_annotation(whole)),
+            None,
         );
         j += 1;
     }
+    let first_core = (i % 2) * 16;
+    for k in 0..lsr_pods(i) {
+        let core = first_core + 2 * k;
+        let cpuset = format!("{}-{}", core * 2, core * 2 + 3);
+        push(j, json!({"cpu": "4", "memory": "8Gi"}), None, Some(cpuset));
+        j += 1;
+    }
     while j < PODS_PER_NODE {
-        push(j, json!({"cpu": "500m", "memory": "1Gi"}), None);
+        push(j, json!({"cpu": "500m", "memory": "1Gi"}), None, None);
         j += 1;
     }
     pods
@@ -106,7 +159,7 @@ pub fn cluster(nodes: usize, with_pods: bool) -> Cluster {
         c.nodes.push(service::node(&name));
         c.devices
             .push(service::gpu_device(&name, GPUS_PER_NODE, 4, &[]));
-        c.topologies.push(service::nrt(&name));
+        c.topologies.push(nrt(&name));
         if with_pods {
             c.pods.extend(node_pods(i));
         }
@@ -136,18 +189,31 @@ pub enum Case {
     SharedGpu,
     /// Two whole GPUs (`nvidia.com/gpu: 2`).
     TwoGpus,
-    /// CPU and memory only.
+    /// CPU and memory only: no placement needs (the pass-through request).
     NoDevices,
+    /// An LSR pod with 8 CPUs: an exclusive whole-core cpuset.
+    Cpuset,
+    /// An LSR pod with 1 GPU and 8 CPUs asking for SingleNUMANode (`numa-topology-spec`): the
+    /// GPU and the cpuset on one NUMA node.
+    GpuCpuset,
 }
 
 impl Case {
-    pub const ALL: [Case; 3] = [Case::SharedGpu, Case::TwoGpus, Case::NoDevices];
+    pub const ALL: [Case; 5] = [
+        Case::SharedGpu,
+        Case::TwoGpus,
+        Case::NoDevices,
+        Case::Cpuset,
+        Case::GpuCpuset,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
             Case::SharedGpu => "shared_gpu",
             Case::TwoGpus => "two_gpus",
             Case::NoDevices => "no_devices",
+            Case::Cpuset => "lsr_cpuset_8",
+            Case::GpuCpuset => "gpu_cpuset_8",
         }
     }
 
@@ -157,8 +223,20 @@ impl Case {
                 "koordinator.sh/gpu-memory-ratio": "50", "cpu": "4", "memory": "16Gi"}),
             Case::TwoGpus => json!({"nvidia.com/gpu": "2", "cpu": "16", "memory": "64Gi"}),
             Case::NoDevices => json!({"cpu": "2", "memory": "4Gi"}),
+            Case::Cpuset => json!({"cpu": "8", "memory": "16Gi"}),
+            Case::GpuCpuset => json!({"nvidia.com/gpu": "1", "cpu": "8", "memory": "16Gi"}),
         };
-        service::pod("bench", name, uid, requests, None, None)
+        let mut pod = service::pod("bench", name, uid, requests, None, None);
+        if matches!(self, Case::Cpuset | Case::GpuCpuset) {
+            pod["metadata"]["labels"] = json!({"koordinator.sh/qosClass": "LSR"});
+        }
+        if matches!(self, Case::GpuCpuset) {
+            pod["metadata"]["annotations"] = json!({
+                "scheduling.koordinator.sh/numa-topology-spec":
+                    r#"{"numaTopologyPolicy":"SingleNUMANode"}"#
+            });
+        }
+        pod
     }
 }
 

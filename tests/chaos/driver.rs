@@ -646,11 +646,12 @@ impl Driver {
             }
             names.insert(obj["metadata"]["name"].as_str().unwrap_or("").to_string());
             eprintln!(
-                "  pod event rv={rv} {ty} uid={uid} node={} phase={} deleting={} annotation={}",
+                "  pod event rv={rv} {ty} uid={uid} node={} phase={} deleting={} annotation={} resource-status={}",
                 obj["spec"]["nodeName"],
                 obj["status"]["phase"],
                 !obj["metadata"]["deletionTimestamp"].is_null(),
-                obj["metadata"]["annotations"][checker::DEVICE_ALLOCATED]
+                obj["metadata"]["annotations"][checker::DEVICE_ALLOCATED],
+                obj["metadata"]["annotations"][checker::RESOURCE_STATUS]
             );
         }
         for r in &self.replicas {
@@ -728,11 +729,22 @@ impl Driver {
                 }
                 if Instant::now() > deadline {
                     let who = self.replicas[i].identity.clone();
-                    for p in problems {
-                        self.violation(format!(
-                            "step {}: quiescence, {who}'s ledger differs: {p}",
-                            self.step
-                        ));
+                    let found: Vec<String> = problems
+                        .into_iter()
+                        .map(|p| {
+                            format!(
+                                "step {}: quiescence, {who}'s ledger differs: {p}",
+                                self.step
+                            )
+                        })
+                        .collect();
+                    if !self.dumped {
+                        self.dumped = true;
+                        self.dump(&found);
+                        self.dump_ledgers = true;
+                    }
+                    for v in found {
+                        self.violation(v);
                     }
                     break;
                 }

@@ -9,7 +9,10 @@
 //! * `CHAOS_ENFORCE_RELEASE=1` also enforces issue 11's end-of-run release check (see
 //!   [`driver::ENFORCE_RELEASE_AFTER_DELETE`]); `CHAOS_DEVICE_DELETE=1` also deletes Devices
 //!   (see [`driver::STALE_ANNOTATION_FIXED`]); `CHAOS_BIND_IN_WATCH_GAPS=1` schedules during
-//!   watch gaps (see [`driver::BIND_IN_WATCH_GAPS_FIXED`]).
+//!   watch gaps (see [`driver::BIND_IN_WATCH_GAPS_FIXED`]). These gates are all on now; the
+//!   variables remain so a seed recorded with a gate off can still be described.
+//! * `CHAOS_LOG_LEVEL=info` runs the replicas at that log level (default `warn`): the dump of
+//!   the first violation then shows every decision about the pods involved.
 
 #[path = "../support/mod.rs"]
 mod support;

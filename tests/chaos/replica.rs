@@ -60,7 +60,12 @@ impl Replica {
                 self.kubeconfig.to_str().expect("utf-8 path"),
             ])
             .args(["--request-timeout", REQUEST_TIMEOUT])
-            .args(["--log-level", "warn"])
+            // `CHAOS_LOG_LEVEL=info` when replaying a seed: the dump then shows every
+            // release and probe decision about the pods involved.
+            .args([
+                "--log-level",
+                &std::env::var("CHAOS_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
+            ])
             .args([
                 "--leader-elect",
                 "--leader-elect-identity",
