@@ -994,7 +994,9 @@ impl Binder {
         let pod_key = format!("{}/{}", rec.namespace, rec.name);
         match judge(uid, rec, pod) {
             Verdict::BoundHere => {
-                self.cluster.assumptions().confirm_bound(uid, rec.at);
+                self.cluster
+                    .assumptions()
+                    .confirm_bound(uid, rec.at, std::time::Instant::now());
                 false
             }
             Verdict::Release { elsewhere } => {
@@ -1043,8 +1045,10 @@ impl Binder {
         }
     }
 
-    /// Probes ambiguous binds whose next probe is due (1, 2, 4, 8 s after the failure, then
-    /// left to [`Self::expire_assumed`]); returns how many were released.
+    /// Probes assumed entries whose next probe is due: ambiguous binds (1, 2, 4, 8 s after the
+    /// failure, then every 8 s until resolved) and binds whose binding returned but which the
+    /// pod watch has not confirmed within `CONFIRM_GRACE` (see `cluster::assumed`); returns
+    /// how many were released.
     pub async fn probe_ambiguous(&self) -> usize {
         let now = std::time::Instant::now();
         let mut released = 0;

@@ -33,12 +33,22 @@
 //! read back, or our annotation could not be removed from the still-unbound pod) may still
 //! land at any later time — a request that outlived its timeout can commit afterwards. Its
 //! absence from a list proves nothing: it is never released by a relist on its own. The
-//! prompt probe ([`Outcome::Ambiguous`], backoff [`PROBE_BACKOFF`]) resolves it: when it
+//! prompt probe ([`Outcome::Ambiguous`], backoff [`PROBE_BACKOFF`], then every last interval
+//! until it is resolved) resolves it: when it
 //! sees the pod bound here with our annotations, the entry becomes [`Outcome::Bound`] with a
 //! fresh sequence number, so only a relist whose mark is *later* than that probe may release
 //! it; when it sees the pod gone, recreated, elsewhere or unbound (and our annotation
 //! removed under a resourceVersion precondition, so a late binding can only produce a pod
 //! that holds nothing of ours), the probe releases it itself.
+//!
+//! # Probing binds the watch does not confirm
+//!
+//! A bind whose binding returned success is normally committed by the pod watch within
+//! moments. If [`CONFIRM_GRACE`] passes without that, its pod is read like an ambiguous one's:
+//! gone, finished, recreated or elsewhere releases the entry; bound here with our annotations
+//! keeps it and checks again after [`RECHECK_BOUND`]. Safe for the same reason as the ambiguous
+//! probe (a read of the current pod, under the UID); it frees capacity a stalled or lagging
+//! watch would otherwise hold until the next relist or the `--assume-ttl` expiry.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -48,8 +58,9 @@ use parking_lot::Mutex;
 
 use crate::model::ids::PodUid;
 
-/// Delays between the prompt probes of an ambiguous bind; after the last one the
-/// `--assume-ttl` expiry keeps asking.
+/// Delays between the prompt probes of an ambiguous bind; after the last one it is probed
+/// every last interval until resolved (a failed read or a failed annotation clean-up must not
+/// leave it to the `--assume-ttl` expiry).
 pub const PROBE_BACKOFF: [Duration; 4] = [
     Duration::from_secs(1),
     Duration::from_secs(2),
@@ -57,20 +68,35 @@ pub const PROBE_BACKOFF: [Duration; 4] = [
     Duration::from_secs(8),
 ];
 
+/// How long a bind whose binding returned may wait for the pod watch's confirmation before
+/// its pod is read.
+pub const CONFIRM_GRACE: Duration = Duration::from_secs(10);
+
+/// After a read found the pod bound here with our annotations, when to read it again if the
+/// watch still has not confirmed it.
+pub const RECHECK_BOUND: Duration = Duration::from_secs(30);
+
+/// The delay before probe number `probes` (0-based) of an ambiguous bind.
+fn backoff(probes: usize) -> Duration {
+    PROBE_BACKOFF
+        .get(probes)
+        .or(PROBE_BACKOFF.last())
+        .copied()
+        .unwrap_or(Duration::from_secs(8))
+}
+
 /// How the bind behind an assumed allocation ended, as far as we know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// The bind is still writing.
     Writing,
     /// The binding call returned success, or a read showed the pod bound to our node with our
-    /// annotations, at sequence `seq` (compared with relist marks).
-    Bound { seq: u64 },
-    /// We cannot tell whether the binding landed or will land. `next_probe` is `None` once
-    /// the prompt probes are used up (the TTL expiry keeps asking).
-    Ambiguous {
-        probes: usize,
-        next_probe: Option<Instant>,
-    },
+    /// annotations, at sequence `seq` (compared with relist marks). If the pod watch has not
+    /// confirmed it by `next_probe`, the pod is read.
+    Bound { seq: u64, next_probe: Instant },
+    /// We cannot tell whether the binding landed or will land; the pod is read at
+    /// `next_probe`, after `probes` reads that could not resolve it.
+    Ambiguous { probes: usize, next_probe: Instant },
 }
 
 /// The pod behind an assumed allocation.
@@ -154,42 +180,59 @@ impl Assumptions {
         let seq = inner.seq;
         if let Some(p) = inner.pods.get_mut(uid).filter(|p| p.at == at) {
             p.outcome = if bound {
-                Outcome::Bound { seq }
+                Outcome::Bound {
+                    seq,
+                    next_probe: now + CONFIRM_GRACE,
+                }
             } else {
                 Outcome::Ambiguous {
                     probes: 0,
-                    next_probe: Some(now + PROBE_BACKOFF[0]),
+                    next_probe: now + backoff(0),
                 }
             };
         }
     }
 
-    /// A read (probe or expiry) saw the pod bound to our node with our annotations.
-    pub fn confirm_bound(&self, uid: &PodUid, at: Instant) {
+    /// A read (probe or expiry) saw the pod bound to our node with our annotations: read it
+    /// again after [`RECHECK_BOUND`] if the watch still has not confirmed it.
+    pub fn confirm_bound(&self, uid: &PodUid, at: Instant, now: Instant) {
         let mut inner = self.inner.lock();
         inner.seq += 1;
         let seq = inner.seq;
         if let Some(p) = inner.pods.get_mut(uid).filter(|p| p.at == at) {
-            p.outcome = Outcome::Bound { seq };
-        }
-    }
-
-    /// A probe could not resolve an ambiguous entry: schedules the next one, or none once
-    /// [`PROBE_BACKOFF`] is used up.
-    pub fn probe_failed(&self, uid: &PodUid, at: Instant, now: Instant) {
-        let mut inner = self.inner.lock();
-        if let Some(p) = inner.pods.get_mut(uid).filter(|p| p.at == at)
-            && let Outcome::Ambiguous { probes, .. } = p.outcome
-        {
-            let probes = probes + 1;
-            p.outcome = Outcome::Ambiguous {
-                probes,
-                next_probe: PROBE_BACKOFF.get(probes).map(|d| now + *d),
+            p.outcome = Outcome::Bound {
+                seq,
+                next_probe: now + RECHECK_BOUND,
             };
         }
     }
 
-    /// Ambiguous entries whose next prompt probe is due, skipping UIDs with a bind in flight.
+    /// A probe could not resolve the entry (the read failed, or our annotation could not be
+    /// removed yet): schedules the next one.
+    pub fn probe_failed(&self, uid: &PodUid, at: Instant, now: Instant) {
+        let mut inner = self.inner.lock();
+        if let Some(p) = inner.pods.get_mut(uid).filter(|p| p.at == at) {
+            match p.outcome {
+                Outcome::Ambiguous { probes, .. } => {
+                    let probes = probes + 1;
+                    p.outcome = Outcome::Ambiguous {
+                        probes,
+                        next_probe: now + backoff(probes),
+                    };
+                }
+                Outcome::Bound { seq, .. } => {
+                    p.outcome = Outcome::Bound {
+                        seq,
+                        next_probe: now + backoff(PROBE_BACKOFF.len()),
+                    };
+                }
+                Outcome::Writing => {}
+            }
+        }
+    }
+
+    /// Entries whose next probe is due (ambiguous, or bound but unconfirmed past the grace),
+    /// skipping UIDs with a bind in flight.
     pub fn due_probes(&self, now: Instant) -> Vec<(PodUid, AssumedPod)> {
         let inner = self.inner.lock();
         inner
@@ -197,7 +240,11 @@ impl Assumptions {
             .iter()
             .filter(|(uid, p)| {
                 !inner.in_flight.contains(*uid)
-                    && matches!(p.outcome, Outcome::Ambiguous { next_probe: Some(t), .. } if t <= now)
+                    && match p.outcome {
+                        Outcome::Ambiguous { next_probe, .. }
+                        | Outcome::Bound { next_probe, .. } => next_probe <= now,
+                        Outcome::Writing => false,
+                    }
             })
             .map(|(u, p)| (u.clone(), p.clone()))
             .collect()
@@ -218,7 +265,7 @@ impl Assumptions {
             .iter()
             .filter(|(uid, p)| {
                 !inner.in_flight.contains(*uid)
-                    && matches!(p.outcome, Outcome::Bound { seq } if seq < mark)
+                    && matches!(p.outcome, Outcome::Bound { seq, .. } if seq < mark)
             })
             .map(|(u, p)| (u.clone(), p.clone()))
             .collect()
@@ -276,7 +323,7 @@ mod tests {
         let c: Vec<_> = a.relist_candidates(mark).into_iter().map(|c| c.0).collect();
         assert_eq!(c, vec![early.clone()]);
         // A probe that confirms the ambiguous one makes it eligible for *later* relists only.
-        a.confirm_bound(&ambiguous, now);
+        a.confirm_bound(&ambiguous, now, now);
         assert_eq!(a.relist_candidates(mark).len(), 1);
         let mark2 = a.relist_mark();
         let mut c: Vec<_> = a
@@ -289,7 +336,7 @@ mod tests {
     }
 
     #[test]
-    fn probes_back_off_then_stop_and_skip_binds_in_flight() {
+    fn probes_back_off_then_continue_at_the_last_interval_and_skip_binds_in_flight() {
         let a = Assumptions::default();
         let t0 = Instant::now();
         let u = PodUid::new("u");
@@ -297,7 +344,12 @@ mod tests {
         a.finish(&u, t0, false, t0);
         assert!(a.due_probes(t0).is_empty());
         let mut t = t0;
-        for d in PROBE_BACKOFF {
+        let last = *PROBE_BACKOFF.last().unwrap();
+        for d in PROBE_BACKOFF.into_iter().chain([last, last, last]) {
+            assert!(
+                a.due_probes(t + d - Duration::from_millis(1)).is_empty(),
+                "not due before +{d:?}"
+            );
             t += d;
             assert_eq!(a.due_probes(t).len(), 1, "probe due at +{d:?}");
             {
@@ -306,7 +358,39 @@ mod tests {
             }
             a.probe_failed(&u, t0, t);
         }
-        assert!(a.due_probes(t + Duration::from_secs(3600)).is_empty());
         assert!(a.begin(&u).is_some());
+    }
+
+    #[test]
+    fn a_bound_entry_the_watch_does_not_confirm_is_probed_after_the_grace() {
+        let a = Assumptions::default();
+        let t0 = Instant::now();
+        let u = PodUid::new("u");
+        a.record(u.clone(), pod(t0));
+        assert!(
+            a.due_probes(t0 + Duration::from_secs(3600)).is_empty(),
+            "a bind still writing is never probed"
+        );
+        a.finish(&u, t0, true, t0);
+        assert!(
+            a.due_probes(t0 + CONFIRM_GRACE - Duration::from_millis(1))
+                .is_empty()
+        );
+        let t = t0 + CONFIRM_GRACE;
+        assert_eq!(a.due_probes(t).len(), 1);
+        // The read found it bound here: checked again only after RECHECK_BOUND.
+        a.confirm_bound(&u, t0, t);
+        assert!(
+            a.due_probes(t + RECHECK_BOUND - Duration::from_millis(1))
+                .is_empty()
+        );
+        assert_eq!(a.due_probes(t + RECHECK_BOUND).len(), 1);
+        // A failed read retries at the last backoff interval.
+        a.probe_failed(&u, t0, t + RECHECK_BOUND);
+        assert_eq!(
+            a.due_probes(t + RECHECK_BOUND + *PROBE_BACKOFF.last().unwrap())
+                .len(),
+            1
+        );
     }
 }

@@ -130,6 +130,64 @@ async fn pending_pod_after_an_ambiguous_failure_loses_our_annotation_and_entry()
     env.svc.shutdown().await.unwrap();
 }
 
+/// Path 2, with the API server unreadable for longer than the four prompt probes (1, 2, 4,
+/// 8 s): probing goes on every 8 s instead of waiting for the 5-minute TTL, and the fifth
+/// probe resolves the entry (the pod is unbound: our annotation goes, the GPU is offered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probing_outlasts_an_unreadable_api_server() {
+    let p = pending("p", whole_gpus(1));
+    let next = pending("next", whole_gpus(1));
+    let (env, faults) = start(&["n1"], &[&p, &next]).await;
+    // The read-back and the first four probes fail.
+    faults.push(Fault::RefuseBindingThenReads(5));
+    env.bind(&p, "n1").await.unwrap_err();
+    assert_eq!(assumed_state(&env, "n1", &p).await, "assumed");
+    until_offered(&env, &next, "n1").await;
+    assert_eq!(faults.pending(), 0, "the failing reads were not all used");
+    assert_eq!(
+        env.metric("dne_assumed_released_total", "path=\"probe\"")
+            .await,
+        1.0
+    );
+    assert_eq!(env.metric("dne_assumed_expired_total", "").await, 0.0);
+    assert_eq!(annotation_of(&env.fake, &p), None);
+    env.svc.shutdown().await.unwrap();
+}
+
+/// A watch that lags without failing (no error, no relist: its events are held back by the
+/// API server): a bind succeeds, its pod is deleted, and neither event arrives. The entry's
+/// binding returned, so after the confirmation grace the probe reads the pod, finds it gone
+/// and releases it, long before the TTL; when the events finally arrive they change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_watch_cannot_hold_a_deleted_pods_gpu_until_the_ttl() {
+    let lost = pending("lost", whole_gpus(1));
+    let next = pending("next", whole_gpus(1));
+    let (env, _) = start(&["n1"], &[&lost, &next]).await;
+    let relists = env.metric("dne_relists_total", "kind=\"pods\"").await;
+    env.fake.hold_watch_events(Kind::Pod);
+    env.bind(&lost, "n1").await.unwrap();
+    assert_eq!(assumed_state(&env, "n1", &lost).await, "assumed");
+    env.fake.delete(Kind::Pod, "ml", "lost").unwrap();
+
+    until_offered(&env, &next, "n1").await;
+    assert_eq!(
+        env.metric("dne_assumed_released_total", "path=\"probe\"")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        env.metric("dne_relists_total", "kind=\"pods\"").await,
+        relists,
+        "released by a relist, not by the probe"
+    );
+    env.fake.release_watch_events(Kind::Pod);
+    env.bind(&next, "n1").await.unwrap();
+    env.wait_committed("n1", &uid(&next)).await;
+    let ledger = env.ledger("n1").await;
+    assert!(ledger["entries"][uid(&lost)].is_null(), "{ledger}");
+    env.svc.shutdown().await.unwrap();
+}
+
 /// Path 3: after an ambiguous failure on n1, kube-scheduler retries the pod on n2. The retry
 /// resolves the held n1 entry first (the pod is unbound): it neither fails nor holds twice,
 /// and n1's GPU is offered again.

@@ -391,6 +391,9 @@ struct KindState {
     fail_writes: Option<(u16, usize)>,
     fail_watch_start: Option<(u16, usize)>,
     fail_lists: Option<(u16, usize)>,
+    /// While `Some`, events for open watch streams are kept here instead of sent (a watch that
+    /// lags behind etcd); [`FakeApiServer::release_watch_events`] sends them in order.
+    held_events: Option<Vec<Arc<LogEntry>>>,
 }
 
 struct Inner {
@@ -476,6 +479,10 @@ impl Inner {
             prev,
         });
         ks.log.push_back(entry.clone());
+        if let Some(held) = ks.held_events.as_mut() {
+            held.push(entry);
+            return obj;
+        }
         // A send fails only when the watch task is gone; drop it so open_watches stays exact.
         ks.watchers
             .retain(|_, tx| tx.send(WatchMsg::Event(entry.clone())).is_ok());
@@ -1199,11 +1206,33 @@ impl FakeApiServer {
         self.inner.lock().bookmark_interval = interval;
     }
 
-    /// Sends a BOOKMARK with the current RV on every open watch that allows bookmarks.
+    /// Open watch streams of `kind` stop receiving events (they stay open, no error, no
+    /// bookmarks): a watch lagging behind the API server's store. Writes still apply, lists see
+    /// them, and a watch started meanwhile replays them from history.
+    pub fn hold_watch_events(&self, kind: Kind) {
+        let mut g = self.inner.lock();
+        let ks = g.ks(kind);
+        if ks.held_events.is_none() {
+            ks.held_events = Some(Vec::new());
+        }
+    }
+
+    /// Ends [`Self::hold_watch_events`]: the held events go out in order.
+    pub fn release_watch_events(&self, kind: Kind) {
+        let mut g = self.inner.lock();
+        let ks = g.ks(kind);
+        for entry in ks.held_events.take().unwrap_or_default() {
+            ks.watchers
+                .retain(|_, tx| tx.send(WatchMsg::Event(entry.clone())).is_ok());
+        }
+    }
+
+    /// Sends a BOOKMARK with the current RV on every open watch that allows bookmarks (not on
+    /// kinds whose events are held: a bookmark past them would let a resumed watch skip them).
     pub fn send_bookmarks(&self) {
         let mut g = self.inner.lock();
         let rv = g.rv;
-        for ks in g.kinds.iter_mut() {
+        for ks in g.kinds.iter_mut().filter(|ks| ks.held_events.is_none()) {
             ks.watchers
                 .retain(|_, tx| tx.send(WatchMsg::Bookmark(rv)).is_ok());
         }

@@ -817,20 +817,22 @@ impl WatchTask {
                 } => {
                     // Drain under the lock so the bookmark RV never overtakes an event that
                     // was already committed but not yet sent on this stream.
-                    let (pending, rv) = {
-                        let g = self.fake.inner.lock();
+                    let (pending, rv, held) = {
+                        let mut g = self.fake.inner.lock();
                         let mut v = Vec::new();
                         while let Ok(m) = in_rx.try_recv() {
                             v.push(m);
                         }
-                        (v, g.rv)
+                        let held = g.ks(self.kind).held_events.is_some();
+                        (v, g.rv, held)
                     };
                     for m in pending {
                         if matches!(m, WatchMsg::Close) || !self.emit(&out, m) {
                             break 'outer;
                         }
                     }
-                    if !self.emit(&out, WatchMsg::Bookmark(rv)) {
+                    // A lagging stream (events held) sends no bookmark past what it delivered.
+                    if !held && !self.emit(&out, WatchMsg::Bookmark(rv)) {
                         break;
                     }
                 }
