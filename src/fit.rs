@@ -19,7 +19,7 @@ use crate::placement::cpu::classify::classify;
 use crate::placement::cpu::hints::reason;
 use crate::placement::cpu::{
     CpuBindPolicy, CpuExclusivePolicy, CpuPlacement, NodeCpuBindPolicy, NumaMask, NumaPolicy,
-    PodCpuRequest, fast_feasible, place, score_or_zero,
+    PodCpuRequest, fast_feasible, fast_score, place, score_or_zero,
 };
 use crate::placement::device::allocate::{FitError, fit_on_numa};
 use crate::placement::device::request::PodDeviceRequest;
@@ -232,6 +232,14 @@ pub fn cpu_score(
     scoring: &ScoringConfig,
 ) -> Option<i64> {
     let node = node?;
+    let aligns = devices.is_some() && node.devices.devices().is_some();
+    // The cached summary answers unless devices must be aligned under a NUMA policy (equal to
+    // the full scorer: `placement::cpu::proptests`).
+    if let Ok(summary) = node.cpus.summary()
+        && let Some(score) = fast_score(&summary, req, aligns, &scoring.cpu)
+    {
+        return score;
+    }
     node.cpus.with_view(&[], &scoring.cpu, |view| {
         let view = view.ok()?;
         let mut aligned = |mask: NumaMask| {
