@@ -22,6 +22,7 @@ use crate::placement::cpu::{
     PodCpuRequest, fast_feasible, fast_score, place, score_or_zero,
 };
 use crate::placement::device::allocate::{FitError, fit_on_numa};
+use crate::placement::device::fast::{self as fast_device, FastRequest};
 use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::ScoringConfig;
 
@@ -98,11 +99,33 @@ fn no_topology_error(ledger: Option<&CpuLedger>) -> FitError {
     }
 }
 
-/// The CPU/NUMA placement on `node`, with `ignore`'s allocations released.
+/// Whether `devices` fit `node` using only devices on the NUMA nodes of `mask`: the fast
+/// index when it answers (no victims; held equal to `fit_on_numa` by its property test),
+/// else the full allocator.
+pub fn devices_fit_within(
+    node: &NodeState,
+    devices: &PodDeviceRequest,
+    fast: Option<&FastRequest>,
+    ignore: &[PodUid],
+    scoring: &ScoringConfig,
+    mask: Option<NumaMask>,
+) -> bool {
+    if ignore.is_empty()
+        && let Some(fr) = fast
+        && let Some(verdict) = fast_device::feasible_within(&node.devices, fr, mask)
+    {
+        return verdict.is_ok();
+    }
+    fit_on_numa(&node.devices, devices, ignore, scoring, mask).is_ok()
+}
+
+/// The CPU/NUMA placement on `node`, with `ignore`'s allocations released. `fast` (the read
+/// verbs) lets the per-hint device check use the fast index; the answer is the same.
 pub fn cpu_decision(
     node: Option<&NodeState>,
     req: &PodCpuRequest,
     devices: Option<&PodDeviceRequest>,
+    fast: Option<&FastRequest>,
     ignore: &[PodUid],
     scoring: &ScoringConfig,
 ) -> Result<Option<CpuPlacement>, FitError> {
@@ -128,7 +151,7 @@ pub fn cpu_decision(
             Ok(view) => {
                 let mut aligned = |mask: NumaMask| {
                     devices.is_some_and(|d| {
-                        fit_on_numa(&node.devices, d, ignore, scoring, Some(mask)).is_ok()
+                        devices_fit_within(node, d, fast, ignore, scoring, Some(mask))
                     })
                 };
                 let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
@@ -160,7 +183,7 @@ pub fn decide(
     scoring: &ScoringConfig,
 ) -> Result<Decision, FitError> {
     let cpu = match &needs.cpu {
-        Some(req) => cpu_decision(node, req, needs.devices.as_ref(), ignore, scoring)?,
+        Some(req) => cpu_decision(node, req, needs.devices.as_ref(), None, ignore, scoring)?,
         None => None,
     };
     let affinity = cpu.as_ref().and_then(|p| p.affinity);
@@ -223,12 +246,40 @@ pub fn cpu_fast_check(
     }
 }
 
+/// Filter's answer when devices must be aligned with the CPUs under a NUMA policy (where
+/// [`cpu_fast_check`] defers): the CPU placement with the fast device check per NUMA hint,
+/// then the devices within the chosen affinity, or independently without one. The same
+/// verdict as `decide(node, needs, &[], ..)`, without building an allocation (property test
+/// below); a node that fails is re-decided in full so the reason is the full decision's.
+pub fn aligned_check(
+    node: Option<&NodeState>,
+    needs: &PodNeeds,
+    fast: Option<&FastRequest>,
+    scoring: &ScoringConfig,
+) -> Result<(), FitError> {
+    let full = || decide(node, needs, &[], scoring).map(|_| ());
+    let Some(req) = &needs.cpu else {
+        return full();
+    };
+    let placement = cpu_decision(node, req, needs.devices.as_ref(), fast, &[], scoring)?;
+    let (Some(n), Some(d)) = (node, needs.devices.as_ref()) else {
+        return full();
+    };
+    let mask = placement.and_then(|p| p.affinity);
+    if n.devices.devices().is_some() && devices_fit_within(n, d, fast, &[], scoring, mask) {
+        Ok(())
+    } else {
+        full()
+    }
+}
+
 /// Prioritize's CPU score 0..=100 (`None`: no CPU opinion on this node). A trial failure
 /// after a passing filter scores 0 (reference §4.16).
 pub fn cpu_score(
     node: Option<&NodeState>,
     req: &PodCpuRequest,
     devices: Option<&PodDeviceRequest>,
+    fast: Option<&FastRequest>,
     scoring: &ScoringConfig,
 ) -> Option<i64> {
     let node = node?;
@@ -243,7 +294,7 @@ pub fn cpu_score(
     node.cpus.with_view(&[], &scoring.cpu, |view| {
         let view = view.ok()?;
         let mut aligned = |mask: NumaMask| {
-            devices.is_some_and(|d| fit_on_numa(&node.devices, d, &[], scoring, Some(mask)).is_ok())
+            devices.is_some_and(|d| devices_fit_within(node, d, fast, &[], scoring, Some(mask)))
         };
         let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
             if devices.is_some() && node.devices.devices().is_some() {
@@ -402,6 +453,154 @@ mod tests {
                 cpu_scoring_from_flags(a, b, w, p).is_err(),
                 "{a} {b} {w:?} {p}"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod aligned_tests {
+    //! Filter's aligned path against the full decision bind makes, on random 2-NUMA nodes.
+    use super::*;
+    use crate::cluster::TopologyRecord;
+    use crate::cluster::cpus::RecordedCpus;
+    use crate::cluster::devices::{DeviceSlot, EntryState, NodeDevices, RecordedAllocation};
+    use crate::model::cpuset::CpuSet;
+    use crate::model::device::{
+        DeviceResources, DeviceTopology, DeviceType, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
+    };
+    use crate::model::nrt::NodeResourceTopology;
+    use crate::model::quantity::Quantity;
+    use crate::placement::device::allocate::fit_with;
+    use crate::placement::device::pod_device_request;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// 2 NUMA nodes × 8 cores × 2 threads (NUMA n: CPUs 16n..16n+15), `gpus` GPUs split
+    /// evenly over the NUMA nodes.
+    fn node(gpus: i32, gpu_holders: &[(u16, u8)], cpusets: &[(u16, u16)]) -> NodeState {
+        let detail: Vec<_> = (0..32)
+            .map(|id| json!({"id": id, "core": id / 2, "socket": id / 16, "node": id / 16}))
+            .collect();
+        let zones: Vec<_> = (0..2)
+            .map(|z| json!({"name": format!("node-{z}"), "type": "Node",
+                "resources": [{"name": "cpu", "capacity": "16", "allocatable": "16", "available": "16"},
+                              {"name": "memory", "capacity": "64Gi", "allocatable": "64Gi", "available": "64Gi"}]}))
+            .collect();
+        let nrt: NodeResourceTopology = serde_json::from_value(json!({
+            "metadata": {"name": "n", "annotations": {
+                "node.koordinator.sh/cpu-topology": json!({"detail": detail}).to_string()}},
+            "topologyPolicies": ["None"],
+            "zones": zones
+        }))
+        .expect("nrt");
+        let mut state = NodeState::default();
+        state
+            .cpus
+            .set_nrt(Some(TopologyRecord::from_nrt(&nrt).cpu.clone()));
+        let slots = (0..gpus).map(|m| {
+            let numa = m * 2 / gpus.max(1);
+            let total: DeviceResources = [
+                (GPU_CORE.to_string(), Quantity::from_units(100)),
+                (GPU_MEMORY.to_string(), Quantity::from_units(80 << 30)),
+                (GPU_MEMORY_RATIO.to_string(), Quantity::from_units(100)),
+            ]
+            .into_iter()
+            .collect();
+            (
+                DeviceType::Gpu,
+                DeviceSlot {
+                    minor: m,
+                    id: format!("gpu-{m}"),
+                    healthy: true,
+                    total,
+                    topology: Some(DeviceTopology {
+                        socket_id: numa,
+                        node_id: numa,
+                        pcie_id: format!("pci{}", m / 2),
+                        bus_id: String::new(),
+                    }),
+                },
+            )
+        });
+        state
+            .devices
+            .set_devices(Some(NodeDevices::from_slots(slots)));
+        let scoring = ScoringConfig::default();
+        for (i, (mask, ratio)) in gpu_holders.iter().enumerate() {
+            let pod = pod(
+                &json!({"koordinator.sh/gpu-memory-ratio": ratio.to_string()}),
+                None,
+            );
+            let Ok(Some(req)) = pod_device_request(&pod) else {
+                continue;
+            };
+            if let Ok(a) = fit_on_numa(&state.devices, &req, &[], &scoring, Some(NumaMask(*mask)))
+                .or_else(|_| fit_with(&state.devices, &req, &[], &scoring))
+            {
+                state.devices.record(
+                    PodUid::new(format!("g{i}")),
+                    RecordedAllocation::Allocated(a),
+                    EntryState::Committed,
+                );
+            }
+        }
+        let mut taken = CpuSet::default();
+        for (i, (start, len)) in cpusets.iter().enumerate() {
+            let list = format!("{}-{}", start % 32, ((start % 32) + len % 8).min(31));
+            let set: CpuSet = list.parse().expect("list");
+            if !set.intersection(&taken).is_empty() {
+                continue;
+            }
+            taken = taken.union(&set);
+            state.cpus.record(
+                PodUid::new(format!("c{i}")),
+                RecordedCpus::Allocated(crate::cluster::cpus::CpuAllocation {
+                    cpuset: set,
+                    numa: Vec::new(),
+                    exclusive: crate::placement::cpu::CpuExclusivePolicy::PcpuLevel,
+                }),
+                EntryState::Committed,
+            );
+        }
+        state
+    }
+
+    fn pod(requests: &serde_json::Value, numa_policy: Option<&str>) -> Pod {
+        let mut p = json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                "labels": {"koordinator.sh/qosClass": "LSR"}},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": requests, "limits": requests}}]}});
+        if let Some(policy) = numa_policy {
+            p["metadata"]["annotations"] = json!({"scheduling.koordinator.sh/numa-topology-spec":
+                json!({"numaTopologyPolicy": policy}).to_string()});
+        }
+        serde_json::from_value(p).expect("pod")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        #[test]
+        fn aligned_check_equals_the_full_decision(
+            gpus in 0i32..=8,
+            gpu_holders in proptest::collection::vec((1u16..=3, prop_oneof![Just(100u8), Just(50)]), 0..8),
+            cpusets in proptest::collection::vec((0u16..32, 0u16..8), 0..6),
+            want_gpus in 1u32..=4,
+            want_cpus in 1u32..=20,
+            policy in prop_oneof![Just("BestEffort"), Just("Restricted"), Just("SingleNUMANode")],
+        ) {
+            let state = node(gpus, &gpu_holders, &cpusets);
+            let scoring = ScoringConfig::default();
+            let pod = pod(
+                &json!({"nvidia.com/gpu": want_gpus.to_string(), "cpu": want_cpus.to_string(), "memory": "1Gi"}),
+                Some(policy),
+            );
+            let devices = pod_device_request(&pod).expect("valid").expect("devices");
+            let cpu = cpu_needs(&pod, true, &scoring).expect("valid");
+            let needs = PodNeeds { devices: Some(devices.clone()), cpu };
+            let fast = FastRequest::new(&devices, &scoring);
+            let full = decide(Some(&state), &needs, &[], &scoring).map(|_| ());
+            let got = aligned_check(Some(&state), &needs, fast.as_ref(), &scoring);
+            prop_assert_eq!(got, full);
         }
     }
 }

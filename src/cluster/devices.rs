@@ -292,6 +292,9 @@ pub struct SlotIndex {
     pub total_empty: bool,
     /// The free map is empty.
     pub free_empty: bool,
+    /// The device's NUMA node (`topology.nodeID`); `None` when unknown, which every NUMA
+    /// restriction admits (as `allocate::on_numa` does).
+    pub numa: Option<u32>,
 }
 
 /// A ledger's state in fixed-size form, per device type in `NodeDevices` order.
@@ -385,6 +388,10 @@ impl DeviceLedger {
                                     has_other_dims: other_total || other_free,
                                     total_empty: slot.total.is_empty(),
                                     free_empty: slot_free.is_none_or(|f| f.is_empty()),
+                                    numa: slot
+                                        .topology
+                                        .as_ref()
+                                        .and_then(|t| u32::try_from(t.node_id).ok()),
                                 }
                             })
                             .collect();

@@ -80,6 +80,9 @@ pub fn node_fit(
         match verdict {
             Some(Err(e)) => return Err(e),
             Some(Ok(())) => {}
+            None if ignore.is_empty() => {
+                return fit::aligned_check(node, needs, fast, &state.scoring);
+            }
             None => return fit::decide(node, needs, ignore, &state.scoring).map(|_| ()),
         }
     }
@@ -270,7 +273,13 @@ pub fn prioritize(state: &AppState, args: &ExtenderArgs) -> Vec<HostPriority> {
                         .unwrap_or_else(|| score_node(&node.devices, req, &state.scoring))
                 });
                 let cpu = cpu_req.and_then(|req| {
-                    fit::cpu_score(Some(&node), req, needs.devices.as_ref(), &state.scoring)
+                    fit::cpu_score(
+                        Some(&node),
+                        req,
+                        needs.devices.as_ref(),
+                        fast.as_ref(),
+                        &state.scoring,
+                    )
                 });
                 match (device, cpu) {
                     (Some(d), Some(c)) => (d + c) / 2,

@@ -18,6 +18,7 @@ use crate::model::quantity::Quantity;
 use super::allocate::FitError;
 use super::request::PodDeviceRequest;
 use super::score::{ScoringConfig, ScoringStrategy};
+use crate::placement::cpu::NumaMask;
 
 const NDIMS: usize = INDEX_DIMS.len();
 
@@ -150,6 +151,17 @@ fn usable_index(ledger: &DeviceLedger) -> Option<std::sync::Arc<LedgerIndex>> {
 /// Does the pod fit this node's devices? Same answer (and reason) as `fit_with(.., &[], ..)`;
 /// `None` when this node needs the full allocator.
 pub fn feasible(ledger: &DeviceLedger, req: &FastRequest) -> Option<Result<(), FitError>> {
+    feasible_within(ledger, req, None)
+}
+
+/// [`feasible`] using only devices on the NUMA nodes of `allowed` (devices of unknown NUMA
+/// node always count): the same answer as `fit_on_numa(.., &[], .., allowed)`, which GPU + CPU
+/// alignment asks once per NUMA hint. The structural checks still look at every device.
+pub fn feasible_within(
+    ledger: &DeviceLedger,
+    req: &FastRequest,
+    allowed: Option<NumaMask>,
+) -> Option<Result<(), FitError>> {
     if ledger.devices().is_none() {
         return Some(Err(FitError {
             reason: "node has no Device object".into(),
@@ -183,6 +195,10 @@ pub fn feasible(ledger: &DeviceLedger, req: &FastRequest) -> Option<Result<(), F
         let capable_free = index
             .slots(&r.device_type)
             .iter()
+            .filter(|s| match (allowed, s.numa) {
+                (Some(mask), Some(numa)) => mask.contains(numa),
+                _ => true,
+            })
             .filter(|s| capable(gpu, s, r, &s.free, s.free_empty))
             .count();
         if capable_free < r.count {
@@ -255,7 +271,7 @@ mod tests {
         DeviceResources, DeviceTopology, FPGA, GPU_CORE, GPU_SHARED, NVIDIA_GPU, RDMA,
     };
     use crate::model::ids::PodUid;
-    use crate::placement::device::allocate::fit_with;
+    use crate::placement::device::allocate::{fit_on_numa, fit_with};
     use crate::placement::device::request::parse_device_request;
     use crate::placement::device::score::score_node;
     use proptest::prelude::*;
@@ -390,6 +406,15 @@ mod tests {
                     "request {:?}", p
                 );
                 prop_assert_eq!(score(&ledger, &fast).unwrap(), score_node(&ledger, &req, &cfg), "request {:?}", p);
+                // Restricted to each NUMA subset (GPU + CPU alignment asks one per hint).
+                for mask in 0u16..8 {
+                    let mask = NumaMask(mask);
+                    prop_assert_eq!(
+                        feasible_within(&ledger, &fast, Some(mask)).expect("indexed dims only"),
+                        fit_on_numa(&ledger, &req, &[], &cfg, Some(mask)).map(|_| ()),
+                        "request {:?} within NUMA mask {:?}", p, mask
+                    );
+                }
             }
         }
     }
