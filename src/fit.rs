@@ -19,7 +19,8 @@ use crate::placement::cpu::classify::classify;
 use crate::placement::cpu::hints::reason;
 use crate::placement::cpu::{
     CpuBindPolicy, CpuExclusivePolicy, CpuPlacement, NodeCpuBindPolicy, NumaMask, NumaPolicy,
-    PodCpuRequest, fast_feasible, fast_score, place, score_or_zero,
+    PodCpuRequest, fast_aligned, fast_aligned_score, fast_feasible, fast_score, place,
+    score_or_zero,
 };
 use crate::placement::device::allocate::{FitError, fit_on_numa};
 use crate::placement::device::fast::{self as fast_device, FastRequest};
@@ -261,6 +262,27 @@ pub fn aligned_check(
     let Some(req) = &needs.cpu else {
         return full();
     };
+    // From the cached CPU summary and the fast device index, when both answer.
+    if let (Some(n), Some(d), Some(fr)) = (node, needs.devices.as_ref(), fast)
+        && n.devices.devices().is_some()
+        && let Ok(summary) = n.cpus.summary()
+    {
+        let mut aligned =
+            |mask: NumaMask| devices_fit_within(n, d, Some(fr), &[], scoring, Some(mask));
+        return match fast_aligned(&summary, req, &mut aligned, &scoring.cpu) {
+            Ok(affinity) if devices_fit_within(n, d, Some(fr), &[], scoring, affinity) => Ok(()),
+            Ok(_) => full(),
+            // As `cpu_decision`: "not aligned" only when the devices fit the node at all.
+            Err(e) if e.reason == reason::DEVICES_UNALIGNED => {
+                match fast_device::feasible_within(&n.devices, fr, None) {
+                    Some(Err(shortage)) => Err(shortage),
+                    Some(Ok(())) => Err(cpu_error(e)),
+                    None => full(),
+                }
+            }
+            Err(e) => Err(cpu_error(e)),
+        };
+    }
     let placement = cpu_decision(node, req, needs.devices.as_ref(), fast, &[], scoring)?;
     let (Some(n), Some(d)) = (node, needs.devices.as_ref()) else {
         return full();
@@ -286,10 +308,15 @@ pub fn cpu_score(
     let aligns = devices.is_some() && node.devices.devices().is_some();
     // The cached summary answers unless devices must be aligned under a NUMA policy (equal to
     // the full scorer: `placement::cpu::proptests`).
-    if let Ok(summary) = node.cpus.summary()
-        && let Some(score) = fast_score(&summary, req, aligns, &scoring.cpu)
-    {
-        return score;
+    if let Ok(summary) = node.cpus.summary() {
+        if let Some(score) = fast_score(&summary, req, aligns, &scoring.cpu) {
+            return score;
+        }
+        if let (true, Some(d), Some(fr)) = (aligns, devices, fast) {
+            let mut aligned =
+                |mask: NumaMask| devices_fit_within(node, d, Some(fr), &[], scoring, Some(mask));
+            return fast_aligned_score(&summary, req, &mut aligned, &scoring.cpu);
+        }
     }
     node.cpus.with_view(&[], &scoring.cpu, |view| {
         let view = view.ok()?;
@@ -601,6 +628,19 @@ mod aligned_tests {
             let full = decide(Some(&state), &needs, &[], &scoring).map(|_| ());
             let got = aligned_check(Some(&state), &needs, fast.as_ref(), &scoring);
             prop_assert_eq!(got, full);
+            // Prioritize's CPU score on the fast path equals the full placement's.
+            let req = needs.cpu.as_ref().expect("cpu needs");
+            let full_score = state.cpus.with_view(&[], &scoring.cpu, |view| {
+                let view = view.ok()?;
+                let mut aligned = |mask: NumaMask| {
+                    fit_on_numa(&state.devices, &devices, &[], &scoring, Some(mask)).is_ok()
+                };
+                score_or_zero(&view, req, Some(&mut aligned), &scoring.cpu)
+            });
+            prop_assert_eq!(
+                cpu_score(Some(&state), req, Some(&devices), fast.as_ref(), &scoring),
+                full_score
+            );
         }
     }
 }

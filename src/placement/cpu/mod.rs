@@ -35,7 +35,7 @@ mod proptests;
 mod tests;
 
 pub use place::{place, score_or_zero};
-pub use summary::{CpuSummary, fast_feasible, fast_score};
+pub use summary::{CpuSummary, fast_aligned, fast_aligned_score, fast_feasible, fast_score};
 pub use topology::{CpuDetail, CpuTopology, TopologyError};
 
 use crate::model::cpuset::CpuSet;

@@ -14,9 +14,11 @@
 //! property test holds the two equal on generated nodes.
 
 use super::hints::NumaStats;
-use super::place::{decide, demand, placement_score};
+use super::place::{Decision, decide, demand, placement_score};
 use super::policy::resolve;
-use super::{CpuFitError, CpuScoring, NodeCpuBindPolicy, NodeCpuView, NumaPolicy, PodCpuRequest};
+use super::{
+    CpuFitError, CpuScoring, NodeCpuBindPolicy, NodeCpuView, NumaMask, NumaPolicy, PodCpuRequest,
+};
 
 /// A node's CPU/NUMA state reduced to what feasibility needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +66,62 @@ pub fn fast_feasible(
     // Scores do not change feasibility, but they rank the non-preferred hints, and the
     // failure reason names the best of those (exclusivity or not): same scoring as place.
     Some(decide(stats, &res, &d, None, scoring).map(|_| ()))
+}
+
+/// The case [`fast_feasible`] leaves to `place`: a pod whose devices must be aligned.
+/// `Ok(affinity)` where `place(view, req, Some(devices), scoring)` is
+/// `Ok(p)` with `p.affinity == affinity` (`None` when no placement or no NUMA restriction
+/// applies); the same error otherwise. `devices` answers "do the pod's devices fit within this
+/// NUMA mask", as `place`'s callback does.
+pub fn fast_aligned(
+    summary: &CpuSummary,
+    req: &PodCpuRequest,
+    devices: &mut dyn FnMut(NumaMask) -> bool,
+    scoring: &CpuScoring,
+) -> Result<Option<NumaMask>, CpuFitError> {
+    let stats = &summary.stats;
+    let Some(res) = resolve(
+        summary.bind_policy,
+        summary.numa_policy,
+        usize::from(stats.cpus_per_core),
+        req,
+        true,
+    )?
+    else {
+        return Ok(None);
+    };
+    let d = demand(&res, req, stats.cpus_per_core);
+    Ok(match decide(stats, &res, &d, Some(devices), scoring)? {
+        Decision::NodeLevel => None,
+        Decision::Numa(members) => Some(stats.mask_of(members)),
+    })
+}
+
+/// `score_or_zero(view, req, Some(devices), scoring)` for the view the summary was built
+/// from: [`fast_score`]'s missing case (devices aligned under a NUMA policy).
+pub fn fast_aligned_score(
+    summary: &CpuSummary,
+    req: &PodCpuRequest,
+    devices: &mut dyn FnMut(NumaMask) -> bool,
+    scoring: &CpuScoring,
+) -> Option<i64> {
+    let stats = &summary.stats;
+    let res = match resolve(
+        summary.bind_policy,
+        summary.numa_policy,
+        usize::from(stats.cpus_per_core),
+        req,
+        true,
+    ) {
+        Err(_) => return Some(0),
+        Ok(None) => return None,
+        Ok(Some(res)) => res,
+    };
+    let d = demand(&res, req, stats.cpus_per_core);
+    Some(match decide(stats, &res, &d, Some(devices), scoring) {
+        Ok(decision) => placement_score(stats, decision, req, scoring),
+        Err(_) => 0,
+    })
 }
 
 /// `Some(s)` where `s == score_or_zero(view, req, devices, scoring)` for the view the summary
