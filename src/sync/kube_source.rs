@@ -152,6 +152,12 @@ pub enum WatchMode {
     ListOnce,
 }
 
+/// Spacing of requested restarts (see `run_watcher`): doubling from the minimum while they
+/// come within [`RESTART_QUIET`] of each other.
+const RESTART_DELAY_MIN: std::time::Duration = std::time::Duration::from_millis(500);
+const RESTART_DELAY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+const RESTART_QUIET: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Runs one kind's watcher into its sync until shutdown (or, with [`WatchMode::ListOnce`],
 /// until its first list is applied). Only `ListOnce` returns an error.
 pub async fn run_watcher<H>(
@@ -175,13 +181,31 @@ where
         }
     };
     let mut stream = start();
+    // A fresh watcher starts with a fresh backoff, so restarts are spaced out themselves:
+    // a watch that fails right after every successful list must not turn into a hot
+    // list-restart loop. Back to the shortest delay after a quiet period.
+    let mut restart_delay = RESTART_DELAY_MIN;
+    let mut last_restart: Option<tokio::time::Instant> = None;
     loop {
         let item = tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = readiness.restart_requested(H::KIND) => {
+                let now = tokio::time::Instant::now();
+                match last_restart {
+                    Some(at) if now.duration_since(at) < RESTART_QUIET => {
+                        let wait = restart_delay.saturating_sub(now.duration_since(at));
+                        restart_delay = (restart_delay * 2).min(RESTART_DELAY_MAX);
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break,
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                    _ => restart_delay = RESTART_DELAY_MIN,
+                }
                 // A fresh watcher begins with a full list: the relist the fence waits for.
                 tracing::info!(kind = %H::KIND, "restarting the watch with a fresh list");
                 stream = start();
+                last_restart = Some(tokio::time::Instant::now());
                 continue;
             }
             item = stream.next() => item,

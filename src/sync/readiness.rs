@@ -53,6 +53,8 @@ struct KindState {
     /// raise count seen when the latest (re)list began.
     fence_raised: u64,
     relist_epoch: u64,
+    /// Between a (re)list's `Init` and its `InitDone`.
+    relisting: bool,
 }
 
 /// Why `/readyz` is or is not 200, as JSON.
@@ -148,6 +150,7 @@ impl Readiness {
                         last_error_message: None,
                         fence_raised: 0,
                         relist_epoch: 0,
+                        relisting: false,
                     },
                 )
             })
@@ -207,6 +210,7 @@ impl Readiness {
         if let Some(k) = kinds.get_mut(&kind) {
             k.relists += 1;
             k.relist_epoch = k.fence_raised;
+            k.relisting = true;
             self.counter(kind).listing.store(0, Ordering::Relaxed);
             if k.phase == Phase::Pending {
                 k.phase = Phase::Listing;
@@ -241,6 +245,7 @@ impl Readiness {
             let mut kinds = self.kinds.lock();
             if let Some(k) = kinds.get_mut(&kind) {
                 k.phase = Phase::Synced;
+                k.relisting = false;
                 k.replayed = replayed;
                 self.counter(kind).listing.store(0, Ordering::Relaxed);
                 k.cached = cached;
@@ -288,7 +293,12 @@ impl Readiness {
             self.counter(kind).unhealthy.store(true, Ordering::Relaxed);
             k.last_error = Some(now);
             k.last_error_message = Some(message);
-            if kind == Kind::Pods {
+            // An error while a relist begun after the latest fence is still listing (a list
+            // page failed) opens no new gap: the list kube's watcher retries is still read
+            // after that fence, so it still lifts it. Raising again would restart that very
+            // list, and a list that keeps failing would then restart without backoff.
+            let relist_covers_it = k.relisting && k.relist_epoch == k.fence_raised;
+            if kind == Kind::Pods && !relist_covers_it {
                 self.raise_pod_fence(k, "watch_error");
             }
         }
@@ -586,11 +596,28 @@ mod tests {
         r.on_init_done(Kind::Pods, 0, 0);
         assert!(r.pods_current(), "the first list began after the fence");
 
-        // A pod watch error during steady state: an earlier list does not count.
-        r.on_init(Kind::Pods);
+        // A pod watch error during steady state fences; only a relist begun after it lifts
+        // the fence.
         r.on_error(Kind::Pods, "watch dropped".into());
+        assert!(!r.pods_current());
+        r.on_init(Kind::Pods);
+        // A list page failing inside that relist opens no new gap (the retried list is still
+        // read after the fence) and must not raise it again: that restarted the list at once,
+        // a hot loop while lists kept failing.
+        r.on_error(Kind::Pods, "list page failed".into());
+        assert!(!r.pods_current());
         r.on_init_done(Kind::Pods, 0, 0);
-        assert!(!r.pods_current(), "that relist began before the error");
+        assert!(r.pods_current(), "the relist began after the fence");
+
+        // Becoming leader in the middle of a relist: that relist began before the fence.
+        r.on_init(Kind::Pods);
+        r.set_leader(false);
+        r.set_leader(true);
+        r.on_init_done(Kind::Pods, 0, 0);
+        assert!(
+            !r.pods_current(),
+            "that relist began before the leadership gain"
+        );
         r.on_init(Kind::Pods);
         r.on_init_done(Kind::Pods, 0, 0);
         assert!(r.pods_current());

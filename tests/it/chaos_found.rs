@@ -143,3 +143,48 @@ async fn fenced_binds_are_refused_counted_and_resume_after_the_relist() {
     assert_eq!(node_of(&fake, &p).as_deref(), Some("n1"));
     env.svc.shutdown().await.unwrap();
 }
+
+/// Found by CI on a clean clone: the fence restarts the pod watcher with a list, and an error
+/// during that list raised the fence again, which restarted the list at once: a pod list that
+/// keeps failing became a hot loop (100 % CPU, lists as fast as the API server answers). Now
+/// an error inside a relist that began after the fence leaves it to kube's own backoff, and
+/// requested restarts are spaced out. Over a few seconds of failing lists: one fence, and a
+/// handful of list requests, not thousands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_pod_list_does_not_spin_the_fence() {
+    let fake = FakeApiServer::new();
+    service::add_gpu_node(&fake, "n1", 1, &[]);
+    let env = Env::start(&fake, &[]).await;
+    fake.clear_requests();
+    crate::gpu::pod_watch_down(&fake).await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let fences = env.metric("dne_pod_fences_total", "").await;
+    let pod_lists = fake
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.method == "GET" && r.path.ends_with("/pods") && !r.query.contains("watch=true")
+        })
+        .count();
+    crate::gpu::pod_watch_up(&fake);
+    assert_eq!(
+        fences, 1.0,
+        "the fence was raised again by its own relist's errors"
+    );
+    assert!(
+        (1..=20).contains(&pod_lists),
+        "{pod_lists} pod lists in 3 s of failing lists"
+    );
+    // And it recovers: the relist lifts the fence, binds decide again.
+    let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    fake.create(Kind::Pod, p.clone()).unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while let Err(e) = env.bind(&p, "n1").await {
+        assert!(
+            e.contains("catching up") && tokio::time::Instant::now() < deadline,
+            "{e}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    env.svc.shutdown().await.unwrap();
+}
