@@ -505,6 +505,44 @@ impl DeviceLedger {
     pub fn used(&self) -> &UsedMap {
         &self.used
     }
+
+    /// Whether the recorded use of `(t, minor)` exceeds its healthy capacity in some dimension
+    /// (pods' annotations overcommit it). Minors the Device object lacks, and unhealthy ones
+    /// (no capacity by design), are not overcommitted.
+    fn is_overcommitted(&self, t: &DeviceType, minor: i32) -> bool {
+        let (Some(slot), Some(used)) = (
+            self.devices.as_ref().and_then(|d| d.slot(t, minor)),
+            self.used.get(t).and_then(|m| m.get(&minor)),
+        ) else {
+            return false;
+        };
+        slot.healthy
+            && used
+                .iter()
+                .any(|(name, q)| slot.total.get(name).is_some_and(|cap| q > cap))
+    }
+
+    /// The minors of `alloc` that are overcommitted now: `(type, minor)`.
+    pub fn overcommitted_by(&self, alloc: &DeviceAllocations) -> Vec<(DeviceType, i32)> {
+        alloc
+            .0
+            .iter()
+            .flat_map(|(t, list)| list.iter().map(move |a| (t, a.minor)))
+            .filter(|(t, m)| self.is_overcommitted(t, *m))
+            .map(|(t, m)| (t.clone(), m))
+            .collect()
+    }
+
+    /// Every overcommitted minor of the node (checked when its Device object changes: pods
+    /// may have arrived first).
+    pub fn overcommitted(&self) -> Vec<(DeviceType, i32)> {
+        self.used
+            .iter()
+            .flat_map(|(t, minors)| minors.keys().map(move |m| (t, *m)))
+            .filter(|(t, m)| self.is_overcommitted(t, *m))
+            .map(|(t, m)| (t.clone(), m))
+            .collect()
+    }
     /// Whether a malformed entry currently blocks the whole node.
     pub fn has_malformed(&self) -> bool {
         self.malformed > 0

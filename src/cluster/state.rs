@@ -388,12 +388,22 @@ impl ClusterState {
 
     /// Sets a node's devices from its Device object; `None` when the object is deleted, which
     /// leaves nothing allocatable but keeps what pods hold (koordinator #1186).
-    pub fn set_devices(&self, name: &str, devices: Option<NodeDevices>) {
+    /// Sets (or removes) a node's Device object; returns the minors its pods' recorded
+    /// allocations now overcommit.
+    pub fn set_devices(
+        &self,
+        name: &str,
+        devices: Option<NodeDevices>,
+    ) -> Vec<(crate::model::device::DeviceType, i32)> {
         let removed = devices.is_none();
-        self.with_node(name, |s| s.devices.set_devices(devices));
+        let over = self.with_node(name, |s| {
+            s.devices.set_devices(devices);
+            s.devices.overcommitted()
+        });
         if removed {
             self.gc(name);
         }
+        over
     }
 
     /// Deterministic JSON of every node (no timings), for comparing caches in tests.
@@ -453,62 +463,73 @@ impl ClusterState {
         self.upsert_pod_shared(old, &Arc::new(new.clone()));
     }
 
-    /// [`Self::upsert_pod`] keeping `new` itself (not a copy) in the node's pod map.
-    pub fn upsert_pod_shared(&self, old: Option<&PodRecord>, new: &Arc<PodRecord>) {
+    /// [`Self::upsert_pod`] keeping `new` itself (not a copy) in the node's pod map. Returns
+    /// the minors the pod's allocation takes beyond their capacity (overcommitting
+    /// annotations: counted, never refused — the pods hold them).
+    pub fn upsert_pod_shared(
+        &self,
+        old: Option<&PodRecord>,
+        new: &Arc<PodRecord>,
+    ) -> Vec<(crate::model::device::DeviceType, i32)> {
         if let Some(old) = old {
             let same_holder = old.uid == new.uid && old.holding_node() == new.holding_node();
             if !same_holder {
                 self.remove_pod(old);
             }
         }
-        if let Some(node) = new.holding_node() {
-            self.with_node(node, |s| {
-                s.pods.insert(new.uid.clone(), Arc::clone(new));
-                // The watch confirms what the pod holds: this replaces any assumed entry.
-                match &new.devices {
-                    PodDevices::None => {
-                        s.devices.remove(&new.uid);
-                    }
-                    PodDevices::Allocated(a) => {
-                        s.devices.record(
-                            new.uid.clone(),
-                            RecordedAllocation::Allocated(a.clone()),
-                            EntryState::Committed,
-                        );
-                    }
-                    PodDevices::Malformed(reason) => {
-                        s.devices.record(
-                            new.uid.clone(),
-                            RecordedAllocation::Malformed {
-                                reason: reason.clone(),
-                            },
-                            EntryState::Committed,
-                        );
-                    }
+        let Some(node) = new.holding_node() else {
+            return Vec::new();
+        };
+        self.with_node(node, |s| {
+            s.pods.insert(new.uid.clone(), Arc::clone(new));
+            // The watch confirms what the pod holds: this replaces any assumed entry.
+            match &new.devices {
+                PodDevices::None => {
+                    s.devices.remove(&new.uid);
                 }
-                match &new.cpus {
-                    PodCpus::None => {
-                        s.cpus.remove(&new.uid);
-                    }
-                    PodCpus::Allocated(a) => {
-                        s.cpus.record(
-                            new.uid.clone(),
-                            RecordedCpus::Allocated((**a).clone()),
-                            EntryState::Committed,
-                        );
-                    }
-                    PodCpus::Malformed(reason) => {
-                        s.cpus.record(
-                            new.uid.clone(),
-                            RecordedCpus::Malformed {
-                                reason: reason.clone(),
-                            },
-                            EntryState::Committed,
-                        );
-                    }
+                PodDevices::Allocated(a) => {
+                    s.devices.record(
+                        new.uid.clone(),
+                        RecordedAllocation::Allocated(a.clone()),
+                        EntryState::Committed,
+                    );
                 }
-            });
-        }
+                PodDevices::Malformed(reason) => {
+                    s.devices.record(
+                        new.uid.clone(),
+                        RecordedAllocation::Malformed {
+                            reason: reason.clone(),
+                        },
+                        EntryState::Committed,
+                    );
+                }
+            }
+            match &new.cpus {
+                PodCpus::None => {
+                    s.cpus.remove(&new.uid);
+                }
+                PodCpus::Allocated(a) => {
+                    s.cpus.record(
+                        new.uid.clone(),
+                        RecordedCpus::Allocated((**a).clone()),
+                        EntryState::Committed,
+                    );
+                }
+                PodCpus::Malformed(reason) => {
+                    s.cpus.record(
+                        new.uid.clone(),
+                        RecordedCpus::Malformed {
+                            reason: reason.clone(),
+                        },
+                        EntryState::Committed,
+                    );
+                }
+            }
+            match &new.devices {
+                PodDevices::Allocated(a) => s.devices.overcommitted_by(a),
+                _ => Vec::new(),
+            }
+        })
     }
 
     /// Undoes exactly what was recorded for `old`.

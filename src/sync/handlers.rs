@@ -116,7 +116,15 @@ impl Handler for PodHandler {
         })
     }
     fn apply(&self, _key: &str, old: Option<&Arc<PodRecord>>, new: &Arc<PodRecord>) {
-        self.cluster.upsert_pod_shared(old.map(|o| &**o), new);
+        let over = self.cluster.upsert_pod_shared(old.map(|o| &**o), new);
+        if !over.is_empty() {
+            let minors: Vec<String> = over.iter().map(|(t, m)| format!("{t}/{m}")).collect();
+            tracing::warn!(pod = %new.key, node = ?new.node, minors = %minors.join(","), "pod annotations overcommit these devices: counted as used, nothing more is placed on them");
+            self.metrics
+                .device_problems
+                .with_label_values(&["overcommitted"])
+                .inc();
+        }
     }
     fn remove(&self, _key: &str, old: &Arc<PodRecord>) {
         self.cluster.remove_pod(old);
@@ -241,7 +249,15 @@ impl Handler for DeviceHandler {
         })
     }
     fn apply(&self, key: &str, _old: Option<&NodeDevices>, new: &NodeDevices) {
-        self.cluster.set_devices(key, Some(new.clone()));
+        let over = self.cluster.set_devices(key, Some(new.clone()));
+        if !over.is_empty() {
+            let minors: Vec<String> = over.iter().map(|(t, m)| format!("{t}/{m}")).collect();
+            tracing::warn!(node = %key, minors = %minors.join(","), "pods' annotations overcommit these devices: counted as used, nothing more is placed on them");
+            self.metrics
+                .device_problems
+                .with_label_values(&["overcommitted"])
+                .inc_by(over.len() as u64);
+        }
     }
     fn remove(&self, key: &str, _old: &NodeDevices) {
         self.cluster.set_devices(key, None);

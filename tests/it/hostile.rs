@@ -112,6 +112,8 @@ async fn hostile_cluster_data_is_counted_never_panics_and_leaves_other_nodes_alo
         "missing_minor",
         "negative_minor",
         "invalid_resource",
+        // Two pods' parseable annotations on one whole GPU.
+        "overcommitted",
     ] {
         assert!(
             metric(
