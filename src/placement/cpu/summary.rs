@@ -38,15 +38,16 @@ impl CpuSummary {
     }
 }
 
-/// `Some(r)` where `r == place(view, req, devices, _).map(|_| ())` for the view the summary
-/// was built from; `None` when only `place` can answer (a NUMA policy applies and the pod
-/// also asks for devices, so the device callback decides the hint).
-pub fn fast_feasible(
+/// `place`'s decision, from the summary. `None` when only `place` can answer: a NUMA policy
+/// applies, the pod also asks for devices (`has_devices`) and no `devices` callback is given.
+/// Inside: `Ok(None)` when nothing CPU/NUMA-related applies to the pod.
+fn summary_decision(
     summary: &CpuSummary,
     req: &PodCpuRequest,
     has_devices: bool,
+    devices: Option<&mut dyn FnMut(NumaMask) -> bool>,
     scoring: &CpuScoring,
-) -> Option<Result<(), CpuFitError>> {
+) -> Option<Result<Option<Decision>, CpuFitError>> {
     let stats = &summary.stats;
     let res = match resolve(
         summary.bind_policy,
@@ -56,16 +57,42 @@ pub fn fast_feasible(
         has_devices,
     ) {
         Err(e) => return Some(Err(e)),
-        Ok(None) => return Some(Ok(())),
+        Ok(None) => return Some(Ok(None)),
         Ok(Some(res)) => res,
     };
-    if res.numa_policy != NumaPolicy::None && has_devices && stats.len > 0 {
+    if devices.is_none() && has_devices && res.numa_policy != NumaPolicy::None && stats.len > 0 {
         return None;
     }
     let d = demand(&res, req, stats.cpus_per_core);
     // Scores do not change feasibility, but they rank the non-preferred hints, and the
     // failure reason names the best of those (exclusivity or not): same scoring as place.
-    Some(decide(stats, &res, &d, None, scoring).map(|_| ()))
+    Some(decide(stats, &res, &d, devices, scoring).map(Some))
+}
+
+/// A decision's CPU score, `score_or_zero`'s way: 0 when the pod does not fit.
+fn score_of(
+    summary: &CpuSummary,
+    decision: Result<Option<Decision>, CpuFitError>,
+    req: &PodCpuRequest,
+    scoring: &CpuScoring,
+) -> Option<i64> {
+    match decision {
+        Ok(None) => None,
+        Ok(Some(d)) => Some(placement_score(&summary.stats, d, req, scoring)),
+        Err(_) => Some(0),
+    }
+}
+
+/// `Some(r)` where `r == place(view, req, devices, _).map(|_| ())` for the view the summary
+/// was built from; `None` when only `place` can answer (a NUMA policy applies and the pod
+/// also asks for devices, so the device callback decides the hint).
+pub fn fast_feasible(
+    summary: &CpuSummary,
+    req: &PodCpuRequest,
+    has_devices: bool,
+    scoring: &CpuScoring,
+) -> Option<Result<(), CpuFitError>> {
+    summary_decision(summary, req, has_devices, None, scoring).map(|r| r.map(|_| ()))
 }
 
 /// The case [`fast_feasible`] leaves to `place`: a pod whose devices must be aligned.
@@ -79,21 +106,11 @@ pub fn fast_aligned(
     devices: &mut dyn FnMut(NumaMask) -> bool,
     scoring: &CpuScoring,
 ) -> Result<Option<NumaMask>, CpuFitError> {
-    let stats = &summary.stats;
-    let Some(res) = resolve(
-        summary.bind_policy,
-        summary.numa_policy,
-        usize::from(stats.cpus_per_core),
-        req,
-        true,
-    )?
-    else {
-        return Ok(None);
-    };
-    let d = demand(&res, req, stats.cpus_per_core);
-    Ok(match decide(stats, &res, &d, Some(devices), scoring)? {
-        Decision::NodeLevel => None,
-        Decision::Numa(members) => Some(stats.mask_of(members)),
+    // With a callback the summary always answers.
+    let decision = summary_decision(summary, req, true, Some(devices), scoring).unwrap_or(Ok(None));
+    Ok(match decision? {
+        None | Some(Decision::NodeLevel) => None,
+        Some(Decision::Numa(members)) => Some(summary.stats.mask_of(members)),
     })
 }
 
@@ -105,23 +122,8 @@ pub fn fast_aligned_score(
     devices: &mut dyn FnMut(NumaMask) -> bool,
     scoring: &CpuScoring,
 ) -> Option<i64> {
-    let stats = &summary.stats;
-    let res = match resolve(
-        summary.bind_policy,
-        summary.numa_policy,
-        usize::from(stats.cpus_per_core),
-        req,
-        true,
-    ) {
-        Err(_) => return Some(0),
-        Ok(None) => return None,
-        Ok(Some(res)) => res,
-    };
-    let d = demand(&res, req, stats.cpus_per_core);
-    Some(match decide(stats, &res, &d, Some(devices), scoring) {
-        Ok(decision) => placement_score(stats, decision, req, scoring),
-        Err(_) => 0,
-    })
+    let decision = summary_decision(summary, req, true, Some(devices), scoring).unwrap_or(Ok(None));
+    score_of(summary, decision, req, scoring)
 }
 
 /// `Some(s)` where `s == score_or_zero(view, req, devices, scoring)` for the view the summary
@@ -133,24 +135,6 @@ pub fn fast_score(
     has_devices: bool,
     scoring: &CpuScoring,
 ) -> Option<Option<i64>> {
-    let stats = &summary.stats;
-    let res = match resolve(
-        summary.bind_policy,
-        summary.numa_policy,
-        usize::from(stats.cpus_per_core),
-        req,
-        has_devices,
-    ) {
-        Err(_) => return Some(Some(0)),
-        Ok(None) => return Some(None),
-        Ok(Some(res)) => res,
-    };
-    if res.numa_policy != NumaPolicy::None && has_devices && stats.len > 0 {
-        return None;
-    }
-    let d = demand(&res, req, stats.cpus_per_core);
-    Some(Some(match decide(stats, &res, &d, None, scoring) {
-        Ok(decision) => placement_score(stats, decision, req, scoring),
-        Err(_) => 0,
-    }))
+    summary_decision(summary, req, has_devices, None, scoring)
+        .map(|decision| score_of(summary, decision, req, scoring))
 }
