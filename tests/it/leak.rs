@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::gpu::{
-    Env, Fault, Faults, add_gpu_node, annotation_of, bind_across_pod_watch_outage, faulty_client,
-    node_of, pending, pod_watch_up, uid, whole_gpus,
+    Env, Fault, Faults, HeldBind, add_gpu_node, annotation_of, bind_across_pod_watch_outage,
+    faulty_client, node_of, pending, pod_watch_up, uid, whole_gpus,
 };
 use crate::support::{FakeApiServer, Kind};
 
@@ -330,18 +330,7 @@ async fn bind_finishing_after_the_relist_began_is_not_released_by_it() {
     let (env, faults) = start(&["n1"], &[&p, &q]).await;
     // The bind decides before the relist (a bind deciding during it is fenced) and its
     // patch is held until the relist's list snapshot is taken.
-    let hold_patch = std::sync::Arc::new(tokio::sync::Notify::new());
-    faults.push(Fault::HoldPatch(hold_patch.clone()));
-    let first = {
-        let http = env.http.clone();
-        let p = p.clone();
-        tokio::spawn(async move { crate::gpu::bind(&http, &p, "n1").await })
-    };
-    let deadline = tokio::time::Instant::now() + GUARD;
-    while assumed_state(&env, "n1", &p).await != "assumed" {
-        assert!(tokio::time::Instant::now() < deadline, "never assumed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let first = HeldBind::start(&env, &faults, &p, "n1").await;
     let listed = std::sync::Arc::new(tokio::sync::Notify::new());
     let release = std::sync::Arc::new(tokio::sync::Notify::new());
     faults.push(Fault::HoldPodList {
@@ -354,12 +343,7 @@ async fn bind_finishing_after_the_relist_began_is_not_released_by_it() {
         .expect("the relist's list was never requested");
     // The list snapshot (p pending, so not in it) is taken; the answer is held while the
     // bind finishes.
-    hold_patch.notify_one();
-    tokio::time::timeout(GUARD, first)
-        .await
-        .expect("the held bind never answered")
-        .expect("bind task")
-        .unwrap();
+    first.finish().await.unwrap();
     release.notify_one();
     env.wait_committed("n1", &uid(&p)).await;
     assert_eq!(env.metric("dne_assumed_released_total", "").await, 0.0);
@@ -378,18 +362,8 @@ async fn bind_in_flight_during_a_relist_is_not_released_by_it() {
     let p = pending("p", whole_gpus(1));
     let q = pending("q", whole_gpus(1));
     let (env, faults) = start(&["n1"], &[&p, &q]).await;
-    let hold = std::sync::Arc::new(tokio::sync::Notify::new());
-    faults.push(Fault::HoldPatch(hold.clone()));
-    let first = {
-        let http = env.http.clone();
-        let p = p.clone();
-        tokio::spawn(async move { crate::gpu::bind(&http, &p, "n1").await })
-    };
+    let first = HeldBind::start(&env, &faults, &p, "n1").await;
     let deadline = tokio::time::Instant::now() + GUARD;
-    while assumed_state(&env, "n1", &p).await != "assumed" {
-        assert!(tokio::time::Instant::now() < deadline, "never assumed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     let relists = env.metric("dne_relists_total", "kind=\"pods\"").await;
     force_pod_relist(&env.fake);
     while env.metric("dne_relists_total", "kind=\"pods\"").await <= relists {
@@ -405,12 +379,7 @@ async fn bind_in_flight_during_a_relist_is_not_released_by_it() {
         "assumed",
         "released in flight"
     );
-    hold.notify_one();
-    tokio::time::timeout(GUARD, first)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    first.finish().await.unwrap();
     env.wait_committed("n1", &uid(&p)).await;
     assert_eq!(env.metric("dne_assumed_released_total", "").await, 0.0);
     env.svc.shutdown().await.unwrap();

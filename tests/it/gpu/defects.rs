@@ -1,7 +1,6 @@
 //! Regression tests for the over-allocation defects of issue 9 §1, one per defect, each
 //! against the fake API server and the real kube client.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -118,23 +117,7 @@ async fn expiry_never_drops_an_entry_whose_bind_is_in_flight() {
     let p = pending("p", whole_gpus(1));
     let q = pending("q", whole_gpus(1));
     let (env, faults) = start(&["n1"], &[&p, &q]).await;
-    let release = Arc::new(tokio::sync::Notify::new());
-    faults.push(Fault::HoldPatch(release.clone()));
-    let first = {
-        let http = env.http.clone();
-        let p = p.clone();
-        tokio::spawn(async move { bind(&http, &p, "n1").await })
-    };
-    let cluster = env.svc.state.cluster.clone();
-    let u = uid(&p);
-    service::eventually(WAIT, "the first bind to assume", || {
-        cluster
-            .snapshot()
-            .get("n1")
-            .map(|n| n["devices"]["entries"][&u]["state"].clone())
-            == Some(json!("assumed"))
-    })
-    .await;
+    let first = HeldBind::start(&env, &faults, &p, "n1").await;
     // Every assumed entry is "too old" for a zero TTL.
     let expired = env.svc.state.binder.expire_assumed(Duration::ZERO).await;
     assert_eq!(expired, 0, "an in-flight bind's entry was expired");
@@ -143,13 +126,8 @@ async fn expiry_never_drops_an_entry_whose_bind_is_in_flight() {
         err.contains("cannot place"),
         "the GPU was handed out twice: {err}"
     );
-    release.notify_one();
-    tokio::time::timeout(WAIT, first)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    env.wait_committed("n1", &u).await;
+    first.finish().await.unwrap();
+    env.wait_committed("n1", &uid(&p)).await;
     env.svc.shutdown().await.unwrap();
 }
 

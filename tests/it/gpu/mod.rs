@@ -132,29 +132,49 @@ pub async fn bind_across_pod_watch_outage(
     pod: &Value,
     node: &str,
 ) -> Result<(), String> {
-    let hold = Arc::new(tokio::sync::Notify::new());
-    faults.push(Fault::HoldPatch(hold.clone()));
-    let bind_task = {
-        let http = env.http.clone();
-        let (pod, node) = (pod.clone(), node.to_string());
-        tokio::spawn(async move { bind(&http, &pod, &node).await })
-    };
-    let cluster = env.svc.state.cluster.clone();
-    let u = uid(pod);
-    service::eventually(WAIT, "the bind to record its assumed entry", || {
-        cluster
-            .snapshot()
-            .get(node)
-            .map(|n| n["devices"]["entries"][&u]["state"].clone())
-            == Some(json!("assumed"))
-    })
-    .await;
+    let held = HeldBind::start(env, faults, pod, node).await;
     pod_watch_down(&env.fake).await;
-    hold.notify_one();
-    tokio::time::timeout(WAIT, bind_task)
-        .await
-        .expect("the held bind never answered")
-        .expect("the bind task panicked")
+    held.finish().await
+}
+
+/// A bind whose annotation patch the API server holds: it has decided and recorded its
+/// assumed entry (waited for), and is still in flight until [`HeldBind::finish`].
+/// `faults` must belong to the client the service was started with.
+pub struct HeldBind {
+    release: Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl HeldBind {
+    pub async fn start(env: &Env, faults: &Faults, pod: &Value, node: &str) -> HeldBind {
+        let release = Arc::new(tokio::sync::Notify::new());
+        faults.push(Fault::HoldPatch(release.clone()));
+        let task = {
+            let http = env.http.clone();
+            let (pod, node) = (pod.clone(), node.to_string());
+            tokio::spawn(async move { bind(&http, &pod, &node).await })
+        };
+        let cluster = env.svc.state.cluster.clone();
+        let u = uid(pod);
+        service::eventually(WAIT, "the bind to record its assumed entry", || {
+            cluster
+                .snapshot()
+                .get(node)
+                .map(|n| n["devices"]["entries"][&u]["state"].clone())
+                == Some(json!("assumed"))
+        })
+        .await;
+        HeldBind { release, task }
+    }
+
+    /// Lets the patch through and returns the bind's answer.
+    pub async fn finish(self) -> Result<(), String> {
+        self.release.notify_one();
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("the held bind never answered")
+            .expect("the bind task panicked")
+    }
 }
 
 pub async fn bind(http: &Http, pod: &Value, node: &str) -> Result<(), String> {
