@@ -199,27 +199,33 @@ fn device_request(case: Case) -> PodDeviceRequest {
 }
 
 /// Bind's critical section: lock the node, allocate against committed + assumed, record the
-/// assumed entry (and render the annotation). [`undo`] it outside the timed region.
+/// assumed entry (and render the annotation), publish the node to the read snapshot. [`undo`]
+/// it outside the timed region.
 fn allocate_record(state: &AppState, req: &PodDeviceRequest, uid: &PodUid) {
-    let entry = state.cluster.node_or_create(BIND_NODE);
     let started = Instant::now();
-    let mut node = entry.write();
-    let allocation = allocate_on(Some(&node), req, &[], &state.scoring)
-        .expect("fits")
-        .expect("node has devices");
-    let annotation = allocation.to_annotation();
-    node.devices.record(
-        uid.clone(),
-        RecordedAllocation::Allocated(allocation),
-        EntryState::Assumed { at: started },
-    );
-    drop(node);
+    let annotation = state
+        .cluster
+        .with_existing_node(BIND_NODE, |node| {
+            let allocation = allocate_on(Some(node), req, &[], &state.scoring)
+                .expect("fits")
+                .expect("node has devices");
+            let annotation = allocation.to_annotation();
+            node.devices.record(
+                uid.clone(),
+                RecordedAllocation::Allocated(allocation),
+                EntryState::Assumed { at: started },
+            );
+            annotation
+        })
+        .expect("bind node");
     black_box(annotation);
 }
 
 fn undo(state: &AppState, uid: &PodUid) {
-    let entry = state.cluster.node(BIND_NODE).expect("bind node");
-    entry.write().devices.remove(uid);
+    state
+        .cluster
+        .with_existing_node(BIND_NODE, |node| node.devices.remove(uid))
+        .expect("bind node");
 }
 
 fn bind_args(case: Case) -> device_numa_extender::extender::wire::ExtenderBindingArgs {

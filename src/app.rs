@@ -155,6 +155,12 @@ impl Service {
         crate::ops::capacity::register(&metrics, cluster.clone(), args.ops.per_node_metrics)
             .map_err(|e| ServeError::Metrics(e.to_string()))?;
         let readiness = Readiness::new(sync::declared_kinds(), args.max_staleness, metrics.clone());
+        // The initial lists are applied without publishing per event; the read snapshot is
+        // built once, when every kind is synced, before readiness reports 200.
+        {
+            let cluster = cluster.clone();
+            readiness.on_bootstrap(move || cluster.build_snapshot());
+        }
         let ctx = SyncContext {
             cluster: cluster.clone(),
             readiness: readiness.clone(),

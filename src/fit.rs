@@ -6,11 +6,15 @@
 //! also use; then the devices, restricted to the chosen affinity. With no NUMA policy the two
 //! are chosen independently (koordinator's topology manager aligns only under a policy).
 //!
-//! Reads a locked [`NodeState`]; never mutates it (bind records the result itself) and never
-//! talks to the network.
+//! Two ways in: the full decision on a locked [`NodeState`] (bind, preempt, and any node the
+//! summaries cannot answer), and the read verbs' answers from a node's snapshot
+//! [`NodeView`] (`snapshot_fit`, `snapshot_score`), which equal the full decision's wherever
+//! they answer (property tests below). Never mutates anything (bind records the result
+//! itself) and never talks to the network.
 
 use crate::cluster::NodeState;
-use crate::cluster::cpus::{CpuAllocation, CpuLedger};
+use crate::cluster::cpus::CpuAllocation;
+use crate::cluster::snapshot::{CpuFacts, DeviceView, NodeView};
 use crate::model::device::DeviceAllocations;
 use crate::model::ids::PodUid;
 use crate::model::koord_cpu::{self, ResourceSpec, ResourceStatus};
@@ -25,7 +29,7 @@ use crate::placement::cpu::{
 use crate::placement::device::allocate::{FitError, fit_on_numa};
 use crate::placement::device::fast::{self as fast_device, FastRequest};
 use crate::placement::device::request::PodDeviceRequest;
-use crate::placement::device::score::ScoringConfig;
+use crate::placement::device::score::{ScoringConfig, score_node};
 
 /// What a pod asks of a node, computed once per request.
 #[derive(Clone, Debug, Default)]
@@ -87,52 +91,39 @@ fn cpu_error(e: crate::placement::cpu::CpuFitError) -> FitError {
 /// Whether a node without usable CPU data must reject the pod: it asks for a cpuset, or the
 /// node forces a bind policy on every pod with a CPU request (koordinator: "invalid CPU
 /// topology" for any pod that would be bound).
-fn needs_topology(ledger: &CpuLedger, req: &PodCpuRequest) -> bool {
-    req.cpuset.is_some() || (ledger.bind_policy() != NodeCpuBindPolicy::None && req.cpu_milli > 0)
+fn needs_topology(bind_policy: NodeCpuBindPolicy, req: &PodCpuRequest) -> bool {
+    req.cpuset.is_some() || (bind_policy != NodeCpuBindPolicy::None && req.cpu_milli > 0)
 }
 
-fn no_topology_error(ledger: Option<&CpuLedger>) -> FitError {
+fn no_topology_error() -> FitError {
     FitError {
-        reason: ledger
-            .and_then(|l| l.usable_error())
-            .unwrap_or_else(|| "node has no CPU topology (no NodeResourceTopology)".into()),
+        reason: "node has no CPU topology (no NodeResourceTopology)".into(),
         unresolvable: true,
     }
 }
 
-/// Whether `devices` fit `node` using only devices on the NUMA nodes of `mask`: the fast
-/// index when it answers (no victims; held equal to `fit_on_numa` by its property test),
-/// else the full allocator.
-pub fn devices_fit_within(
+/// Whether `devices` fit `node` using only devices on the NUMA nodes of `mask`.
+fn devices_fit_within(
     node: &NodeState,
     devices: &PodDeviceRequest,
-    fast: Option<&FastRequest>,
     ignore: &[PodUid],
     scoring: &ScoringConfig,
     mask: Option<NumaMask>,
 ) -> bool {
-    if ignore.is_empty()
-        && let Some(fr) = fast
-        && let Some(verdict) = fast_device::feasible_within(&node.devices, fr, mask)
-    {
-        return verdict.is_ok();
-    }
     fit_on_numa(&node.devices, devices, ignore, scoring, mask).is_ok()
 }
 
-/// The CPU/NUMA placement on `node`, with `ignore`'s allocations released. `fast` (the read
-/// verbs) lets the per-hint device check use the fast index; the answer is the same.
+/// The CPU/NUMA placement on `node`, with `ignore`'s allocations released.
 pub fn cpu_decision(
     node: Option<&NodeState>,
     req: &PodCpuRequest,
     devices: Option<&PodDeviceRequest>,
-    fast: Option<&FastRequest>,
     ignore: &[PodUid],
     scoring: &ScoringConfig,
 ) -> Result<Option<CpuPlacement>, FitError> {
     let Some(node) = node else {
         return if req.cpuset.is_some() {
-            Err(no_topology_error(None))
+            Err(no_topology_error())
         } else {
             Ok(None)
         };
@@ -140,7 +131,7 @@ pub fn cpu_decision(
     node.cpus
         .with_view(ignore, &scoring.cpu, |view| match view {
             Err(unusable) => {
-                if needs_topology(&node.cpus, req) {
+                if needs_topology(node.cpus.bind_policy(), req) {
                     Err(FitError {
                         reason: unusable.reason,
                         unresolvable: unusable.unresolvable,
@@ -151,9 +142,8 @@ pub fn cpu_decision(
             }
             Ok(view) => {
                 let mut aligned = |mask: NumaMask| {
-                    devices.is_some_and(|d| {
-                        devices_fit_within(node, d, fast, ignore, scoring, Some(mask))
-                    })
+                    devices
+                        .is_some_and(|d| devices_fit_within(node, d, ignore, scoring, Some(mask)))
                 };
                 let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
                     if devices.is_some() && node.devices.devices().is_some() {
@@ -184,7 +174,7 @@ pub fn decide(
     scoring: &ScoringConfig,
 ) -> Result<Decision, FitError> {
     let cpu = match &needs.cpu {
-        Some(req) => cpu_decision(node, req, needs.devices.as_ref(), None, ignore, scoring)?,
+        Some(req) => cpu_decision(node, req, needs.devices.as_ref(), ignore, scoring)?,
         None => None,
     };
     let affinity = cpu.as_ref().and_then(|p| p.affinity);
@@ -211,17 +201,55 @@ fn allocate_devices(
     }
 }
 
-/// Filter's CPU check from the node's cached summary: `Some` when it answers (exactly as
-/// [`cpu_decision`] would), `None` when only the full decision can (device alignment).
-pub fn cpu_fast_check(
-    node: Option<&NodeState>,
+/// Filter's verdict from a node's snapshot view (`None`: the caches know no such node):
+/// `Some` exactly as `decide(node, needs, &[], ..)` answers, `None` when only the full
+/// decision can (a joint device request, devices the index cannot carry, and the few aligned
+/// cases where the summaries cannot name the reason).
+pub fn snapshot_fit(
+    node: Option<NodeView<'_>>,
+    needs: &PodNeeds,
+    fast: Option<&FastRequest>,
+    scoring: &ScoringConfig,
+) -> Option<Result<(), FitError>> {
+    if let Some(req) = &needs.cpu {
+        match cpu_fast_check(node.map(|n| n.cpu), req, needs.devices.is_some(), scoring) {
+            Some(Err(e)) => return Some(Err(e)),
+            Some(Ok(())) => {}
+            None => return aligned_check(node?, needs, fast?, scoring),
+        }
+    }
+    match (&needs.devices, node) {
+        (None, _) | (Some(_), None) => Some(Ok(())),
+        (Some(_), Some(n)) => device_check(n.devices, fast?),
+    }
+}
+
+/// The device half of [`snapshot_fit`] (`bind::allocate_on`'s answer).
+fn device_check(devices: DeviceView<'_>, fast: &FastRequest) -> Option<Result<(), FitError>> {
+    match devices {
+        // Device plugins own a node without a Device object, unless pods hold allocations
+        // on it: then it is missing and nothing is allocatable until it returns.
+        DeviceView::Missing { held: false } => Some(Ok(())),
+        DeviceView::Missing { held: true } => Some(Err(FitError {
+            reason: "device object missing".into(),
+            unresolvable: false,
+        })),
+        DeviceView::Unindexed => None,
+        DeviceView::Indexed(index) => Some(fast_device::feasible(index, fast)),
+    }
+}
+
+/// Filter's CPU check from a node's CPU facts: `Some` when the summary answers (exactly as
+/// [`cpu_decision`] would), `None` when only the device-aligned decision can.
+fn cpu_fast_check(
+    cpu: Option<&CpuFacts>,
     req: &PodCpuRequest,
     has_devices: bool,
     scoring: &ScoringConfig,
 ) -> Option<Result<(), FitError>> {
-    let Some(node) = node else {
+    let Some(cpu) = cpu else {
         return Some(if req.cpuset.is_some() {
-            Err(no_topology_error(None))
+            Err(no_topology_error())
         } else {
             Ok(())
         });
@@ -229,99 +257,144 @@ pub fn cpu_fast_check(
     // A plain pod (no cpuset wish, no NUMA policy) on a node that forces nothing: nothing to
     // check, and filter must stay cheap for it.
     let plain = req.cpuset.is_none() && req.numa_policy == NumaPolicy::None;
-    if plain && !node.cpus.constrains_plain_pods() {
+    if plain && !cpu.constrains_plain_pods {
         return Some(Ok(()));
     }
-    match node.cpus.summary() {
-        Err(unusable) => Some(if needs_topology(&node.cpus, req) {
+    match &cpu.summary {
+        Err(unusable) => Some(if needs_topology(cpu.bind_policy, req) {
             Err(FitError {
-                reason: unusable.reason,
+                reason: unusable.reason.to_string(),
                 unresolvable: unusable.unresolvable,
             })
         } else {
             Ok(())
         }),
         Ok(summary) => {
-            fast_feasible(&summary, req, has_devices, &scoring.cpu).map(|r| r.map_err(cpu_error))
+            fast_feasible(summary, req, has_devices, &scoring.cpu).map(|r| r.map_err(cpu_error))
         }
     }
 }
 
 /// Filter's answer when devices must be aligned with the CPUs under a NUMA policy (where
 /// [`cpu_fast_check`] defers): the CPU placement with the fast device check per NUMA hint,
-/// then the devices within the chosen affinity, or independently without one. The same
-/// verdict as `decide(node, needs, &[], ..)`, without building an allocation (property test
-/// below); a node that fails is re-decided in full so the reason is the full decision's.
-pub fn aligned_check(
-    node: Option<&NodeState>,
+/// then the devices within the chosen affinity. `None` where only the full decision can
+/// answer or name the reason.
+fn aligned_check(
+    node: NodeView<'_>,
     needs: &PodNeeds,
-    fast: Option<&FastRequest>,
+    fast: &FastRequest,
     scoring: &ScoringConfig,
-) -> Result<(), FitError> {
-    let full = || decide(node, needs, &[], scoring).map(|_| ());
-    let Some(req) = &needs.cpu else {
-        return full();
+) -> Option<Result<(), FitError>> {
+    let req = needs.cpu.as_ref()?;
+    let (DeviceView::Indexed(index), Ok(summary)) = (node.devices, &node.cpu.summary) else {
+        return None;
     };
-    // From the cached CPU summary and the fast device index, when both answer.
-    if let (Some(n), Some(d), Some(fr)) = (node, needs.devices.as_ref(), fast)
-        && n.devices.devices().is_some()
-        && let Ok(summary) = n.cpus.summary()
-    {
-        let mut aligned =
-            |mask: NumaMask| devices_fit_within(n, d, Some(fr), &[], scoring, Some(mask));
-        return match fast_aligned(&summary, req, &mut aligned, &scoring.cpu) {
-            Ok(affinity) if devices_fit_within(n, d, Some(fr), &[], scoring, affinity) => Ok(()),
-            Ok(_) => full(),
-            // As `cpu_decision`: "not aligned" only when the devices fit the node at all.
-            Err(e) if e.reason == reason::DEVICES_UNALIGNED => {
-                match fast_device::feasible_within(&n.devices, fr, None) {
-                    Some(Err(shortage)) => Err(shortage),
-                    Some(Ok(())) => Err(cpu_error(e)),
-                    None => full(),
-                }
-            }
-            Err(e) => Err(cpu_error(e)),
-        };
-    }
-    let placement = cpu_decision(node, req, needs.devices.as_ref(), fast, &[], scoring)?;
-    let (Some(n), Some(d)) = (node, needs.devices.as_ref()) else {
-        return full();
-    };
-    let mask = placement.and_then(|p| p.affinity);
-    if n.devices.devices().is_some() && devices_fit_within(n, d, fast, &[], scoring, mask) {
-        Ok(())
-    } else {
-        full()
+    let mut aligned =
+        |mask: NumaMask| fast_device::feasible_within(index, fast, Some(mask)).is_ok();
+    match fast_aligned(summary, req, &mut aligned, &scoring.cpu) {
+        Ok(affinity) if fast_device::feasible_within(index, fast, affinity).is_ok() => Some(Ok(())),
+        Ok(_) => None,
+        // As `cpu_decision`: "not aligned" only when the devices fit the node at all.
+        Err(e) if e.reason == reason::DEVICES_UNALIGNED => {
+            Some(match fast_device::feasible_within(index, fast, None) {
+                Err(shortage) => Err(shortage),
+                Ok(()) => Err(cpu_error(e)),
+            })
+        }
+        Err(e) => Some(Err(cpu_error(e))),
     }
 }
 
-/// Prioritize's CPU score 0..=100 (`None`: no CPU opinion on this node). A trial failure
-/// after a passing filter scores 0 (reference §4.16).
-pub fn cpu_score(
-    node: Option<&NodeState>,
-    req: &PodCpuRequest,
-    devices: Option<&PodDeviceRequest>,
+/// Prioritize's raw 0..=100 score from a node's snapshot view: the device score, the CPU
+/// score (`cpu`: the pod asks for CPU placement), or their mean. `None` where only
+/// [`full_score`] can answer; equal to it wherever it answers.
+pub fn snapshot_score(
+    node: Option<NodeView<'_>>,
+    needs: &PodNeeds,
+    cpu: Option<&PodCpuRequest>,
     fast: Option<&FastRequest>,
     scoring: &ScoringConfig,
 ) -> Option<i64> {
-    let node = node?;
-    let aligns = devices.is_some() && node.devices.devices().is_some();
-    // The cached summary answers unless devices must be aligned under a NUMA policy (equal to
-    // the full scorer: `placement::cpu::proptests`).
-    if let Ok(summary) = node.cpus.summary() {
-        if let Some(score) = fast_score(&summary, req, aligns, &scoring.cpu) {
-            return score;
-        }
-        if let (true, Some(d), Some(fr)) = (aligns, devices, fast) {
-            let mut aligned =
-                |mask: NumaMask| devices_fit_within(node, d, Some(fr), &[], scoring, Some(mask));
-            return fast_aligned_score(&summary, req, &mut aligned, &scoring.cpu);
-        }
+    let Some(node) = node else {
+        return Some(0);
+    };
+    let device = match (&needs.devices, node.devices) {
+        (None, _) => None,
+        (Some(_), DeviceView::Missing { .. }) => Some(0),
+        (Some(_), DeviceView::Unindexed) => return None,
+        (Some(_), DeviceView::Indexed(index)) => Some(fast_device::score(index, fast?)),
+    };
+    let cpu = match cpu {
+        None => None,
+        Some(req) => snapshot_cpu_score(node, req, needs.devices.is_some(), fast, scoring)?,
+    };
+    Some(combine(device, cpu))
+}
+
+/// The CPU score 0..=100 from the summary (inner `None`: no CPU opinion on this node; outer
+/// `None`: only the full scorer can answer).
+fn snapshot_cpu_score(
+    node: NodeView<'_>,
+    req: &PodCpuRequest,
+    has_devices: bool,
+    fast: Option<&FastRequest>,
+    scoring: &ScoringConfig,
+) -> Option<Option<i64>> {
+    let aligns = has_devices && !matches!(node.devices, DeviceView::Missing { .. });
+    let Ok(summary) = &node.cpu.summary else {
+        // No usable topology: no CPU opinion (as the full scorer, whose view fails).
+        return Some(None);
+    };
+    if let Some(score) = fast_score(summary, req, aligns, &scoring.cpu) {
+        return Some(score);
     }
+    if let (true, Some(fr), DeviceView::Indexed(index)) = (aligns, fast, node.devices) {
+        let mut aligned =
+            |mask: NumaMask| fast_device::feasible_within(index, fr, Some(mask)).is_ok();
+        return Some(fast_aligned_score(summary, req, &mut aligned, &scoring.cpu));
+    }
+    None
+}
+
+/// Device and CPU scores into one: their mean when both apply.
+fn combine(device: Option<i64>, cpu: Option<i64>) -> i64 {
+    match (device, cpu) {
+        (Some(d), Some(c)) => (d + c) / 2,
+        (Some(s), None) | (None, Some(s)) => s,
+        (None, None) => 0,
+    }
+}
+
+/// Prioritize's raw score from the locked node state: the full scorers.
+pub fn full_score(
+    node: Option<&NodeState>,
+    needs: &PodNeeds,
+    cpu: Option<&PodCpuRequest>,
+    scoring: &ScoringConfig,
+) -> i64 {
+    let Some(node) = node else {
+        return 0;
+    };
+    let device = needs
+        .devices
+        .as_ref()
+        .map(|req| score_node(&node.devices, req, scoring));
+    let cpu = cpu.and_then(|req| full_cpu_score(node, req, needs.devices.as_ref(), scoring));
+    combine(device, cpu)
+}
+
+/// The CPU score 0..=100 by a full placement (`None`: no CPU opinion on this node). A trial
+/// failure after a passing filter scores 0 (reference §4.16).
+pub fn full_cpu_score(
+    node: &NodeState,
+    req: &PodCpuRequest,
+    devices: Option<&PodDeviceRequest>,
+    scoring: &ScoringConfig,
+) -> Option<i64> {
     node.cpus.with_view(&[], &scoring.cpu, |view| {
         let view = view.ok()?;
         let mut aligned = |mask: NumaMask| {
-            devices.is_some_and(|d| devices_fit_within(node, d, fast, &[], scoring, Some(mask)))
+            devices.is_some_and(|d| devices_fit_within(node, d, &[], scoring, Some(mask)))
         };
         let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
             if devices.is_some() && node.devices.devices().is_some() {
@@ -491,6 +564,7 @@ mod aligned_tests {
     use crate::cluster::TopologyRecord;
     use crate::cluster::cpus::RecordedCpus;
     use crate::cluster::devices::{DeviceSlot, EntryState, NodeDevices, RecordedAllocation};
+    use crate::cluster::snapshot::NodeSummary;
     use crate::model::cpuset::CpuSet;
     use crate::model::device::{
         DeviceResources, DeviceTopology, DeviceType, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
@@ -626,8 +700,15 @@ mod aligned_tests {
             let needs = PodNeeds { devices: Some(devices.clone()), cpu };
             let fast = FastRequest::new(&devices, &scoring);
             let full = decide(Some(&state), &needs, &[], &scoring).map(|_| ());
-            let got = aligned_check(Some(&state), &needs, fast.as_ref(), &scoring);
-            prop_assert_eq!(got, full);
+            // Filter's answer from the node's snapshot view.
+            let summary = NodeSummary::of(&state);
+            let got = snapshot_fit(Some(summary.view()), &needs, fast.as_ref(), &scoring);
+            if full.is_ok() {
+                prop_assert!(got.is_some(), "a node that fits is answered from the snapshot");
+            }
+            if let Some(got) = got {
+                prop_assert_eq!(got, full);
+            }
             // Prioritize's CPU score on the fast path equals the full placement's.
             let req = needs.cpu.as_ref().expect("cpu needs");
             let full_score = state.cpus.with_view(&[], &scoring.cpu, |view| {
@@ -638,8 +719,8 @@ mod aligned_tests {
                 score_or_zero(&view, req, Some(&mut aligned), &scoring.cpu)
             });
             prop_assert_eq!(
-                cpu_score(Some(&state), req, Some(&devices), fast.as_ref(), &scoring),
-                full_score
+                snapshot_cpu_score(summary.view(), req, true, fast.as_ref(), &scoring),
+                Some(full_score)
             );
         }
     }

@@ -1,5 +1,5 @@
-//! Per-node device state: what the node's `Device` object offers ([`NodeDevices`]) and what pods
-//! hold ([`DeviceLedger`]).
+//! Per-node device state: what pods hold ([`DeviceLedger`]) against what the node's `Device`
+//! object offers ([`NodeDevices`], a placement type re-exported here).
 //!
 //! The ledger is keyed by pod UID and every entry remembers exactly what it added, so a replace
 //! or remove subtracts the recorded contribution, never what an annotation says now. Used is
@@ -7,216 +7,17 @@
 //! to the network, and never decides placement (that is `placement::device`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::model::device::{
-    Device, DeviceAllocations, DeviceResources, DeviceTopology, DeviceType,
-    canonicalize_resource_names,
-};
+use crate::model::device::{DeviceAllocations, DeviceResources, DeviceType};
 use crate::model::ids::PodUid;
-use crate::model::quantity::Quantity;
-
-/// `acc += other`, dropping zero entries so equal contents compare equal.
-pub fn add_resources(acc: &mut DeviceResources, other: &DeviceResources) {
-    for (name, q) in other {
-        let e = acc.entry(name.clone()).or_insert(Quantity::ZERO);
-        *e = *e + *q;
-    }
-    acc.retain(|_, q| !q.is_zero());
-}
-
-/// `acc -= other`, clamped at zero (an entry never goes negative), dropping zero entries.
-pub fn sub_resources(acc: &mut DeviceResources, other: &DeviceResources) {
-    for (name, q) in other {
-        if let Some(e) = acc.get_mut(name) {
-            *e = Quantity::from_milli((e.milli() - q.milli()).max(0));
-        }
-    }
-    acc.retain(|_, q| !q.is_zero());
-}
-
-/// Whether every requested dimension is available (a missing dimension counts as zero).
-pub fn fits_in(request: &DeviceResources, free: &DeviceResources) -> bool {
-    request
-        .iter()
-        .all(|(name, q)| free.get(name).copied().unwrap_or(Quantity::ZERO) >= *q)
-}
-
-/// One device of one type on a node, as its `Device` entry described it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceSlot {
-    pub minor: i32,
-    /// `spec.devices[].id`; copied into allocations.
-    pub id: String,
-    /// False for `health=false` and for entries whose resources did not parse.
-    pub healthy: bool,
-    /// Capacity; empty when unhealthy so nothing can ever be allocated from it.
-    pub total: DeviceResources,
-    pub topology: Option<DeviceTopology>,
-}
-
-/// What a node's `Device` object offers, per placeable type, per minor (ascending).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeDevices {
-    types: BTreeMap<DeviceType, BTreeMap<i32, DeviceSlot>>,
-}
-
-/// A `Device` entry that could not be used as given.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DeviceProblem {
-    #[error("spec.devices[{index}] ({device_type}) has no minor; entry ignored")]
-    MissingMinor {
-        device_type: DeviceType,
-        index: usize,
-    },
-    #[error("spec.devices[{index}] ({device_type}) has negative minor {minor}; entry ignored")]
-    NegativeMinor {
-        device_type: DeviceType,
-        index: usize,
-        minor: i32,
-    },
-    #[error(
-        "spec.devices[{index}] ({device_type}) repeats minor {minor}; the first entry is kept, this one ignored"
-    )]
-    DuplicateMinor {
-        device_type: DeviceType,
-        index: usize,
-        minor: i32,
-    },
-    #[error(
-        "spec.devices[{index}] ({device_type} minor {minor}) resource {resource}={value:?} is invalid ({reason}); device treated as unhealthy"
-    )]
-    InvalidResource {
-        device_type: DeviceType,
-        index: usize,
-        minor: i32,
-        resource: String,
-        value: String,
-        reason: String,
-    },
-}
-
-impl DeviceProblem {
-    /// Short label for metrics.
-    pub fn class(&self) -> &'static str {
-        match self {
-            DeviceProblem::MissingMinor { .. } => "missing_minor",
-            DeviceProblem::NegativeMinor { .. } => "negative_minor",
-            DeviceProblem::DuplicateMinor { .. } => "duplicate_minor",
-            DeviceProblem::InvalidResource { .. } => "invalid_resource",
-        }
-    }
-}
-
-impl NodeDevices {
-    /// Builds the node's device table. Unknown types are skipped (not placeable). Bad entries are
-    /// reported and ignored rather than failing the whole object, so one bad GPU does not hide
-    /// the others.
-    pub fn from_device(device: &Device) -> (NodeDevices, Vec<DeviceProblem>) {
-        let mut types: BTreeMap<DeviceType, BTreeMap<i32, DeviceSlot>> = BTreeMap::new();
-        let mut problems = Vec::new();
-        for (index, info) in device.spec.devices.iter().enumerate() {
-            let device_type = info.device_type.clone();
-            if !device_type.is_known() {
-                continue;
-            }
-            let minor = match info.minor {
-                None => {
-                    problems.push(DeviceProblem::MissingMinor { device_type, index });
-                    continue;
-                }
-                Some(m) if m < 0 => {
-                    problems.push(DeviceProblem::NegativeMinor {
-                        device_type,
-                        index,
-                        minor: m,
-                    });
-                    continue;
-                }
-                Some(m) => m,
-            };
-            let by_minor = types.entry(device_type.clone()).or_default();
-            if by_minor.contains_key(&minor) {
-                problems.push(DeviceProblem::DuplicateMinor {
-                    device_type,
-                    index,
-                    minor,
-                });
-                continue;
-            }
-            let mut healthy = info.health;
-            let mut total = DeviceResources::new();
-            for (name, value) in info.resources.iter().flatten() {
-                match Quantity::parse(value) {
-                    Ok(q) if q.milli() >= 0 => {
-                        total.insert(name.clone(), q);
-                    }
-                    bad => {
-                        let reason = match bad {
-                            Err(e) => e.to_string(),
-                            Ok(_) => "negative".to_string(),
-                        };
-                        problems.push(DeviceProblem::InvalidResource {
-                            device_type: device_type.clone(),
-                            index,
-                            minor,
-                            resource: name.clone(),
-                            value: value.clone(),
-                            reason,
-                        });
-                        healthy = false;
-                    }
-                }
-            }
-            let mut total = canonicalize_resource_names(total);
-            total.retain(|_, q| !q.is_zero());
-            if !healthy {
-                total.clear();
-            }
-            by_minor.insert(
-                minor,
-                DeviceSlot {
-                    minor,
-                    id: info.id.clone().unwrap_or_default(),
-                    healthy,
-                    total,
-                    topology: info.topology.clone(),
-                },
-            );
-        }
-        types.retain(|_, m| !m.is_empty());
-        (NodeDevices { types }, problems)
-    }
-
-    /// Builds directly from slots (tests, offline fixtures). Later duplicates are ignored.
-    pub fn from_slots(slots: impl IntoIterator<Item = (DeviceType, DeviceSlot)>) -> Self {
-        let mut types: BTreeMap<DeviceType, BTreeMap<i32, DeviceSlot>> = BTreeMap::new();
-        for (t, s) in slots {
-            types.entry(t).or_default().entry(s.minor).or_insert(s);
-        }
-        NodeDevices { types }
-    }
-
-    pub fn types(&self) -> impl Iterator<Item = &DeviceType> {
-        self.types.keys()
-    }
-    /// Devices of a type in ascending minor order.
-    pub fn slots(&self, t: &DeviceType) -> impl Iterator<Item = &DeviceSlot> {
-        self.types.get(t).into_iter().flat_map(|m| m.values())
-    }
-    pub fn slot(&self, t: &DeviceType, minor: i32) -> Option<&DeviceSlot> {
-        self.types.get(t)?.get(&minor)
-    }
-    pub fn minors(&self, t: &DeviceType) -> BTreeSet<i32> {
-        self.slots(t).map(|s| s.minor).collect()
-    }
-    pub fn has_type(&self, t: &DeviceType) -> bool {
-        self.types.contains_key(t)
-    }
-}
+use crate::placement::device::index::DeviceIndex;
+pub use crate::placement::device::inventory::{
+    DeviceHoldings, DeviceProblem, DeviceSlot, FreeMap, NodeDevices, UsedMap, add_resources,
+    fits_in, sub_resources,
+};
 
 /// What a pod is recorded as holding.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -243,11 +44,6 @@ pub struct LedgerEntry {
     pub state: EntryState,
 }
 
-/// Used resources per type, per minor.
-pub type UsedMap = BTreeMap<DeviceType, BTreeMap<i32, DeviceResources>>;
-/// Free resources per placeable type, per minor present in the node's devices.
-pub type FreeMap = BTreeMap<DeviceType, BTreeMap<i32, DeviceResources>>;
-
 /// One node's device accounting.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceLedger {
@@ -255,77 +51,6 @@ pub struct DeviceLedger {
     entries: BTreeMap<PodUid, LedgerEntry>,
     used: UsedMap,
     malformed: usize,
-    /// Fixed-size per-minor totals and free, built on first read after a change: filter and
-    /// prioritize read it for every candidate node and must not rebuild string-keyed maps.
-    /// Every mutation resets it.
-    index: std::sync::OnceLock<Arc<LedgerIndex>>,
-}
-
-/// The resource dimensions the fast placement path understands, by index.
-pub const INDEX_DIMS: [&str; 5] = [
-    crate::model::device::GPU_CORE,
-    crate::model::device::GPU_MEMORY,
-    crate::model::device::GPU_MEMORY_RATIO,
-    crate::model::device::RDMA,
-    crate::model::device::FPGA,
-];
-
-/// Milli-units per dimension of [`INDEX_DIMS`].
-pub type DimVec = [i128; INDEX_DIMS.len()];
-
-/// Position of a resource name in [`INDEX_DIMS`].
-pub fn dim_of(name: &str) -> Option<usize> {
-    INDEX_DIMS.iter().position(|d| *d == name)
-}
-
-/// One minor in the index.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlotIndex {
-    pub minor: i32,
-    pub healthy: bool,
-    pub total: DimVec,
-    pub free: DimVec,
-    /// True when the total carries a resource outside [`INDEX_DIMS`] (the fast path then
-    /// defers to the full allocator for this node).
-    pub has_other_dims: bool,
-    /// The total map is empty (unhealthy devices have an empty total).
-    pub total_empty: bool,
-    /// The free map is empty.
-    pub free_empty: bool,
-    /// The device's NUMA node (`topology.nodeID`); `None` when unknown, which every NUMA
-    /// restriction admits (as `allocate::on_numa` does).
-    pub numa: Option<u32>,
-}
-
-/// A ledger's state in fixed-size form, per device type in `NodeDevices` order.
-#[derive(Clone, Debug, Default)]
-pub struct LedgerIndex {
-    pub blocked: bool,
-    /// Some device reports a resource outside [`INDEX_DIMS`].
-    pub other_dims: bool,
-    pub types: Vec<(DeviceType, Vec<SlotIndex>)>,
-}
-
-impl LedgerIndex {
-    pub fn slots(&self, t: &DeviceType) -> &[SlotIndex] {
-        self.types
-            .iter()
-            .find(|(k, _)| k == t)
-            .map(|(_, v)| v.as_slice())
-            .unwrap_or(&[])
-    }
-}
-
-fn dims(r: &DeviceResources) -> (DimVec, bool) {
-    let mut out = [0i128; INDEX_DIMS.len()];
-    let mut other = false;
-    for (name, q) in r {
-        match dim_of(name) {
-            Some(d) => out[d] = q.milli(),
-            None => other = true,
-        }
-    }
-    (out, other)
 }
 
 fn apply(used: &mut UsedMap, allocs: &DeviceAllocations, add: bool) {
@@ -357,58 +82,15 @@ impl DeviceLedger {
     /// (koordinator #1186: dropping it double-allocated once koordlet recreated the object).
     pub fn set_devices(&mut self, devices: Option<NodeDevices>) {
         self.devices = devices;
-        self.index = Default::default();
     }
 
-    /// The fixed-size view of totals and free (as `free(&[])` computes them), cached until the
-    /// next change.
-    pub fn index(&self) -> Arc<LedgerIndex> {
-        self.index
-            .get_or_init(|| {
-                let Some(devices) = &self.devices else {
-                    return Arc::new(LedgerIndex::default());
-                };
-                let free = self.free(&[]);
-                let types: Vec<(DeviceType, Vec<SlotIndex>)> = devices
-                    .types()
-                    .map(|t| {
-                        let slots = devices
-                            .slots(t)
-                            .map(|slot| {
-                                let (total, other_total) = dims(&slot.total);
-                                let slot_free = free.get(t).and_then(|m| m.get(&slot.minor));
-                                let (free_dims, other_free) = slot_free
-                                    .map(dims)
-                                    .unwrap_or(([0; INDEX_DIMS.len()], false));
-                                SlotIndex {
-                                    minor: slot.minor,
-                                    healthy: slot.healthy,
-                                    total,
-                                    free: free_dims,
-                                    has_other_dims: other_total || other_free,
-                                    total_empty: slot.total.is_empty(),
-                                    free_empty: slot_free.is_none_or(|f| f.is_empty()),
-                                    numa: slot
-                                        .topology
-                                        .as_ref()
-                                        .and_then(|t| u32::try_from(t.node_id).ok()),
-                                }
-                            })
-                            .collect();
-                        (t.clone(), slots)
-                    })
-                    .collect();
-                let other_dims = types
-                    .iter()
-                    .any(|(_, slots)| slots.iter().any(|s| s.has_other_dims));
-                Arc::new(LedgerIndex {
-                    blocked: self.malformed > 0,
-                    other_dims,
-                    types,
-                })
-            })
-            .clone()
+    /// The fixed-size view of totals and free (as `free(&[])` computes them) that filter and
+    /// prioritize read; `None` without a `Device` object or when the devices cannot be
+    /// indexed exactly (the full allocator answers then).
+    pub fn device_index(&self) -> Option<DeviceIndex> {
+        DeviceIndex::build(self.devices.as_ref()?, &self.free(&[]), self.malformed > 0)
     }
+
     pub fn devices(&self) -> Option<&NodeDevices> {
         self.devices.as_ref()
     }
@@ -421,7 +103,6 @@ impl DeviceLedger {
         allocation: RecordedAllocation,
         state: EntryState,
     ) -> Option<LedgerEntry> {
-        self.index = Default::default();
         let previous = self.remove(&uid);
         match &allocation {
             RecordedAllocation::Allocated(a) => apply(&mut self.used, a, true),
@@ -433,7 +114,6 @@ impl DeviceLedger {
 
     /// Removes a pod's entry, subtracting what it recorded. Removing an absent pod is a no-op.
     pub fn remove(&mut self, uid: &PodUid) -> Option<LedgerEntry> {
-        self.index = Default::default();
         let entry = self.entries.remove(uid)?;
         match &entry.allocation {
             RecordedAllocation::Allocated(a) => apply(&mut self.used, a, false),
@@ -675,6 +355,25 @@ impl DeviceLedger {
     }
 }
 
+impl DeviceHoldings for DeviceLedger {
+    fn devices(&self) -> Option<&NodeDevices> {
+        DeviceLedger::devices(self)
+    }
+    fn free(&self, ignore: &[PodUid]) -> FreeMap {
+        DeviceLedger::free(self, ignore)
+    }
+    fn blocked(&self, ignore: &[PodUid]) -> bool {
+        self.malformed > 0
+            && self.entries.iter().any(|(uid, e)| {
+                matches!(e.allocation, RecordedAllocation::Malformed { .. })
+                    && !ignore.contains(uid)
+            })
+    }
+    fn used(&self) -> &UsedMap {
+        DeviceLedger::used(self)
+    }
+}
+
 fn render(r: &DeviceResources) -> BTreeMap<String, String> {
     r.iter()
         .map(|(k, q)| {
@@ -724,8 +423,9 @@ pub struct EntryView {
 mod tests {
     use super::*;
     use crate::model::device::{
-        DeviceAllocation, DeviceInfo, DeviceSpec, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
+        Device, DeviceAllocation, DeviceInfo, DeviceSpec, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
     };
+    use crate::model::quantity::Quantity;
 
     fn q(s: &str) -> Quantity {
         Quantity::parse(s).unwrap()

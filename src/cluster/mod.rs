@@ -1,5 +1,6 @@
 //! The caches: per-node state (Node, topology, pods, device ledger) behind per-node locks,
-//! and the lifecycle records of assumed allocations (`assumed`).
+//! the lifecycle records of assumed allocations (`assumed`), and the read snapshot that
+//! filter and prioritize decide on (`snapshot`), which every write publishes to.
 //!
 //! Everything here is in-memory bookkeeping. It must never call the network or decide where
 //! a pod goes; sync writes into it and placement reads views of it.
@@ -8,6 +9,7 @@ pub mod assumed;
 pub mod cpus;
 pub mod devices;
 pub mod pod;
+pub mod snapshot;
 pub mod state;
 
 pub use pod::PodRecord;

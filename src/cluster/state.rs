@@ -14,6 +14,7 @@ use super::assumed::{AssumedPod, Assumptions};
 use super::cpus::{CpuLedger, NodeCpuLabels, NrtCpuInfo, RecordedCpus};
 use super::devices::{DeviceLedger, EntryState, NodeDevices, RecordedAllocation};
 use super::pod::{PodCpus, PodDevices, PodRecord};
+use super::snapshot::{NodeSummary, ReadSnapshots, Snapshot};
 use crate::model::ids::PodUid;
 use crate::model::node::Node;
 use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
@@ -97,6 +98,9 @@ pub struct NodeState {
     /// Assigned, non-terminal pods on this node, by UID. The records are shared with the pod
     /// sync's store (one copy per pod).
     pub pods: BTreeMap<PodUid, Arc<PodRecord>>,
+    /// The cluster-wide version of this state's last change (see [`super::snapshot`]).
+    #[serde(skip)]
+    version: u64,
     /// Set (under this lock, while the map's write lock is held) when the entry is removed
     /// from the map. A writer that looked the entry up before that and locked it after must
     /// not write here: its write would be lost with the entry. See [`ClusterState::gc`].
@@ -188,7 +192,9 @@ impl NodeEntry {
     pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, NodeState> {
         self.state.read()
     }
-    pub fn write(&self) -> parking_lot::RwLockWriteGuard<'_, NodeState> {
+    /// Private to the caches: every write goes through [`ClusterState`], which publishes it
+    /// to the read snapshot.
+    pub(super) fn write(&self) -> parking_lot::RwLockWriteGuard<'_, NodeState> {
         self.state.write()
     }
 }
@@ -204,6 +210,10 @@ pub struct ClusterState {
     /// Nodes whose CPU config changes anything for a plain pod (forced bind policy or a NUMA
     /// policy): while zero, pods without a cpuset wish or NUMA policy skip CPU placement.
     cpu_constraining_nodes: std::sync::atomic::AtomicUsize,
+    /// What filter and prioritize read (see [`super::snapshot`]).
+    snapshots: ReadSnapshots,
+    /// Hands out node state versions (under the node's lock).
+    versions: std::sync::atomic::AtomicU64,
 }
 
 impl ClusterState {
@@ -330,6 +340,7 @@ impl ClusterState {
             let mut state = entry.write();
             if state.is_empty() {
                 state.dead = true;
+                self.written(name, &mut state);
                 drop(state);
                 nodes.remove(name);
             }
@@ -435,9 +446,93 @@ impl ClusterState {
             let entry = self.node_or_create(name);
             let mut state = entry.write();
             if !state.dead {
-                return f(&mut state);
+                let out = f(&mut state);
+                self.written(name, &mut state);
+                return out;
             }
         }
+    }
+
+    /// After every write, under the node's write lock: a new version, published to the read
+    /// snapshot once it is live (a dead entry publishes the node's removal).
+    fn written(&self, name: &str, state: &mut NodeState) {
+        state.version = self
+            .versions
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        if self.snapshots.is_live() {
+            let summary = (!state.dead).then(|| NodeSummary::of(state));
+            self.snapshots.publish(name, state.version, summary);
+        }
+    }
+
+    /// The read snapshot filter and prioritize decide on. The first call builds it if
+    /// bootstrap has not (see [`Self::build_snapshot`]).
+    /// Whether the read snapshot has been built (bootstrap, or the first read).
+    pub fn snapshot_built(&self) -> bool {
+        self.snapshots.is_built()
+    }
+
+    pub fn read_snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        if !self.snapshots.is_built() {
+            self.build_snapshot();
+        }
+        self.snapshots.load()
+    }
+
+    /// Builds the read snapshot once, from every node (bootstrap calls this when every kind
+    /// is synced, so the initial lists are applied without publishing per event). Writers
+    /// publish from the moment it starts; what they publish meanwhile wins over this build
+    /// when newer (versions).
+    pub fn build_snapshot(&self) {
+        let Some(building) = self.snapshots.start_build() else {
+            return;
+        };
+        // Listed after `live` is set: an entry created later publishes itself.
+        let entries: Vec<_> = self.nodes.read().values().cloned().collect();
+        let nodes = entries
+            .iter()
+            .filter_map(|e| {
+                let state = e.read();
+                (!state.dead).then(|| (e.name.clone(), state.version, NodeSummary::of(&state)))
+            })
+            .collect();
+        self.snapshots.install(nodes);
+        self.snapshots.finish_build(building);
+    }
+
+    /// Whether the published snapshot equals one built now from the authoritative state
+    /// (every node locked in turn); `Err` names the first difference. Only meaningful while
+    /// no writer runs (tests).
+    pub fn check_snapshot(&self) -> Result<(), String> {
+        let snapshot = self.read_snapshot();
+        let entries: Vec<_> = self.nodes.read().values().cloned().collect();
+        let mut live = 0;
+        for e in &entries {
+            let state = e.read();
+            if state.dead {
+                continue;
+            }
+            live += 1;
+            let want = NodeSummary::of(&state);
+            match snapshot.summary(&e.name) {
+                None => return Err(format!("node {} missing from the snapshot", e.name)),
+                Some(got) if got != want => {
+                    return Err(format!(
+                        "node {}: snapshot {got:?}, rebuilt {want:?}",
+                        e.name
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        if snapshot.len() != live {
+            return Err(format!(
+                "snapshot holds {} nodes, the caches {live}",
+                snapshot.len()
+            ));
+        }
+        Ok(())
     }
 
     /// Runs `f` under the write lock of `name`'s entry if there is one; `None` (and no entry
@@ -452,7 +547,9 @@ impl ClusterState {
             let entry = self.node(name)?;
             let mut state = entry.write();
             if !state.dead {
-                return Some(f(&mut state));
+                let out = f(&mut state);
+                self.written(name, &mut state);
+                return Some(out);
             }
         }
     }

@@ -1,5 +1,8 @@
-//! What each read-only verb decides, from views of the caches. Filter, prioritize and preempt
-//! never mutate the caches: they take node read locks and compute on copies.
+//! What each read-only verb decides, from views of the caches. Filter and prioritize decide on
+//! the cluster's read snapshot (`cluster::snapshot`: no node lock, no allocation per node),
+//! falling back to the full decision under the node's read lock for the rare node or request
+//! the summaries cannot answer; preempt, which must release victims' allocations, always
+//! decides in full. None of them mutates the caches.
 //!
 //! Device policy for nodes (reference koord-deviceshare §2.6, koordinator #1594):
 //! - a node without a `Device` object passes device filtering: its devices, if any, are
@@ -22,15 +25,14 @@ use super::wire::{
     ExtenderArgs, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
     HostPriority, MetaPod, MetaVictims, NodeList,
 };
-use crate::cluster::NodeState;
 use crate::fit::{self, PodNeeds};
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
 use crate::placement::device::allocate::FitError;
-use crate::placement::device::fast::{self, FastRequest};
+use crate::placement::device::fast::FastRequest;
 use crate::placement::device::pod_device_request;
 use crate::placement::device::request::PodDeviceRequest;
-use crate::placement::device::score::{normalize_scores, score_node};
+use crate::placement::device::score::normalize_scores;
 use crate::sync::Kind;
 
 /// The pod's device request: `Ok(None)` when it needs no devices (or device placement is off).
@@ -61,54 +63,17 @@ pub fn pod_needs(state: &AppState, pod: &Pod) -> Result<PodNeeds, String> {
     })
 }
 
-/// Does the pod fit this node (CPU/NUMA and devices), with `ignore`'s allocations released?
-/// Without victims the cached summaries answer where they can (same result as the full
-/// decision, held equal by property tests); device alignment and victims take the full path.
-pub fn node_fit(
+/// Does the pod fit `name` (CPU/NUMA and devices), decided in full on the node's locked state
+/// with `ignore`'s allocations released (preempt, and nodes the snapshot cannot answer).
+fn full_fit(
     state: &AppState,
-    node: Option<&NodeState>,
+    name: &str,
     needs: &PodNeeds,
-    fast: Option<&FastRequest>,
     ignore: &[PodUid],
 ) -> Result<(), FitError> {
-    if let Some(req) = &needs.cpu {
-        let verdict = if ignore.is_empty() {
-            fit::cpu_fast_check(node, req, needs.devices.is_some(), &state.scoring)
-        } else {
-            None
-        };
-        match verdict {
-            Some(Err(e)) => return Err(e),
-            Some(Ok(())) => {}
-            None if ignore.is_empty() => {
-                return fit::aligned_check(node, needs, fast, &state.scoring);
-            }
-            None => return fit::decide(node, needs, ignore, &state.scoring).map(|_| ()),
-        }
-    }
-    match &needs.devices {
-        Some(req) => device_fit(state, node, req, fast, ignore),
-        None => Ok(()),
-    }
-}
-
-/// Does the pod's device request fit this node, with `ignore`'s allocations released?
-/// Without victims, the cached fixed-size index answers (same result as the full allocator,
-/// see `placement::device::fast`); otherwise the full allocator does.
-pub fn device_fit(
-    state: &AppState,
-    node: Option<&NodeState>,
-    req: &PodDeviceRequest,
-    fast: Option<&FastRequest>,
-    ignore: &[PodUid],
-) -> Result<(), FitError> {
-    if let (Some(n), Some(fr), true) = (node, fast, ignore.is_empty())
-        && n.devices.devices().is_some()
-        && let Some(verdict) = fast::feasible(&n.devices, fr)
-    {
-        return verdict;
-    }
-    crate::bind::allocate_on(node, req, ignore, &state.scoring).map(|_| ())
+    let entry = state.cluster.node(name);
+    let guard = entry.as_ref().map(|e| e.read());
+    fit::decide(guard.as_deref(), needs, ignore, &state.scoring).map(|_| ())
 }
 
 /// Filter: the subset of candidates that fit, and a categorical reason for every other one.
@@ -145,12 +110,13 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
                 .devices
                 .as_ref()
                 .and_then(|req| FastRequest::new(req, &state.scoring));
+            // One snapshot for the whole request: no node lock, no allocation per node.
+            let snapshot = state.cluster.read_snapshot();
             let verdicts: Vec<_> = candidates
                 .iter()
                 .map(|name| {
-                    let entry = state.cluster.node(name);
-                    let guard = entry.as_ref().map(|e| e.read());
-                    node_fit(state, guard.as_deref(), &needs, fast.as_ref(), &[])
+                    fit::snapshot_fit(snapshot.node(name), &needs, fast.as_ref(), &state.scoring)
+                        .unwrap_or_else(|| full_fit(state, name, &needs, &[]))
                 })
                 .collect();
             let mut passing = Vec::with_capacity(candidates.len());
@@ -262,32 +228,22 @@ pub fn prioritize(state: &AppState, args: &ExtenderArgs) -> Vec<HostPriority> {
         .as_ref()
         .and_then(|req| FastRequest::new(req, &state.scoring));
     let cpu_req = needs.cpu.as_ref().filter(|_| needs.wants_cpu_placement());
+    let snapshot = state.cluster.read_snapshot();
     let raw: Vec<i64> = names
         .iter()
-        .map(|name| match state.cluster.node(name) {
-            Some(entry) => {
-                let node = entry.read();
-                let device = needs.devices.as_ref().map(|req| {
-                    fast.as_ref()
-                        .and_then(|fr| fast::score(&node.devices, fr))
-                        .unwrap_or_else(|| score_node(&node.devices, req, &state.scoring))
-                });
-                let cpu = cpu_req.and_then(|req| {
-                    fit::cpu_score(
-                        Some(&node),
-                        req,
-                        needs.devices.as_ref(),
-                        fast.as_ref(),
-                        &state.scoring,
-                    )
-                });
-                match (device, cpu) {
-                    (Some(d), Some(c)) => (d + c) / 2,
-                    (Some(s), None) | (None, Some(s)) => s,
-                    (None, None) => 0,
-                }
-            }
-            None => 0,
+        .map(|name| {
+            fit::snapshot_score(
+                snapshot.node(name),
+                &needs,
+                cpu_req,
+                fast.as_ref(),
+                &state.scoring,
+            )
+            .unwrap_or_else(|| {
+                let entry = state.cluster.node(name);
+                let guard = entry.as_ref().map(|e| e.read());
+                fit::full_score(guard.as_deref(), &needs, cpu_req, &state.scoring)
+            })
         })
         .collect();
     names
@@ -346,9 +302,7 @@ pub fn preempt(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderPreemp
             .flatten()
             .map(|p| PodUid::new(&p.uid))
             .collect();
-        let entry = state.cluster.node(node);
-        let guard = entry.as_ref().map(|e| e.read());
-        node_fit(state, guard.as_deref(), &needs, None, &ignore).is_ok()
+        full_fit(state, node, &needs, &ignore).is_ok()
     });
     ExtenderPreemptionResult {
         node_name_to_meta_victims: Some(candidates),

@@ -562,8 +562,7 @@ spec:
 
     fn view_after(f: impl FnOnce(&mut NodeState)) -> NodeView {
         let loaded = load_cluster_file(ClusterFile::parse(CLUSTER, "t.yaml").unwrap());
-        let entry = loaded.cluster.node("n1").unwrap();
-        f(&mut entry.write());
+        loaded.cluster.with_existing_node("n1", f).expect("node n1");
         cluster_view(&loaded.cluster, &[]).nodes.remove(0)
     }
 

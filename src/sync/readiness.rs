@@ -112,6 +112,9 @@ pub struct Readiness {
     max_staleness: Option<Duration>,
     started: Instant,
     bootstrap_recorded: AtomicBool,
+    /// Runs once, when every kind is first synced, before readiness is reported: builds what
+    /// the verbs read (the cluster's read snapshot).
+    on_bootstrap: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     metrics: Metrics,
 }
 
@@ -165,6 +168,7 @@ impl Readiness {
             max_staleness,
             started: Instant::now(),
             bootstrap_recorded: AtomicBool::new(false),
+            on_bootstrap: Mutex::new(None),
             metrics,
         })
     }
@@ -185,6 +189,7 @@ impl Readiness {
             }
             k.requirement = requirement;
         }
+        self.check_bootstrap();
     }
 
     pub fn requirement(&self, kind: Kind) -> Option<Requirement> {
@@ -264,7 +269,20 @@ impl Readiness {
             .sync_phase
             .with_label_values(&[kind.as_str()])
             .set(2);
-        if self.all_synced() && !self.bootstrap_recorded.swap(true, Ordering::SeqCst) {
+        self.check_bootstrap();
+    }
+
+    /// Once every kind is first synced: runs the bootstrap hook, then records bootstrap as
+    /// complete (readiness waits for this).
+    fn check_bootstrap(&self) {
+        if self.bootstrap_recorded.load(Ordering::SeqCst) || !self.all_synced() {
+            return;
+        }
+        let hook = self.on_bootstrap.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        if !self.bootstrap_recorded.swap(true, Ordering::SeqCst) {
             let secs = self.started.elapsed().as_secs_f64();
             self.metrics.bootstrap_duration.set(secs);
             tracing::info!(
@@ -272,6 +290,11 @@ impl Readiness {
                 "bootstrap complete: every required kind is synced"
             );
         }
+    }
+
+    /// Sets what runs once every kind is first synced, before readiness can be reported.
+    pub fn on_bootstrap(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.on_bootstrap.lock() = Some(Box::new(hook));
     }
 
     pub fn on_applied(&self, kind: Kind, cached: u64) {
@@ -383,7 +406,10 @@ impl Readiness {
     /// Every verb call asks this, so it decides without building the report's strings and
     /// maps; the same conditions as [`Self::report`], which runs only when not ready.
     pub fn is_ready(&self) -> bool {
-        if self.shutting_down.load(Ordering::SeqCst) || !self.leader.load(Ordering::SeqCst) {
+        if self.shutting_down.load(Ordering::SeqCst)
+            || !self.leader.load(Ordering::SeqCst)
+            || !self.bootstrap_recorded.load(Ordering::SeqCst)
+        {
             return false;
         }
         let now = Instant::now();
@@ -447,6 +473,9 @@ impl Readiness {
         }
         if !self.leader.load(Ordering::SeqCst) {
             reasons.push("not the leader".to_string());
+        }
+        if reasons.is_empty() && !self.bootstrap_recorded.load(Ordering::SeqCst) {
+            reasons.push("building the read snapshot".to_string());
         }
         let report_kinds = kinds
             .iter()

@@ -146,7 +146,7 @@ fn device_pipeline(bytes: &[u8]) {
         // The cache's ledger and the filter's fast index are built from it, too.
         let mut ledger = DeviceLedger::new();
         ledger.set_devices(Some(devices));
-        let _ = ledger.index();
+        let _ = ledger.device_index();
         let _ = ledger.free(&[]);
     }
 }

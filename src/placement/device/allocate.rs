@@ -2,13 +2,12 @@
 //! `AutopilotAllocator` (GPU topology tree, scored default allocator, joint allocation) and
 //! `fillGPUTotalMem`.
 //!
-//! Owns the choice only. It reads a [`DeviceLedger`] through [`DeviceLedger::free`] (a copy, with
+//! Owns the choice only. It reads a node through [`DeviceHoldings::free`] (a copy, with
 //! preemption victims released) and returns the allocation; recording it is the caller's job,
 //! under the node's lock. Deterministic: every tie is broken by scope ID or minor ascending.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::cluster::devices::{DeviceLedger, DeviceSlot, FreeMap, RecordedAllocation, fits_in};
 use crate::model::device::{
     DeviceAllocation, DeviceAllocations, DeviceResources, DeviceType, GPU_MEMORY, GPU_MEMORY_RATIO,
 };
@@ -16,6 +15,7 @@ use crate::model::ids::PodUid;
 use crate::model::quantity::Quantity;
 use crate::placement::cpu::{NumaId, NumaMask};
 
+use super::inventory::{DeviceHoldings, DeviceSlot, FreeMap, fits_in};
 use super::request::{DeviceTypeRequest, JointScope, PodDeviceRequest};
 use super::score::ScoringConfig;
 
@@ -40,7 +40,7 @@ impl FitError {
 
 /// [`fit_with`] using the default scoring (LeastAllocated).
 pub fn fit(
-    ledger: &DeviceLedger,
+    ledger: &(impl DeviceHoldings + ?Sized),
     req: &PodDeviceRequest,
     ignore: &[PodUid],
 ) -> Result<DeviceAllocations, FitError> {
@@ -50,7 +50,7 @@ pub fn fit(
 /// Allocates devices for `req` on the ledger's node, treating the recorded allocations of
 /// `ignore` (preemption victims) as released. The ledger is not modified.
 pub fn fit_with(
-    ledger: &DeviceLedger,
+    ledger: &(impl DeviceHoldings + ?Sized),
     req: &PodDeviceRequest,
     ignore: &[PodUid],
     cfg: &ScoringConfig,
@@ -72,7 +72,7 @@ pub fn on_numa(slot: &DeviceSlot, allowed: Option<NumaMask>) -> bool {
 /// `None` = no restriction). The structural checks still look at every device, so a request
 /// the whole node could hold stays resolvable under a narrower mask.
 pub fn fit_on_numa(
-    ledger: &DeviceLedger,
+    ledger: &(impl DeviceHoldings + ?Sized),
     req: &PodDeviceRequest,
     ignore: &[PodUid],
     cfg: &ScoringConfig,
@@ -94,10 +94,7 @@ pub fn fit_on_numa(
             return Err(FitError::insufficient(t, true));
         }
     }
-    let blocked = ledger.entries().any(|(uid, e)| {
-        matches!(e.allocation, RecordedAllocation::Malformed { .. }) && !ignore.contains(uid)
-    });
-    if blocked {
+    if ledger.blocked(ignore) {
         return Err(FitError {
             reason: "node has a pod with a malformed device allocation".into(),
             unresolvable: false,
@@ -436,7 +433,7 @@ impl<'a> View<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::devices::{EntryState, NodeDevices};
+    use crate::cluster::devices::{DeviceLedger, EntryState, NodeDevices, RecordedAllocation};
     use crate::model::device::{DeviceTopology, FPGA, GPU_CORE, GPU_SHARED, NVIDIA_GPU, RDMA};
     use crate::placement::device::request::parse_device_request;
     use crate::placement::device::score::ScoringStrategy;

@@ -1,6 +1,6 @@
 //! Filter and prioritize at cluster scale: the same answers as [`super::allocate::fit_with`]'s
-//! feasibility and [`super::score::score_node`], computed on the ledger's cached fixed-size
-//! [`LedgerIndex`] instead of string-keyed resource maps.
+//! feasibility and [`super::score::score_node`], computed on a node's fixed-size
+//! [`DeviceIndexRef`] (plain slices) instead of string-keyed resource maps.
 //!
 //! Filter and prioritize visit every candidate node (5,000 in the budget) for every pod, while
 //! bind allocates on one. So bind keeps the full allocator, which also chooses the minors, and
@@ -8,25 +8,28 @@
 //! of each type can each hold the per-device request, which is exactly when the topology-tree
 //! and default allocators succeed (both take any `count` capable devices; topology only ranks
 //! them). Requests this module cannot answer exactly (joint allocation, resource names outside
-//! [`INDEX_DIMS`]) and nodes whose devices report other resources return `None`, and callers
-//! fall back to the full allocator. A property test holds the two paths equal.
+//! [`INDEX_DIMS`]) get no [`FastRequest`], and nodes whose devices cannot be indexed get no
+//! index: callers use the full allocator for both. A property test holds the two paths equal.
 
-use crate::cluster::devices::{DeviceLedger, DimVec, INDEX_DIMS, LedgerIndex, SlotIndex, dim_of};
 use crate::model::device::{DeviceType, GPU_MEMORY, GPU_MEMORY_RATIO};
 use crate::model::quantity::Quantity;
 
 use super::allocate::FitError;
+use super::index::{DeviceIndexRef, DimVec, INDEX_DIMS, SlotIndex, dim_of};
 use super::request::PodDeviceRequest;
 use super::score::{ScoringConfig, ScoringStrategy};
 use crate::placement::cpu::NumaMask;
 
 const NDIMS: usize = INDEX_DIMS.len();
 
+/// Per-dimension milli-units of a request (128-bit: a request is checked, never indexed).
+type NeedVec = [i128; NDIMS];
+
 /// One device type's request in fixed-size form.
 #[derive(Clone, Debug)]
 struct TypeRequest {
     device_type: DeviceType,
-    per_device: DimVec,
+    per_device: NeedVec,
     has: [bool; NDIMS],
     count: usize,
 }
@@ -110,7 +113,7 @@ fn capable(
         debug_assert_eq!(INDEX_DIMS[MEM], GPU_MEMORY);
         debug_assert_eq!(INDEX_DIMS[RATIO], GPU_MEMORY_RATIO);
         // `fill_gpu_memory` reads the total with `value()` and fails without a positive one.
-        let total = units(slot.total[MEM]);
+        let total = units(i128::from(slot.total[MEM]));
         if total <= 0 {
             return false;
         }
@@ -139,36 +142,23 @@ fn capable(
             _ => {}
         }
     }
-    (0..NDIMS).all(|d| !has[d] || avail[d] >= need[d])
+    (0..NDIMS).all(|d| !has[d] || i128::from(avail[d]) >= need[d])
 }
 
-/// The index when this node can be answered on the fast path.
-fn usable_index(ledger: &DeviceLedger) -> Option<std::sync::Arc<LedgerIndex>> {
-    let index = ledger.index();
-    (!index.other_dims).then_some(index)
-}
-
-/// Does the pod fit this node's devices? Same answer (and reason) as `fit_with(.., &[], ..)`;
-/// `None` when this node needs the full allocator.
-pub fn feasible(ledger: &DeviceLedger, req: &FastRequest) -> Option<Result<(), FitError>> {
-    feasible_within(ledger, req, None)
+/// Does the pod fit this node's devices? Same answer (and reason) as `fit_with(.., &[], ..)`
+/// on a node with a `Device` object.
+pub fn feasible(index: DeviceIndexRef<'_>, req: &FastRequest) -> Result<(), FitError> {
+    feasible_within(index, req, None)
 }
 
 /// [`feasible`] using only devices on the NUMA nodes of `allowed` (devices of unknown NUMA
 /// node always count): the same answer as `fit_on_numa(.., &[], .., allowed)`, which GPU + CPU
 /// alignment asks once per NUMA hint. The structural checks still look at every device.
 pub fn feasible_within(
-    ledger: &DeviceLedger,
+    index: DeviceIndexRef<'_>,
     req: &FastRequest,
     allowed: Option<NumaMask>,
-) -> Option<Result<(), FitError>> {
-    if ledger.devices().is_none() {
-        return Some(Err(FitError {
-            reason: "node has no Device object".into(),
-            unresolvable: true,
-        }));
-    }
-    let index = usable_index(ledger)?;
+) -> Result<(), FitError> {
     let insufficient = |t: &DeviceType, unresolvable| FitError {
         reason: format!("insufficient {t} devices"),
         unresolvable,
@@ -181,14 +171,14 @@ pub fn feasible_within(
             .filter(|s| capable(gpu, s, r, &s.total, s.total_empty))
             .count();
         if capable_total < r.count {
-            return Some(Err(insufficient(&r.device_type, true)));
+            return Err(insufficient(&r.device_type, true));
         }
     }
     if index.blocked {
-        return Some(Err(FitError {
+        return Err(FitError {
             reason: "node has a pod with a malformed device allocation".into(),
             unresolvable: false,
-        }));
+        });
     }
     for r in &req.types {
         let gpu = r.device_type == DeviceType::Gpu;
@@ -202,19 +192,15 @@ pub fn feasible_within(
             .filter(|s| capable(gpu, s, r, &s.free, s.free_empty))
             .count();
         if capable_free < r.count {
-            return Some(Err(insufficient(&r.device_type, false)));
+            return Err(insufficient(&r.device_type, false));
         }
     }
-    Some(Ok(()))
+    Ok(())
 }
 
-/// The node's device score in 0..=100, as `score_node`; `None` when this node needs the full
-/// scorer.
-pub fn score(ledger: &DeviceLedger, req: &FastRequest) -> Option<i64> {
-    if ledger.devices().is_none() {
-        return Some(0);
-    }
-    let index = usable_index(ledger)?;
+/// The node's device score in 0..=100, as `score_node` on a node with a `Device` object (a
+/// node without one scores 0).
+pub fn score(index: DeviceIndexRef<'_>, req: &FastRequest) -> i64 {
     let mut sum = 0i64;
     let mut n = 0i64;
     for r in &req.types {
@@ -222,20 +208,20 @@ pub fn score(ledger: &DeviceLedger, req: &FastRequest) -> Option<i64> {
         let mut free = [0i128; NDIMS];
         for s in index.slots(&r.device_type) {
             for d in 0..NDIMS {
-                total[d] += s.total[d];
+                total[d] += i128::from(s.total[d]);
                 if !index.blocked {
-                    free[d] += s.free[d];
+                    free[d] += i128::from(s.free[d]);
                 }
             }
         }
         sum += score_dims(req, &r.per_device, &total, &free);
         n += 1;
     }
-    Some(if n == 0 { 0 } else { (sum / n).clamp(0, 100) })
+    if n == 0 { 0 } else { (sum / n).clamp(0, 100) }
 }
 
 /// `ScoringConfig::score` over fixed-size vectors.
-fn score_dims(req: &FastRequest, request: &DimVec, total: &DimVec, free: &DimVec) -> i64 {
+fn score_dims(req: &FastRequest, request: &NeedVec, total: &NeedVec, free: &NeedVec) -> i64 {
     let (mut sum, mut weight_sum) = (0i128, 0i128);
     for &(d, w) in &req.weights {
         let capacity = units(total[d]);
@@ -266,12 +252,15 @@ fn score_dims(req: &FastRequest, request: &DimVec, total: &DimVec, free: &DimVec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::devices::{DeviceSlot, EntryState, NodeDevices, RecordedAllocation};
+    use crate::cluster::devices::{
+        DeviceLedger, DeviceSlot, EntryState, NodeDevices, RecordedAllocation,
+    };
     use crate::model::device::{
         DeviceResources, DeviceTopology, FPGA, GPU_CORE, GPU_SHARED, NVIDIA_GPU, RDMA,
     };
     use crate::model::ids::PodUid;
     use crate::placement::device::allocate::{fit_on_numa, fit_with};
+    use crate::placement::device::index::DeviceIndex;
     use crate::placement::device::request::parse_device_request;
     use crate::placement::device::score::score_node;
     use proptest::prelude::*;
@@ -345,6 +334,11 @@ mod tests {
         }
     }
 
+    /// The index the snapshot publishes for this ledger (indexed dimensions only here).
+    fn index_of(ledger: &DeviceLedger) -> DeviceIndex {
+        ledger.device_index().expect("indexed dims only")
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -383,10 +377,10 @@ mod tests {
                 if let Ok(a) = fit_with(&ledger, &req, &[], &cfg) {
                     ledger.record(PodUid::new(format!("p{i}")), RecordedAllocation::Allocated(a), EntryState::Committed);
                 }
-                // Every read in between must see the change (the index is reset per change).
+                // Every read in between must see the change (the index is rebuilt per change).
                 if let Some(fr) = FastRequest::new(&parse(&probes[0]), &cfg) {
                     prop_assert_eq!(
-                        feasible(&ledger, &fr).unwrap(),
+                        feasible(index_of(&ledger).as_ref(), &fr),
                         fit_with(&ledger, &parse(&probes[0]), &[], &cfg).map(|_| ())
                     );
                 }
@@ -395,22 +389,30 @@ mod tests {
                 ledger.record(PodUid::new("bad"), RecordedAllocation::Malformed { reason: "x".into() }, EntryState::Committed);
             }
             if deleted {
+                // No Device object: no index (the snapshot says "missing"), and the full
+                // scorer gives such a node 0, as the snapshot path does.
                 ledger.set_devices(None);
+                prop_assert!(ledger.device_index().is_none());
+                for p in &probes {
+                    prop_assert_eq!(score_node(&ledger, &parse(p), &cfg), 0);
+                }
+                return Ok(());
             }
+            let index = index_of(&ledger);
             for p in &probes {
                 let req = parse(p);
                 let fast = FastRequest::new(&req, &cfg).expect("no joint or foreign names here");
                 prop_assert_eq!(
-                    feasible(&ledger, &fast).expect("indexed dims only"),
+                    feasible(index.as_ref(), &fast),
                     fit_with(&ledger, &req, &[], &cfg).map(|_| ()),
                     "request {:?}", p
                 );
-                prop_assert_eq!(score(&ledger, &fast).unwrap(), score_node(&ledger, &req, &cfg), "request {:?}", p);
+                prop_assert_eq!(score(index.as_ref(), &fast), score_node(&ledger, &req, &cfg), "request {:?}", p);
                 // Restricted to each NUMA subset (GPU + CPU alignment asks one per hint).
                 for mask in 0u16..8 {
                     let mask = NumaMask(mask);
                     prop_assert_eq!(
-                        feasible_within(&ledger, &fast, Some(mask)).expect("indexed dims only"),
+                        feasible_within(index.as_ref(), &fast, Some(mask)),
                         fit_on_numa(&ledger, &req, &[], &cfg, Some(mask)).map(|_| ()),
                         "request {:?} within NUMA mask {:?}", p, mask
                     );
@@ -442,7 +444,11 @@ mod tests {
         let mut ledger = DeviceLedger::new();
         ledger.set_devices(Some(NodeDevices::from_slots([(DeviceType::Gpu, odd)])));
         let fr = FastRequest::new(&parse(&[(NVIDIA_GPU, "1".into())]), &cfg).unwrap();
-        assert!(feasible(&ledger, &fr).is_none());
-        assert!(score(&ledger, &fr).is_none());
+        assert!(FastRequest::new(&parse(&[(NVIDIA_GPU, "1".into())]), &cfg).is_some());
+        assert!(
+            ledger.device_index().is_none(),
+            "a foreign dimension is not indexed"
+        );
+        let _ = fr;
     }
 }

@@ -1,9 +1,12 @@
 //! koordinator-compatible device placement (DeviceShare): request normalisation, allocation and
-//! scoring. Pure and deterministic; reads a [`crate::cluster::devices::DeviceLedger`], never
-//! mutates it.
+//! scoring. Pure and deterministic; reads its own views of a node ([`inventory::DeviceHoldings`]
+//! for the full allocator, [`index::DeviceIndexRef`] for the fast path), which the caches
+//! build. Never imports the caches.
 
 pub mod allocate;
 pub mod fast;
+pub mod index;
+pub mod inventory;
 pub mod request;
 pub mod score;
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::cluster::devices::DeviceLedger;
+use super::inventory::DeviceHoldings;
 use crate::model::device::{
     DeviceResources, FPGA, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, RDMA, canonical_resource_name,
 };
@@ -180,7 +180,11 @@ impl ScoringConfig {
 /// totals and free of that type's devices with the per-device request; averaged over types
 /// (koordinator sums them and normalizes across nodes; for one pod every node sees the same
 /// types, so the ranking is the same). A node without a Device object scores 0.
-pub fn score_node(ledger: &DeviceLedger, req: &PodDeviceRequest, cfg: &ScoringConfig) -> i64 {
+pub fn score_node(
+    ledger: &(impl DeviceHoldings + ?Sized),
+    req: &PodDeviceRequest,
+    cfg: &ScoringConfig,
+) -> i64 {
     let Some(devices) = ledger.devices() else {
         return 0;
     };
@@ -188,7 +192,7 @@ pub fn score_node(ledger: &DeviceLedger, req: &PodDeviceRequest, cfg: &ScoringCo
     // prioritize runs this for every candidate node, and that map's cloned resource names were
     // most of its cost. Free per minor = max(total − used, 0) per name of the total; everything
     // is used while a malformed entry blocks the node.
-    let blocked = ledger.has_malformed();
+    let blocked = ledger.blocked(&[]);
     let mut sum = 0i64;
     let mut n = 0i64;
     for (t, r) in &req.types {
@@ -237,6 +241,7 @@ pub fn normalize_scores(scores: &[i64]) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::devices::DeviceLedger;
 
     fn res(pairs: &[(&str, &str)]) -> DeviceResources {
         pairs
@@ -381,9 +386,9 @@ mod tests {
                 let mut total = DeviceResources::new();
                 let mut free_sum = DeviceResources::new();
                 for slot in devices.slots(t) {
-                    crate::cluster::devices::add_resources(&mut total, &slot.total);
+                    crate::placement::device::inventory::add_resources(&mut total, &slot.total);
                     if let Some(f) = free.get(t).and_then(|m| m.get(&slot.minor)) {
-                        crate::cluster::devices::add_resources(&mut free_sum, f);
+                        crate::placement::device::inventory::add_resources(&mut free_sum, f);
                     }
                 }
                 sum += cfg.score(&r.per_device, &total, &free_sum);

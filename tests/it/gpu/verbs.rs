@@ -351,3 +351,53 @@ async fn preempt_accepts_full_victim_pods_and_answers_meta_victims() {
     );
     env.svc.shutdown().await.unwrap();
 }
+
+/// Issue 8: filter and prioritize read the read snapshot, which bind publishes before it
+/// answers. With the pod watch held (so no confirmation can arrive), a filter and a
+/// prioritize issued right after a bind returned must already see that bind's GPU.
+#[tokio::test]
+async fn a_filter_right_after_a_bind_sees_its_allocation() {
+    let fake = FakeApiServer::new();
+    add_gpu_node(&fake, "n", 2, &[]);
+    add_gpu_node(&fake, "m", 2, &[]);
+    let first = pending("first", whole_gpus(1));
+    let second = pending("second", whole_gpus(2));
+    fake.create_many(Kind::Pod, vec![first.clone(), second.clone()])
+        .unwrap();
+    let env = Env::start(&fake, &[]).await;
+    env.fake.hold_watch_events(Kind::Pod);
+
+    let before = env.filter(&second, &["n", "m"]).await;
+    assert_eq!(names(&before), vec!["n", "m"], "{before}");
+    env.bind(&first, "n").await.unwrap();
+    // Nothing but the bind itself can have changed the caches: its entry is still assumed.
+    assert_eq!(
+        env.ledger("n").await["entries"][uid(&first)]["state"],
+        json!("assumed")
+    );
+    let after = env.filter(&second, &["n", "m"]).await;
+    assert_eq!(names(&after), vec!["m"], "{after}");
+    assert_eq!(
+        reason(&after, "FailedNodes", "n"),
+        Some("insufficient gpu devices"),
+        "{after}"
+    );
+    let (status, scores) = env
+        .http
+        .post("/prioritize", &service::extender_args(&first, &["n", "m"]))
+        .await;
+    assert_eq!(status, 200, "{scores}");
+    let score = |host: &str| {
+        scores
+            .as_array()
+            .and_then(|a| a.iter().find(|h| h["Host"] == host))
+            .and_then(|h| h["Score"].as_i64())
+            .expect("a score per candidate")
+    };
+    assert!(
+        score("m") > score("n"),
+        "the emptier node ranks first after the bind: {scores}"
+    );
+    env.fake.release_watch_events(Kind::Pod);
+    env.svc.shutdown().await.unwrap();
+}

@@ -1,0 +1,804 @@
+//! The read snapshot: one immutable, cluster-wide view of what filter and prioritize need of
+//! every node, so a request over 5,000 candidate nodes takes no per-node lock, clones no
+//! `Arc` and allocates nothing per node.
+//!
+//! Layout: node names are interned to dense indices (one hash map from name to index, shared
+//! by every snapshot until the node set changes); per node, fixed-size facts (device
+//! [`DeviceFacts`], CPU [`CpuFacts`]) sit in contiguous arrays, [`CHUNK`] nodes to a chunk, and a
+//! chunk's device slots sit in one vector that [`DeviceIndexRef`] slices.
+//!
+//! Publishing: writers change the authoritative per-node state under the node's write lock
+//! (`state.rs`), then, still under it, publish that node's new facts here: copy-on-write of
+//! the one chunk that holds it, swapped in with `arc-swap` (readers never wait; a reader keeps
+//! the snapshot it loaded). Why arc-swap rather than an epoch scheme: readers hold a snapshot
+//! for one request and writers publish a few times per bind or pod event, so a reference
+//! count per request and a copied chunk (~40 KiB) per publish are cheap, and nothing has to
+//! be reclaimed by hand; the crate is already in the dependency graph (axum-server).
+//! Publishes are serialized by one mutex, taken under a node lock and never the other way
+//! round. Every publish carries the node's version (a cluster-wide counter bumped under the
+//! node lock), and a publish older than what the snapshot holds is dropped, so the snapshot
+//! converges to the latest state of every node whatever the order in which publishes reach
+//! the mutex.
+//!
+//! Bind keeps deciding under the node write lock against the authoritative ledgers: the
+//! snapshot is only a read view. Since bind publishes before it answers, a filter that starts
+//! after a bind returned sees that bind.
+//!
+//! This module owns the layout and the publish protocol. It never locks a node and never
+//! decides placement.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::{ArcSwap, Guard};
+use parking_lot::Mutex;
+
+use super::state::NodeState;
+use crate::placement::cpu::{CpuSummary, NodeCpuBindPolicy};
+use crate::placement::device::index::{DeviceIndexRef, INDEXED_TYPES, SlotIndex};
+
+/// Nodes per chunk: the unit a publish copies.
+pub const CHUNK: usize = 32;
+
+type Ranges = [(u32, u32); INDEXED_TYPES.len()];
+
+/// What filter and prioritize know of a node's devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceFacts {
+    /// No `Device` object. `held`: pods still hold device allocations here (then nothing is
+    /// allocatable until it returns; otherwise device plugins own the node's devices).
+    Missing { held: bool },
+    /// Devices the fixed-size index cannot carry exactly: the full allocator answers.
+    Unindexed,
+    /// Indexed: per device type, a range of the chunk's slots.
+    Indexed { blocked: bool, ranges: Ranges },
+}
+
+/// Why cpuset pods cannot land on a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unusable {
+    pub reason: Arc<str>,
+    pub unresolvable: bool,
+}
+
+/// What the read verbs know of a node's CPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuFacts {
+    /// The node forces a bind policy or has a NUMA policy (plain pods are placed too).
+    pub constrains_plain_pods: bool,
+    pub bind_policy: NodeCpuBindPolicy,
+    /// The summary of the current state, or why there is none.
+    pub summary: Result<CpuSummary, Unusable>,
+}
+
+/// A node's devices as the read verbs see them.
+#[derive(Clone, Copy, Debug)]
+pub enum DeviceView<'a> {
+    Missing { held: bool },
+    Unindexed,
+    Indexed(DeviceIndexRef<'a>),
+}
+
+/// One node in a snapshot.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeView<'a> {
+    pub devices: DeviceView<'a>,
+    pub cpu: &'a CpuFacts,
+}
+
+/// One node's facts, owned: what a writer publishes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSummary {
+    devices: DeviceFacts,
+    /// The node's slots; `devices`' ranges index this.
+    slots: Vec<SlotIndex>,
+    cpu: CpuFacts,
+}
+
+impl NodeSummary {
+    /// The facts of `state` (its cached CPU summary and a freshly built device index).
+    pub fn of(state: &NodeState) -> Self {
+        let (devices, slots) = match state.devices.devices() {
+            None => (
+                DeviceFacts::Missing {
+                    held: !state.devices.is_empty(),
+                },
+                Vec::new(),
+            ),
+            Some(_) => match state.devices.device_index() {
+                None => (DeviceFacts::Unindexed, Vec::new()),
+                Some(index) => (
+                    DeviceFacts::Indexed {
+                        blocked: index.blocked,
+                        ranges: index.ranges,
+                    },
+                    index.slots,
+                ),
+            },
+        };
+        let cpu = CpuFacts {
+            constrains_plain_pods: state.cpus.constrains_plain_pods(),
+            bind_policy: state.cpus.bind_policy(),
+            summary: state.cpus.summary().map_err(|u| Unusable {
+                reason: Arc::from(u.reason),
+                unresolvable: u.unresolvable,
+            }),
+        };
+        NodeSummary {
+            devices,
+            slots,
+            cpu,
+        }
+    }
+
+    /// The view of this summary (tests compare views of published and rebuilt summaries).
+    pub fn view(&self) -> NodeView<'_> {
+        NodeView {
+            devices: device_view(&self.devices, &self.slots),
+            cpu: &self.cpu,
+        }
+    }
+}
+
+fn device_view<'a>(facts: &DeviceFacts, slots: &'a [SlotIndex]) -> DeviceView<'a> {
+    match *facts {
+        DeviceFacts::Missing { held } => DeviceView::Missing { held },
+        DeviceFacts::Unindexed => DeviceView::Unindexed,
+        DeviceFacts::Indexed { blocked, ranges } => {
+            DeviceView::Indexed(DeviceIndexRef::over(slots, blocked, &ranges))
+        }
+    }
+}
+
+/// One node's place in a chunk.
+#[derive(Clone, Debug)]
+struct Slot {
+    /// The version of the state these facts were built from (0: never published).
+    version: u64,
+    /// `None`: no such node (removed, or a position not yet used).
+    facts: Option<(DeviceFacts, CpuFacts)>,
+    /// `(start, len)` of this node's device slots in the chunk's `slots`; the ranges in its
+    /// `DeviceFacts` are relative to `start`.
+    slots: (u32, u32),
+}
+
+/// [`CHUNK`] consecutive nodes.
+#[derive(Clone, Debug)]
+struct Chunk {
+    nodes: Vec<Slot>,
+    /// Every node's device slots, node after node.
+    slots: Vec<SlotIndex>,
+}
+
+impl Chunk {
+    fn new() -> Self {
+        Chunk {
+            nodes: Vec::with_capacity(CHUNK),
+            slots: Vec::new(),
+        }
+    }
+
+    fn empty() -> Self {
+        let mut chunk = Chunk::new();
+        while chunk.nodes.len() < CHUNK {
+            chunk.push(0, None);
+        }
+        chunk
+    }
+
+    fn node_slots(&self, slot: &Slot) -> &[SlotIndex] {
+        let (start, len) = (slot.slots.0 as usize, slot.slots.1 as usize);
+        &self.slots[start..start + len]
+    }
+
+    fn view(&self, pos: usize) -> Option<NodeView<'_>> {
+        let slot = &self.nodes[pos];
+        let (devices, cpu) = slot.facts.as_ref()?;
+        Some(NodeView {
+            devices: device_view(devices, self.node_slots(slot)),
+            cpu,
+        })
+    }
+
+    /// The owned summary at `pos`.
+    fn summary(&self, pos: usize) -> Option<NodeSummary> {
+        let slot = &self.nodes[pos];
+        let (devices, cpu) = slot.facts.as_ref()?;
+        Some(NodeSummary {
+            devices: *devices,
+            slots: self.node_slots(slot).to_vec(),
+            cpu: cpu.clone(),
+        })
+    }
+
+    /// This chunk with position `pos` replaced.
+    fn replaced(&self, pos: usize, version: u64, summary: Option<&NodeSummary>) -> Chunk {
+        let mut out = Chunk {
+            nodes: Vec::with_capacity(CHUNK),
+            slots: Vec::with_capacity(self.slots.len() + summary.map_or(0, |s| s.slots.len())),
+        };
+        for (p, old) in self.nodes.iter().enumerate() {
+            if p == pos {
+                out.push(version, summary.map(|s| (&s.devices, &s.slots[..], &s.cpu)));
+            } else {
+                let facts = old
+                    .facts
+                    .as_ref()
+                    .map(|(d, c)| (d, self.node_slots(old), c));
+                out.push(old.version, facts);
+            }
+        }
+        out
+    }
+
+    fn push(&mut self, version: u64, facts: Option<(&DeviceFacts, &[SlotIndex], &CpuFacts)>) {
+        let start = self.slots.len() as u32;
+        let (facts, len) = match facts {
+            None => (None, 0),
+            Some((d, slots, c)) => {
+                self.slots.extend_from_slice(slots);
+                (Some((*d, c.clone())), slots.len() as u32)
+            }
+        };
+        self.nodes.push(Slot {
+            version,
+            facts,
+            slots: (start, len),
+        });
+    }
+}
+
+/// Name to dense index, shared by snapshots until the node set changes.
+#[derive(Debug, Default)]
+struct Names {
+    index: HashMap<Box<str>, u32, ahash::RandomState>,
+    names: Vec<Arc<str>>,
+}
+
+/// One immutable, cluster-wide read view.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    names: Arc<Names>,
+    chunks: Vec<Arc<Chunk>>,
+    /// Positions whose node was removed (the name keeps its index until compaction).
+    removed: usize,
+}
+
+impl Snapshot {
+    /// The node called `name`, if the caches know it.
+    #[inline]
+    pub fn node(&self, name: &str) -> Option<NodeView<'_>> {
+        let i = *self.names.index.get(name)? as usize;
+        self.chunks[i / CHUNK].view(i % CHUNK)
+    }
+
+    /// The owned facts of `name` (tests compare them with a rebuild).
+    pub fn summary(&self, name: &str) -> Option<NodeSummary> {
+        let i = *self.names.index.get(name)? as usize;
+        self.summary_at(i)
+    }
+
+    /// Every node's name and version, in index order (tests, debugging).
+    pub fn versions(&self) -> Vec<(Arc<str>, u64)> {
+        self.names
+            .names
+            .iter()
+            .enumerate()
+            .filter_map(|(i, name)| {
+                let slot = &self.chunks[i / CHUNK].nodes[i % CHUNK];
+                slot.facts.as_ref().map(|_| (name.clone(), slot.version))
+            })
+            .collect()
+    }
+
+    /// How many nodes the snapshot holds.
+    pub fn len(&self) -> usize {
+        self.names.names.len() - self.removed
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn version_of(&self, i: usize) -> u64 {
+        self.chunks[i / CHUNK].nodes[i % CHUNK].version
+    }
+
+    fn summary_at(&self, i: usize) -> Option<NodeSummary> {
+        self.chunks[i / CHUNK].summary(i % CHUNK)
+    }
+
+    /// A snapshot of exactly `nodes` (name, version, facts), indices in the given order.
+    fn from_nodes(nodes: Vec<(Arc<str>, u64, NodeSummary)>) -> Snapshot {
+        let mut names = Names::default();
+        let mut chunks = Vec::with_capacity(nodes.len().div_ceil(CHUNK));
+        let mut chunk = Chunk::new();
+        for (i, (name, version, summary)) in nodes.into_iter().enumerate() {
+            names.index.insert(Box::from(&*name), i as u32);
+            names.names.push(name);
+            chunk.push(
+                version,
+                Some((&summary.devices, &summary.slots, &summary.cpu)),
+            );
+            if chunk.nodes.len() == CHUNK {
+                chunks.push(Arc::new(std::mem::replace(&mut chunk, Chunk::new())));
+            }
+        }
+        if !chunk.nodes.is_empty() {
+            while chunk.nodes.len() < CHUNK {
+                chunk.push(0, None);
+            }
+            chunks.push(Arc::new(chunk));
+        }
+        Snapshot {
+            names: Arc::new(names),
+            chunks,
+            removed: 0,
+        }
+    }
+
+    /// Every present node, with its version, in index order.
+    fn present(&self) -> Vec<(Arc<str>, u64, NodeSummary)> {
+        self.names
+            .names
+            .iter()
+            .enumerate()
+            .filter_map(|(i, name)| {
+                self.summary_at(i)
+                    .map(|s| (name.clone(), self.version_of(i), s))
+            })
+            .collect()
+    }
+}
+
+/// The published snapshot and its writers' protocol.
+#[derive(Debug, Default)]
+pub struct ReadSnapshots {
+    current: ArcSwap<Snapshot>,
+    /// Serializes publishes (taken under a node lock; never the other way round).
+    publish: Mutex<()>,
+    /// Writers publish once this is set (`ClusterState::build_snapshot` sets it first).
+    live: AtomicBool,
+    /// The first full build is installed: readers may read.
+    built: AtomicBool,
+    /// One full build at a time; readers that find no build wait on it.
+    build: Mutex<()>,
+    /// Removed versions of names no longer present, so an older publish of a removed node
+    /// cannot resurrect it (kept until compaction drops the name).
+    tombstones: Mutex<HashMap<Arc<str>, u64, ahash::RandomState>>,
+}
+
+impl ReadSnapshots {
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    pub fn is_built(&self) -> bool {
+        self.built.load(Ordering::Acquire)
+    }
+
+    pub fn load(&self) -> Guard<Arc<Snapshot>> {
+        self.current.load()
+    }
+
+    /// Publishes `name`'s facts at `version` (`None`: the node is gone). Dropped when the
+    /// snapshot already holds a later version; no new snapshot when nothing changed.
+    pub fn publish(&self, name: &str, version: u64, summary: Option<NodeSummary>) {
+        let _serialized = self.publish.lock();
+        let cur = self.current.load_full();
+        let Some(&i) = cur.names.index.get(name) else {
+            let Some(summary) = summary else {
+                return;
+            };
+            if self
+                .tombstones
+                .lock()
+                .get(name)
+                .is_some_and(|&v| v >= version)
+            {
+                return;
+            }
+            self.tombstones.lock().remove(name);
+            self.current
+                .store(Arc::new(appended(&cur, name, version, summary)));
+            return;
+        };
+        let i = i as usize;
+        if cur.version_of(i) >= version {
+            return;
+        }
+        let (chunk, pos) = (i / CHUNK, i % CHUNK);
+        let was_present = cur.chunks[chunk].nodes[pos].facts.is_some();
+        if summary.is_none() && !was_present {
+            return;
+        }
+        // Unchanged facts (most pod updates): keep the snapshot. Safe without the new
+        // version: one node's publishes arrive in version order (each under the node's
+        // lock), and the one full build merges only facts read after this node's last
+        // unpublished change.
+        if summary.is_some() && cur.summary_at(i) == summary {
+            return;
+        }
+        let mut chunks = cur.chunks.clone();
+        chunks[chunk] = Arc::new(cur.chunks[chunk].replaced(pos, version, summary.as_ref()));
+        // A name whose position holds nothing was removed before (appends fill their slot).
+        let removed = match (was_present, summary.is_some()) {
+            (true, false) => cur.removed + 1,
+            (false, true) => cur.removed - 1,
+            _ => cur.removed,
+        };
+        let next = Snapshot {
+            names: cur.names.clone(),
+            chunks,
+            removed,
+        };
+        // Many removed names (node churn): rebuild the name map without them.
+        let next = if next.removed > CHUNK.max(next.names.names.len() / 4) {
+            self.remember_removed(&next);
+            Snapshot::from_nodes(next.present())
+        } else {
+            next
+        };
+        self.current.store(Arc::new(next));
+    }
+
+    /// Keeps the removal versions of the names a compaction drops.
+    fn remember_removed(&self, snap: &Snapshot) {
+        let mut tombstones = self.tombstones.lock();
+        for (i, name) in snap.names.names.iter().enumerate() {
+            let slot = &snap.chunks[i / CHUNK].nodes[i % CHUNK];
+            if slot.facts.is_none() {
+                tombstones.insert(name.clone(), slot.version);
+            }
+        }
+    }
+
+    /// Installs a full build (`nodes`, read under each node's lock after `live` was set),
+    /// keeping whatever writers published meanwhile with a later version.
+    pub fn install(&self, nodes: Vec<(Arc<str>, u64, NodeSummary)>) {
+        let _serialized = self.publish.lock();
+        let cur = self.current.load_full();
+        let mut merged: HashMap<Arc<str>, (u64, Option<NodeSummary>), ahash::RandomState> =
+            HashMap::default();
+        for (i, name) in cur.names.names.iter().enumerate() {
+            merged.insert(name.clone(), (cur.version_of(i), cur.summary_at(i)));
+        }
+        for (name, version) in self.tombstones.lock().iter() {
+            merged.insert(name.clone(), (*version, None));
+        }
+        for (name, version, summary) in nodes {
+            match merged.get(&name) {
+                Some((v, _)) if *v >= version => {}
+                _ => {
+                    merged.insert(name, (version, Some(summary)));
+                }
+            }
+        }
+        let mut present: Vec<(Arc<str>, u64, NodeSummary)> = merged
+            .into_iter()
+            .filter_map(|(name, (v, s))| s.map(|s| (name, v, s)))
+            .collect();
+        // Name order: candidates usually arrive in node-list order, which this follows.
+        present.sort_by(|a, b| a.0.cmp(&b.0));
+        self.current.store(Arc::new(Snapshot::from_nodes(present)));
+    }
+
+    /// Marks the snapshot live (writers publish from now on); the caller then builds.
+    pub fn start_build(&self) -> Option<parking_lot::MutexGuard<'_, ()>> {
+        let guard = self.build.lock();
+        if self.is_built() {
+            return None;
+        }
+        self.live.store(true, Ordering::SeqCst);
+        Some(guard)
+    }
+
+    pub fn finish_build(&self, _guard: parking_lot::MutexGuard<'_, ()>) {
+        self.built.store(true, Ordering::Release);
+    }
+}
+
+/// `cur` with `name` appended at the next index.
+fn appended(cur: &Snapshot, name: &str, version: u64, summary: NodeSummary) -> Snapshot {
+    let i = cur.names.names.len();
+    let mut names = Names {
+        index: cur.names.index.clone(),
+        names: cur.names.names.clone(),
+    };
+    names.index.insert(Box::from(name), i as u32);
+    names.names.push(Arc::from(name));
+    let mut chunks = cur.chunks.clone();
+    if i.is_multiple_of(CHUNK) {
+        chunks.push(Arc::new(Chunk::empty()));
+    }
+    let last = chunks.len() - 1;
+    chunks[last] = Arc::new(chunks[last].replaced(i % CHUNK, version, Some(&summary)));
+    Snapshot {
+        names: Arc::new(names),
+        chunks,
+        removed: cur.removed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The snapshot against the authoritative state: after any sequence of sync events and
+    //! binds (with the full build at any point, or concurrently with writers), the published
+    //! snapshot equals one rebuilt from every node's locked state.
+    use super::*;
+    use crate::cluster::devices::{EntryState, NodeDevices, RecordedAllocation};
+    use crate::cluster::{ClusterState, NodeRecord, PodRecord, TopologyRecord};
+    use crate::model::device::{Device, DeviceAllocations};
+    use crate::model::ids::PodUid;
+    use crate::model::node::Node;
+    use crate::model::nrt::NodeResourceTopology;
+    use crate::model::pod::Pod;
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+
+    fn node_name(i: u8) -> String {
+        format!("node-{i:03}")
+    }
+
+    /// A koordlet `Device` object with `gpus` GPUs (NUMA node = minor / 4).
+    fn device(gpus: u8) -> NodeDevices {
+        let devices: Vec<_> = (0..gpus)
+            .map(|m| {
+                json!({"type": "gpu", "id": format!("GPU-{m}"), "minor": m, "health": true,
+                "topology": {"socketID": 0, "nodeID": m / 4, "pcieID": format!("p{}", m / 2)},
+                "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "80Gi",
+                              "koordinator.sh/gpu-memory-ratio": "100"}})
+            })
+            .collect();
+        let d: Device = serde_json::from_value(
+            json!({"metadata": {"name": "n"}, "spec": {"devices": devices}}),
+        )
+        .expect("device");
+        NodeDevices::from_device(&d).0
+    }
+
+    /// A 2-NUMA, 8-CPU koordlet NRT; `policy` is its topology policy.
+    fn nrt(policy: &str) -> TopologyRecord {
+        let detail: Vec<_> = (0..8)
+            .map(|id| json!({"id": id, "core": id / 2, "socket": 0, "node": id / 4}))
+            .collect();
+        let zones: Vec<_> = (0..2)
+            .map(|z| {
+                json!({"name": format!("node-{z}"), "type": "Node", "resources": [
+                {"name": "cpu", "capacity": "4", "allocatable": "4", "available": "4"},
+                {"name": "memory", "capacity": "8Gi", "allocatable": "8Gi", "available": "8Gi"}]})
+            })
+            .collect();
+        let obj: NodeResourceTopology = serde_json::from_value(json!({
+            "metadata": {"name": "n", "annotations": {
+                "node.koordinator.sh/cpu-topology": json!({"detail": detail}).to_string()}},
+            "topologyPolicies": [policy], "zones": zones}))
+        .expect("nrt");
+        TopologyRecord::from_nrt(&obj)
+    }
+
+    fn node_object(bind_policy: Option<&str>) -> NodeRecord {
+        let mut labels = serde_json::Map::new();
+        if let Some(p) = bind_policy {
+            labels.insert("node.koordinator.sh/cpu-bind-policy".into(), p.into());
+        }
+        let n: Node = serde_json::from_value(json!({"metadata": {"name": "n", "uid": "u",
+            "labels": labels}, "status": {"allocatable": {"cpu": "8"}}}))
+        .expect("node");
+        NodeRecord::from_node(&n)
+    }
+
+    /// An assigned pod as the pod watch sees it: a GPU share and/or a cpuset by annotation.
+    fn pod(uid: u8, node: u8, gpu: Option<(u8, u8)>, cpus: Option<&str>, phase: &str) -> PodRecord {
+        let mut ann = serde_json::Map::new();
+        if let Some((minor, ratio)) = gpu {
+            ann.insert("scheduling.koordinator.sh/device-allocated".into(), json!({"gpu": [{
+                "minor": minor, "resources": {"koordinator.sh/gpu-memory-ratio": ratio.to_string()}}]})
+                .to_string().into());
+        }
+        if let Some(c) = cpus {
+            ann.insert(
+                "scheduling.koordinator.sh/resource-status".into(),
+                json!({"cpuset": c}).to_string().into(),
+            );
+        }
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("p{uid}"), "namespace": "ns", "uid": format!("uid-{uid}"),
+                "annotations": ann},
+            "spec": {"nodeName": node_name(node), "containers": [{"name": "c"}]},
+            "status": {"phase": phase}}))
+        .expect("pod");
+        PodRecord::from_pod(&p).expect("record")
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Device(u8, Option<u8>),
+        Topology(u8, Option<&'static str>),
+        Node(u8, Option<Option<&'static str>>),
+        Pod {
+            uid: u8,
+            node: u8,
+            gpu: Option<(u8, u8)>,
+            cpus: Option<&'static str>,
+            phase: &'static str,
+        },
+        DeletePod(u8),
+        /// A bind: assume a GPU share on a node under its lock, as `bind` does.
+        Bind(u8, u8, u8),
+        /// A failed bind rolls its assumed entry back.
+        Rollback(u8, u8),
+        Build,
+    }
+
+    fn op(nodes: u8) -> impl Strategy<Value = Op> {
+        let n = 0..nodes;
+        prop_oneof![
+            (n.clone(), proptest::option::of(0u8..=8)).prop_map(|(i, g)| Op::Device(i, g)),
+            (
+                n.clone(),
+                proptest::option::of(prop_oneof![Just("None"), Just("SingleNUMANodePodLevel")])
+            )
+                .prop_map(|(i, p)| Op::Topology(i, p)),
+            (
+                n.clone(),
+                proptest::option::of(proptest::option::of(Just("FullPCPUs")))
+            )
+                .prop_map(|(i, p)| Op::Node(i, p)),
+            (
+                0u8..40,
+                n.clone(),
+                proptest::option::of((0u8..8, prop_oneof![Just(100u8), Just(50), Just(30)])),
+                proptest::option::of(prop_oneof![Just("0-1"), Just("4-7"), Just("2")]),
+                prop_oneof![Just("Running"), Just("Running"), Just("Succeeded")]
+            )
+                .prop_map(|(uid, node, gpu, cpus, phase)| Op::Pod {
+                    uid,
+                    node,
+                    gpu,
+                    cpus,
+                    phase
+                }),
+            (0u8..40).prop_map(Op::DeletePod),
+            (n.clone(), 40u8..60, 0u8..8).prop_map(|(i, u, m)| Op::Bind(i, u, m)),
+            (n, 40u8..60).prop_map(|(i, u)| Op::Rollback(i, u)),
+            Just(Op::Build),
+        ]
+    }
+
+    /// Applies `op` through the caches' write API, as the sync handlers and bind do.
+    fn apply(cluster: &ClusterState, pods: &mut BTreeMap<u8, PodRecord>, op: &Op) {
+        match op {
+            Op::Device(i, gpus) => {
+                cluster.set_devices(&node_name(*i), gpus.map(device));
+            }
+            Op::Topology(i, policy) => cluster.set_topology(&node_name(*i), policy.map(nrt)),
+            Op::Node(i, obj) => cluster.set_node(&node_name(*i), obj.map(node_object)),
+            Op::Pod {
+                uid,
+                node,
+                gpu,
+                cpus,
+                phase,
+            } => {
+                let new = pod(*uid, *node, *gpu, *cpus, phase);
+                cluster.upsert_pod(pods.get(uid), &new);
+                pods.insert(*uid, new);
+            }
+            Op::DeletePod(uid) => {
+                if let Some(old) = pods.remove(uid) {
+                    cluster.remove_pod(&old);
+                }
+            }
+            Op::Bind(i, uid, minor) => {
+                let alloc = DeviceAllocations::parse_annotation(&format!(
+                    r#"{{"gpu":[{{"minor":{minor},"resources":{{"koordinator.sh/gpu-memory-ratio":"20"}}}}]}}"#
+                ))
+                .expect("allocation");
+                cluster.with_existing_node(&node_name(*i), |s| {
+                    s.devices.record(
+                        PodUid::new(format!("bind-{uid}")),
+                        RecordedAllocation::Allocated(alloc),
+                        EntryState::Assumed {
+                            at: std::time::Instant::now(),
+                        },
+                    )
+                });
+            }
+            Op::Rollback(i, uid) => {
+                cluster.with_existing_node(&node_name(*i), |s| {
+                    s.remove_assumed(&PodUid::new(format!("bind-{uid}")))
+                });
+            }
+            Op::Build => cluster.build_snapshot(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// Sequential: any sequence, with the full build anywhere (or first read) in it.
+        #[test]
+        fn snapshot_equals_a_rebuild_after_any_sequence(
+            ops in proptest::collection::vec(op(70), 1..250),
+        ) {
+            let cluster = ClusterState::new();
+            let mut pods = BTreeMap::new();
+            for op in &ops {
+                apply(&cluster, &mut pods, op);
+                if cluster.snapshot_built() {
+                    prop_assert_eq!(cluster.check_snapshot(), Ok(()), "after {:?}", op);
+                }
+            }
+            prop_assert_eq!(cluster.check_snapshot(), Ok(()));
+        }
+    }
+
+    /// Concurrent: writers on overlapping nodes while the full build runs and after it; at
+    /// quiescence the snapshot equals the rebuild.
+    #[test]
+    fn snapshot_converges_under_concurrent_writers_and_build() {
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        for round in 0..24 {
+            let cluster = Arc::new(ClusterState::new());
+            let per_thread: Vec<Vec<Op>> = (0..3)
+                .map(|_| {
+                    proptest::collection::vec(op(40), 200)
+                        .new_tree(&mut runner)
+                        .expect("ops")
+                        .current()
+                        .into_iter()
+                        .filter(|o| !matches!(o, Op::Build | Op::Pod { .. } | Op::DeletePod(_)))
+                        .collect()
+                })
+                .collect();
+            let start = Arc::new(std::sync::Barrier::new(4));
+            let mut handles = Vec::new();
+            for ops in per_thread {
+                let (c, s) = (cluster.clone(), start.clone());
+                handles.push(std::thread::spawn(move || {
+                    let mut pods = BTreeMap::new();
+                    s.wait();
+                    for op in &ops {
+                        apply(&c, &mut pods, op);
+                    }
+                }));
+            }
+            start.wait();
+            cluster.build_snapshot();
+            for h in handles {
+                h.join().expect("writer");
+            }
+            assert_eq!(cluster.check_snapshot(), Ok(()), "round {round}");
+        }
+    }
+
+    /// Node churn: removed names are compacted away, and a name that comes back is found.
+    #[test]
+    fn removed_nodes_are_compacted_and_can_return() {
+        let cluster = ClusterState::new();
+        cluster.build_snapshot();
+        for i in 0..120u8 {
+            cluster.set_devices(&node_name(i), Some(device(2)));
+        }
+        for i in 0..100u8 {
+            cluster.set_devices(&node_name(i), None);
+        }
+        assert_eq!(cluster.check_snapshot(), Ok(()));
+        let snapshot = cluster.read_snapshot();
+        assert_eq!(snapshot.len(), 20);
+        assert!(
+            snapshot.names.names.len() < 120,
+            "removed names were compacted: {} names kept",
+            snapshot.names.names.len()
+        );
+        assert!(snapshot.node(&node_name(5)).is_none());
+        drop(snapshot);
+        cluster.set_devices(&node_name(5), Some(device(1)));
+        assert_eq!(cluster.check_snapshot(), Ok(()));
+        assert!(cluster.read_snapshot().node(&node_name(5)).is_some());
+    }
+}

@@ -1,0 +1,233 @@
+//! What a node's `Device` object offers ([`NodeDevices`], per type and minor) and the
+//! read-only interface the allocator and scorer use to see what pods hold on it
+//! ([`DeviceHoldings`]).
+//!
+//! Placement owns these views: the caches (`cluster::devices::DeviceLedger`) implement
+//! [`DeviceHoldings`] and build them, placement only reads them. Pure data: nothing here locks,
+//! talks to the network or decides placement.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::device::{
+    Device, DeviceResources, DeviceTopology, DeviceType, canonicalize_resource_names,
+};
+use crate::model::ids::PodUid;
+use crate::model::quantity::Quantity;
+
+/// `acc += other`, dropping zero entries so equal contents compare equal.
+pub fn add_resources(acc: &mut DeviceResources, other: &DeviceResources) {
+    for (name, q) in other {
+        let e = acc.entry(name.clone()).or_insert(Quantity::ZERO);
+        *e = *e + *q;
+    }
+    acc.retain(|_, q| !q.is_zero());
+}
+
+/// `acc -= other`, clamped at zero (an entry never goes negative), dropping zero entries.
+pub fn sub_resources(acc: &mut DeviceResources, other: &DeviceResources) {
+    for (name, q) in other {
+        if let Some(e) = acc.get_mut(name) {
+            *e = Quantity::from_milli((e.milli() - q.milli()).max(0));
+        }
+    }
+    acc.retain(|_, q| !q.is_zero());
+}
+
+/// Whether every requested dimension is available (a missing dimension counts as zero).
+pub fn fits_in(request: &DeviceResources, free: &DeviceResources) -> bool {
+    request
+        .iter()
+        .all(|(name, q)| free.get(name).copied().unwrap_or(Quantity::ZERO) >= *q)
+}
+
+/// One device of one type on a node, as its `Device` entry described it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSlot {
+    pub minor: i32,
+    /// `spec.devices[].id`; copied into allocations.
+    pub id: String,
+    /// False for `health=false` and for entries whose resources did not parse.
+    pub healthy: bool,
+    /// Capacity; empty when unhealthy so nothing can ever be allocated from it.
+    pub total: DeviceResources,
+    pub topology: Option<DeviceTopology>,
+}
+
+/// What a node's `Device` object offers, per placeable type, per minor (ascending).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeDevices {
+    types: BTreeMap<DeviceType, BTreeMap<i32, DeviceSlot>>,
+}
+
+/// A `Device` entry that could not be used as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceProblem {
+    #[error("spec.devices[{index}] ({device_type}) has no minor; entry ignored")]
+    MissingMinor {
+        device_type: DeviceType,
+        index: usize,
+    },
+    #[error("spec.devices[{index}] ({device_type}) has negative minor {minor}; entry ignored")]
+    NegativeMinor {
+        device_type: DeviceType,
+        index: usize,
+        minor: i32,
+    },
+    #[error(
+        "spec.devices[{index}] ({device_type}) repeats minor {minor}; the first entry is kept, this one ignored"
+    )]
+    DuplicateMinor {
+        device_type: DeviceType,
+        index: usize,
+        minor: i32,
+    },
+    #[error(
+        "spec.devices[{index}] ({device_type} minor {minor}) resource {resource}={value:?} is invalid ({reason}); device treated as unhealthy"
+    )]
+    InvalidResource {
+        device_type: DeviceType,
+        index: usize,
+        minor: i32,
+        resource: String,
+        value: String,
+        reason: String,
+    },
+}
+
+impl DeviceProblem {
+    /// Short label for metrics.
+    pub fn class(&self) -> &'static str {
+        match self {
+            DeviceProblem::MissingMinor { .. } => "missing_minor",
+            DeviceProblem::NegativeMinor { .. } => "negative_minor",
+            DeviceProblem::DuplicateMinor { .. } => "duplicate_minor",
+            DeviceProblem::InvalidResource { .. } => "invalid_resource",
+        }
+    }
+}
+
+impl NodeDevices {
+    /// Builds the node's device table. Unknown types are skipped (not placeable). Bad entries are
+    /// reported and ignored rather than failing the whole object, so one bad GPU does not hide
+    /// the others.
+    pub fn from_device(device: &Device) -> (NodeDevices, Vec<DeviceProblem>) {
+        let mut types: BTreeMap<DeviceType, BTreeMap<i32, DeviceSlot>> = BTreeMap::new();
+        let mut problems = Vec::new();
+        for (index, info) in device.spec.devices.iter().enumerate() {
+            let device_type = info.device_type.clone();
+            if !device_type.is_known() {
+                continue;
+            }
+            let minor = match info.minor {
+                None => {
+                    problems.push(DeviceProblem::MissingMinor { device_type, index });
+                    continue;
+                }
+                Some(m) if m < 0 => {
+                    problems.push(DeviceProblem::NegativeMinor {
+                        device_type,
+                        index,
+                        minor: m,
+                    });
+                    continue;
+                }
+                Some(m) => m,
+            };
+            let by_minor = types.entry(device_type.clone()).or_default();
+            if by_minor.contains_key(&minor) {
+                problems.push(DeviceProblem::DuplicateMinor {
+                    device_type,
+                    index,
+                    minor,
+                });
+                continue;
+            }
+            let mut healthy = info.health;
+            let mut total = DeviceResources::new();
+            for (name, value) in info.resources.iter().flatten() {
+                match Quantity::parse(value) {
+                    Ok(q) if q.milli() >= 0 => {
+                        total.insert(name.clone(), q);
+                    }
+                    bad => {
+                        let reason = match bad {
+                            Err(e) => e.to_string(),
+                            Ok(_) => "negative".to_string(),
+                        };
+                        problems.push(DeviceProblem::InvalidResource {
+                            device_type: device_type.clone(),
+                            index,
+                            minor,
+                            resource: name.clone(),
+                            value: value.clone(),
+                            reason,
+                        });
+                        healthy = false;
+                    }
+                }
+            }
+            let mut total = canonicalize_resource_names(total);
+            total.retain(|_, q| !q.is_zero());
+            if !healthy {
+                total.clear();
+            }
+            by_minor.insert(
+                minor,
+                DeviceSlot {
+                    minor,
+                    id: info.id.clone().unwrap_or_default(),
+                    healthy,
+                    total,
+                    topology: info.topology.clone(),
+                },
+            );
+        }
+        types.retain(|_, m| !m.is_empty());
+        (NodeDevices { types }, problems)
+    }
+
+    /// Builds directly from slots (tests, offline fixtures). Later duplicates are ignored.
+    pub fn from_slots(slots: impl IntoIterator<Item = (DeviceType, DeviceSlot)>) -> Self {
+        let mut types: BTreeMap<DeviceType, BTreeMap<i32, DeviceSlot>> = BTreeMap::new();
+        for (t, s) in slots {
+            types.entry(t).or_default().entry(s.minor).or_insert(s);
+        }
+        NodeDevices { types }
+    }
+
+    pub fn types(&self) -> impl Iterator<Item = &DeviceType> {
+        self.types.keys()
+    }
+    /// Devices of a type in ascending minor order.
+    pub fn slots(&self, t: &DeviceType) -> impl Iterator<Item = &DeviceSlot> {
+        self.types.get(t).into_iter().flat_map(|m| m.values())
+    }
+    pub fn slot(&self, t: &DeviceType, minor: i32) -> Option<&DeviceSlot> {
+        self.types.get(t)?.get(&minor)
+    }
+    pub fn minors(&self, t: &DeviceType) -> BTreeSet<i32> {
+        self.slots(t).map(|s| s.minor).collect()
+    }
+    pub fn has_type(&self, t: &DeviceType) -> bool {
+        self.types.contains_key(t)
+    }
+}
+
+/// Used resources per type, per minor.
+pub type UsedMap = BTreeMap<DeviceType, BTreeMap<i32, DeviceResources>>;
+/// Free resources per placeable type, per minor present in the node's devices.
+pub type FreeMap = BTreeMap<DeviceType, BTreeMap<i32, DeviceResources>>;
+
+/// What the full allocator and scorer read of one node: the devices its `Device` object
+/// offers and what pods hold. Implemented by the caches' ledger; never mutated through here.
+pub trait DeviceHoldings {
+    /// `None` when the node has no `Device` object.
+    fn devices(&self) -> Option<&NodeDevices>;
+    /// Free per placeable type and minor, with the holdings of `ignore` (preemption victims)
+    /// released. A copy.
+    fn free(&self, ignore: &[PodUid]) -> FreeMap;
+    /// Whether a malformed holding outside `ignore` blocks every device of the node.
+    fn blocked(&self, ignore: &[PodUid]) -> bool;
+    /// Used per type and minor over every holding.
+    fn used(&self) -> &UsedMap;
+}
