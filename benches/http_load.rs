@@ -7,8 +7,13 @@
 //! - filter + prioritize latency at 5,000 nodes, names mode, one pod at a time over one
 //!   connection (client-side timing: send → last response byte; plus the server-side mean from
 //!   `dne_http_request_duration_seconds` sum/count over the same requests);
+//! - per verb (filter, prioritize), at 1,000 and 5,000 candidate nodes, each placement case
+//!   against the pass-through request (`no_devices`: same client, same body size) of the same
+//!   run, p50 and p99;
 //! - filter throughput at 1,000 candidate nodes with several keep-alive connections for a fixed
-//!   time.
+//!   time;
+//! - scaling: on a 20,000-node cluster, the per-node cost ((case − pass-through) / nodes, p50)
+//!   at 1,000, 5,000 and 20,000 candidates.
 //!
 //! Bounded: a fixed request count (and a time cap) per phase, loopback only.
 //! Run: `cargo bench --bench http_load` (see BENCHMARKS.md).
@@ -50,6 +55,14 @@ const LATENCY_PAIRS: usize = 400;
 const LATENCY_CAP: Duration = Duration::from_secs(30);
 const THROUGHPUT_TIME: Duration = Duration::from_secs(5);
 const THROUGHPUT_CONNECTIONS: usize = 4;
+/// Per-verb ratios: rounds over every case (interleaved, so load drifts hit all cases alike),
+/// requests per case, verb and round.
+const VERB_ROUNDS: usize = 5;
+const VERB_PER_ROUND: usize = 40;
+/// The scaling row's cluster and candidate counts.
+const SCALING_CLUSTER: usize = 20_000;
+const SCALING_SIZES: [usize; 3] = [1_000, 5_000, 20_000];
+const SCALING_CASES: [Case; 4] = [Case::NoDevices, Case::SharedGpu, Case::Cpuset, Case::GpuCpuset];
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -276,6 +289,20 @@ async fn run() {
     }
 
     println!(
+        "\n-- per verb, each case against the pass-through request ({}) of this run: service, 1 connection, sequential, client-side --",
+        Case::NoDevices.label()
+    );
+    for nodes in [THROUGHPUT_NODES, NODES] {
+        for case in Case::ALL {
+            bodies
+                .entry(format!("{}@{nodes}", case.label()))
+                .or_insert_with(|| Bytes::from(extender_body(case, nodes)));
+        }
+        let table = per_verb(&client, &targets[0].base, &bodies, nodes, &Case::ALL).await;
+        print_per_verb(nodes, &table);
+    }
+
+    println!(
         "\n-- filter throughput, {THROUGHPUT_NODES} candidate nodes, shared-GPU pod, {THROUGHPUT_CONNECTIONS} keep-alive connections, {THROUGHPUT_TIME:?} each, client in the same process --"
     );
     let key = format!("{}@{THROUGHPUT_NODES}", Case::SharedGpu.label());
@@ -303,6 +330,146 @@ async fn run() {
     let svc_best = rates[0].iter().copied().fold(0.0, f64::max);
     let base_best = rates[1].iter().copied().fold(0.0, f64::max);
     println!("  service/baseline throughput {:.2}", svc_best / base_best);
+    svc.shutdown().await.expect("shutdown");
+    drop(dir);
+    scaling(&client).await;
+}
+
+/// Per (case, verb): the client-side latencies of `VERB_ROUNDS` × `VERB_PER_ROUND` requests
+/// over `nodes` candidates, after a warm-up.
+async fn per_verb(
+    client: &HttpClient,
+    base: &str,
+    bodies: &HashMap<String, Bytes>,
+    nodes: usize,
+    cases: &[Case],
+) -> Vec<(Case, &'static str, common::Summary)> {
+    let verbs = ["filter", "prioritize"];
+    let mut samples: HashMap<(usize, usize), Vec<Duration>> = HashMap::new();
+    for round in 0..=VERB_ROUNDS {
+        for (ci, case) in cases.iter().enumerate() {
+            let key = format!("{}@{nodes}", case.label());
+            let body = &bodies[&key];
+            for (vi, verb) in verbs.iter().enumerate() {
+                let url = format!("{base}/{verb}");
+                let n = if round == 0 { 5 } else { VERB_PER_ROUND };
+                for _ in 0..n {
+                    let t = Instant::now();
+                    let (status, _) = post(client, &url, &key, body).await;
+                    let took = t.elapsed();
+                    assert_eq!(status, 200, "{verb} {key}");
+                    // Round 0 warms the connection, allocator and caches.
+                    if round > 0 {
+                        samples.entry((ci, vi)).or_default().push(took);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (ci, case) in cases.iter().enumerate() {
+        for (vi, verb) in verbs.iter().enumerate() {
+            let s = samples.get_mut(&(ci, vi)).expect("samples");
+            out.push((*case, *verb, summarize(s)));
+        }
+    }
+    out
+}
+
+fn print_per_verb(nodes: usize, table: &[(Case, &'static str, common::Summary)]) {
+    println!("{nodes} nodes:");
+    for verb in ["filter", "prioritize"] {
+        let pass = table
+            .iter()
+            .find(|(c, v, _)| matches!(c, Case::NoDevices) && *v == verb)
+            .map(|(_, _, s)| (s.p50, s.p99))
+            .expect("pass-through case measured");
+        for (case, _, s) in table.iter().filter(|(_, v, _)| *v == verb) {
+            println!(
+                "  {verb:<10} {:<14} p50 {:>10} p99 {:>10}   vs pass-through: p50 {:.2}x  p99 {:.2}x",
+                case.label(),
+                ms(s.p50),
+                ms(s.p99),
+                s.p50.as_secs_f64() / pass.0.as_secs_f64(),
+                s.p99.as_secs_f64() / pass.1.as_secs_f64(),
+            );
+        }
+    }
+}
+
+/// The per-node cost at 1,000, 5,000 and 20,000 candidates on one 20,000-node cluster (GPU
+/// and cpuset holders only: the same summaries as the full synthetic cluster).
+async fn scaling(client: &HttpClient) {
+    println!(
+        "\n-- scaling: {SCALING_CLUSTER}-node cluster, per-node cost = (case p50 - pass-through p50) / candidates, per verb --"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.json");
+    let t = Instant::now();
+    std::fs::write(
+        &path,
+        common::cluster_of_holders(SCALING_CLUSTER).to_list_json(),
+    )
+    .expect("write cluster");
+    let args =
+        support::service::serve_args(&["--cluster-file", path.to_str().expect("utf-8 path")]);
+    let svc = Service::start(args, None).await.expect("service starts");
+    support::service::Http::new(svc.addr)
+        .wait_ready(Duration::from_secs(300))
+        .await;
+    println!("service ready with {SCALING_CLUSTER} nodes in {:.1?}", t.elapsed());
+    let base = format!("http://{}", svc.addr);
+    let mut bodies = HashMap::new();
+    let mut rows: Vec<(usize, Vec<(Case, &'static str, common::Summary)>)> = Vec::new();
+    for nodes in SCALING_SIZES {
+        for case in SCALING_CASES {
+            bodies.insert(
+                format!("{}@{nodes}", case.label()),
+                Bytes::from(extender_body(case, nodes)),
+            );
+        }
+        rows.push((nodes, per_verb(client, &base, &bodies, nodes, &SCALING_CASES).await));
+    }
+    for verb in ["filter", "prioritize"] {
+        for case in SCALING_CASES.iter().filter(|c| !matches!(c, Case::NoDevices)) {
+            let per_node: Vec<f64> = rows
+                .iter()
+                .map(|(nodes, table)| {
+                    let p50 = |c: &Case| {
+                        table
+                            .iter()
+                            .find(|(k, v, _)| k.label() == c.label() && *v == verb)
+                            .map(|(_, _, s)| s.p50.as_secs_f64())
+                            .expect("measured")
+                    };
+                    (p50(case) - p50(&Case::NoDevices)) / *nodes as f64 * 1e9
+                })
+                .collect();
+            let mean = per_node.iter().sum::<f64>() / per_node.len() as f64;
+            let spread = per_node
+                .iter()
+                .map(|c| (c - mean).abs() / mean.abs().max(f64::EPSILON))
+                .fold(0.0, f64::max);
+            println!(
+                "  {verb:<10} {:<14} ns/node at {}: {}   (max deviation from their mean {:.0}%)",
+                case.label(),
+                SCALING_SIZES
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                per_node
+                    .iter()
+                    .map(|c| format!("{c:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                spread * 100.0
+            );
+        }
+    }
+    for (nodes, table) in &rows {
+        print_per_verb(*nodes, table);
+    }
     svc.shutdown().await.expect("shutdown");
 }
 

@@ -83,7 +83,39 @@ where
     }
     let (response, outcome) = handle(&state, request).await;
     record(&state, verb, outcome, started);
-    axum::Json(response).into_response()
+    json_response(&response, reply_capacity(&headers, state.body_limit))
+}
+
+/// A reply for a request of this size: filter and prioritize answer about one entry per
+/// candidate node, so the request's length (plus half) holds the reply without regrowing.
+fn reply_capacity(headers: &HeaderMap, limit: usize) -> usize {
+    let request = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    (request + request / 2).clamp(256, limit)
+}
+
+/// `value` as a JSON response, serialized straight into one buffer of `capacity` bytes.
+fn json_response<T: Serialize>(value: &T, capacity: usize) -> Response {
+    let mut buf = Vec::with_capacity(capacity);
+    match serde_json::to_writer(&mut buf, value) {
+        Ok(()) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            )],
+            buf,
+        )
+            .into_response(),
+        // Our own answer types always serialize; if one ever does not, say so as JSON.
+        Err(e) => (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(serde_json::json!({ "error": format!("failed to encode the answer: {e}") })),
+        )
+            .into_response(),
+    }
 }
 
 pub async fn filter(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
