@@ -10,13 +10,13 @@ use crate::model::device::DeviceAllocations;
 use crate::model::ids::{ObjectKey, PodUid};
 use crate::model::koord_cpu::{RESOURCE_SPEC, ResourceStatus, parse_resource_spec};
 use crate::model::pod::Pod;
-use crate::model::requests::{Requests, pod_requests};
+use crate::model::requests::{PodRequests, pod_requests_compact};
 use crate::placement::cpu::CpuExclusivePolicy;
 
-fn serialize_requests<S: serde::Serializer>(r: &Requests, s: S) -> Result<S::Ok, S::Error> {
+fn serialize_requests<S: serde::Serializer>(r: &PodRequests, s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
     let mut map = s.serialize_map(Some(r.len()))?;
-    for (k, v) in r {
+    for (k, v) in r.iter() {
         map.serialize_entry(k, &v.to_string())?;
     }
     map.end()
@@ -35,9 +35,9 @@ pub struct PodRecord {
     /// invalid (the API server never admits such pods).
     #[serde(
         serialize_with = "serialize_requests",
-        skip_serializing_if = "Requests::is_empty"
+        skip_serializing_if = "PodRequests::is_empty"
     )]
-    pub requests: Requests,
+    pub requests: PodRequests,
     /// The parsed `device-allocated` annotation.
     pub devices: PodDevices,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -58,7 +58,7 @@ impl PodRecord {
             key: ObjectKey::namespaced(namespace, name),
             node: pod.node_name().map(Arc::from),
             phase: pod.status.phase.clone(),
-            requests: pod_requests(&pod.spec).unwrap_or_default(),
+            requests: pod_requests_compact(&pod.spec).unwrap_or_default(),
             devices: PodDevices::from_annotation(pod.annotation(DEVICE_ALLOCATED)),
             resource_status: pod.annotation(RESOURCE_STATUS).map(str::to_owned),
             cpus: PodCpus::from_pod(pod),

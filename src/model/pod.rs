@@ -138,40 +138,150 @@ static_resource!(
 
 /// Quantities in hand-written YAML are often bare numbers (`nvidia.com/gpu: 1`); the API
 /// server always sends strings. Accept both so a cluster file reads like `kubectl` output.
+///
+/// Hand-written visitors, not an untagged enum: `#[serde(untagged)]` buffers every value
+/// before trying each variant, and resource lists are decoded for every container of every
+/// pod at bootstrap (~9% of the service's CPU there).
 pub mod lenient {
-    use serde::{Deserialize, Deserializer};
     use std::collections::BTreeMap;
+    use std::fmt;
 
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum StrOrNum {
-        S(String),
-        I(i64),
-        U(u64),
-        F(f64),
+    use serde::Deserializer;
+    use serde::de::{DeserializeSeed, Error, MapAccess, Visitor};
+
+    /// A string, or a number written out as `i64`/`u64`/`f64` `to_string` does.
+    struct Text;
+
+    impl<'de> Visitor<'de> for Text {
+        type Value = String;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string or a number")
+        }
+        fn visit_str<E: Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_owned())
+        }
+        fn visit_string<E: Error>(self, v: String) -> Result<String, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: Error>(self, v: i64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_u64<E: Error>(self, v: u64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_f64<E: Error>(self, v: f64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
     }
 
-    impl StrOrNum {
-        fn into_string(self) -> String {
-            match self {
-                StrOrNum::S(s) => s,
-                StrOrNum::I(i) => i.to_string(),
-                StrOrNum::U(u) => u.to_string(),
-                StrOrNum::F(f) => f.to_string(),
+    impl<'de> DeserializeSeed<'de> for Text {
+        type Value = String;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    /// `None` for null or absent, else what `inner` makes of the value.
+    struct Optional<V>(V);
+
+    impl<'de, V: Visitor<'de>> Visitor<'de> for Optional<V> {
+        type Value = Option<V::Value>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            self.0.expecting(f)?;
+            f.write_str(" or null")
+        }
+        fn visit_none<E: Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self.0).map(Some)
+        }
+    }
+
+    /// A map of names to [`Text`] values; a repeated name keeps its last value.
+    struct List;
+
+    impl<'de> Visitor<'de> for List {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map of resource names to quantities")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(name) = map.next_key::<String>()? {
+                let value = map.next_value_seed(Text)?;
+                out.insert(name, value);
             }
+            Ok(out)
         }
     }
 
     pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-        Ok(Option::<StrOrNum>::deserialize(d)?
-            .map(StrOrNum::into_string)
-            .unwrap_or_default())
+        Ok(d.deserialize_option(Optional(Text))?.unwrap_or_default())
     }
 
     pub fn resource_list<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Option<BTreeMap<String, String>>, D::Error> {
-        let m = Option::<BTreeMap<String, StrOrNum>>::deserialize(d)?;
-        Ok(m.map(|m| m.into_iter().map(|(k, v)| (k, v.into_string())).collect()))
+        d.deserialize_option(Optional(List))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[derive(Debug, serde::Deserialize)]
+        struct R {
+            #[serde(default, deserialize_with = "resource_list")]
+            list: Option<BTreeMap<String, String>>,
+            #[serde(default, deserialize_with = "string")]
+            text: String,
+        }
+
+        fn r(json: &str) -> Result<R, String> {
+            serde_json::from_str(json).map_err(|e| e.to_string())
+        }
+
+        #[test]
+        fn strings_and_numbers_read_as_their_text() {
+            let got = r(r#"{"list":{"cpu":"500m","gpu":1,"neg":-2,"big":18446744073709551615,"f":0.5,"cpu":"2"},"text":7}"#).unwrap();
+            let want: BTreeMap<String, String> = [
+                ("cpu", "2"),
+                ("gpu", "1"),
+                ("neg", "-2"),
+                ("big", "18446744073709551615"),
+                ("f", "0.5"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            assert_eq!(got.list, Some(want));
+            assert_eq!(got.text, "7");
+            // From a serde_json::Value too (cluster files go through one).
+            let v = serde_json::json!({"list": {"gpu": 2}, "text": "x"});
+            let got: R = serde_json::from_value(v).unwrap();
+            assert_eq!(got.list.unwrap()["gpu"], "2");
+            assert_eq!(got.text, "x");
+        }
+
+        #[test]
+        fn null_and_absent_are_empty_and_other_types_are_errors() {
+            let got = r(r#"{"list":null,"text":null}"#).unwrap();
+            assert_eq!((got.list, got.text.as_str()), (None, ""));
+            let got = r("{}").unwrap();
+            assert_eq!((got.list, got.text.as_str()), (None, ""));
+            for bad in [
+                r#"{"list":{"cpu":true}}"#,
+                r#"{"list":{"cpu":null}}"#,
+                r#"{"list":{"cpu":["1"]}}"#,
+                r#"{"list":["cpu"]}"#,
+                r#"{"text":{"a":1}}"#,
+            ] {
+                assert!(r(bad).is_err(), "{bad} should be rejected");
+            }
+        }
     }
 }

@@ -73,10 +73,10 @@ impl Quantity {
             return Err(invalid());
         }
         let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
-        // Value as digits / 10^frac_len.
-        let digits: String = format!("{int_part}{frac_part}");
+        // Value as digits / 10^frac_len. The digits are read in place: this runs for every
+        // quantity of every pod at bootstrap, so it must not allocate.
         let mut mantissa: i128 = 0;
-        for b in digits.bytes() {
+        for b in int_part.bytes().chain(frac_part.bytes()) {
             mantissa = mantissa
                 .checked_mul(10)
                 .and_then(|m| m.checked_add(i128::from(b - b'0')))

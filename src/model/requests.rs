@@ -4,9 +4,13 @@
 //! restartable sidecars (KEP-753), pod overhead, deprecated device-name mapping. It does not
 //! decide what the requests mean (that is `placement`), and never performs I/O.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use super::device::canonicalize_resource_names;
+use super::device::{
+    FPGA, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, KOORD_GPU, NVIDIA_GPU, RDMA,
+    canonical_resource_name,
+};
 use super::pod::{Container, PodSpec, ResourceList};
 use super::quantity::{Quantity, QuantityError};
 
@@ -35,12 +39,73 @@ pub enum RequestError {
     },
 }
 
-fn parse_list(
-    list: Option<&ResourceList>,
+/// Resource names common enough that the kept requests of 150,000 pods should not each own a
+/// copy of them.
+const WELL_KNOWN: [&str; 11] = [
+    "cpu",
+    "memory",
+    "ephemeral-storage",
+    "pods",
+    NVIDIA_GPU,
+    KOORD_GPU,
+    GPU_CORE,
+    GPU_MEMORY,
+    GPU_MEMORY_RATIO,
+    RDMA,
+    FPGA,
+];
+
+/// A pod's effective requests as the caches keep them (one per pod, for every pod): a boxed
+/// slice sorted by name, with well-known names static. A `BTreeMap<String, Quantity>` costs a
+/// ~450-byte tree node plus one `String` per name for the usual two or three entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodRequests(Box<[(Cow<'static, str>, Quantity)]>);
+
+impl PodRequests {
+    pub fn get(&self, name: &str) -> Option<&Quantity> {
+        self.0
+            .binary_search_by(|(n, _)| n.as_ref().cmp(name))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+    /// In name order, like [`Requests`].
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Quantity)> {
+        self.0.iter().map(|(n, q)| (n.as_ref(), q))
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn to_map(&self) -> Requests {
+        self.iter().map(|(n, q)| (n.to_string(), *q)).collect()
+    }
+}
+
+/// Accumulated requests with names borrowed from the spec (or static canonical names): the
+/// arithmetic below allocates no names, and a pod has a handful of resources, so linear search
+/// beats any map.
+type Acc<'a> = Vec<(&'a str, Quantity)>;
+
+fn slot<'a, 'b>(acc: &'b mut Acc<'a>, name: &'a str) -> &'b mut Quantity {
+    let i = match acc.iter().position(|(n, _)| *n == name) {
+        Some(i) => i,
+        None => {
+            acc.push((name, Quantity::ZERO));
+            acc.len() - 1
+        }
+    };
+    &mut acc[i].1
+}
+
+fn parse_list<'a>(
+    list: Option<&'a ResourceList>,
     container: &str,
     field: &'static str,
-) -> Result<Requests, RequestError> {
-    let mut out = Requests::new();
+) -> Result<Acc<'a>, RequestError> {
+    let mut out = Acc::with_capacity(list.map_or(0, BTreeMap::len));
+    let mut deprecated = Vec::new();
     for (name, value) in list.into_iter().flatten() {
         let q = Quantity::parse(value).map_err(|source| RequestError::InvalidQuantity {
             container: container.to_string(),
@@ -57,50 +122,62 @@ fn parse_list(
                 value: value.clone(),
             });
         }
-        out.insert(name.clone(), q);
+        // koordinator renames deprecated device names per container before summing.
+        let canonical = canonical_resource_name(name);
+        if canonical == name.as_str() {
+            out.push((name.as_str(), q));
+        } else {
+            deprecated.push((canonical, q));
+        }
     }
-    // koordinator renames deprecated device names per container before summing.
-    Ok(canonicalize_resource_names(out))
+    // As `canonicalize_resource_names`: an explicit current name wins over a deprecated one.
+    for (name, q) in deprecated {
+        if !out.iter().any(|(n, _)| *n == name) {
+            out.push((name, q));
+        }
+    }
+    Ok(out)
 }
 
 /// A container's requests, with limits filling in resources that have no request (API-server
 /// defaulting does this; we may see objects that were never defaulted, e.g. from files).
-fn container_requests(c: &Container) -> Result<Requests, RequestError> {
+fn container_requests(c: &Container) -> Result<Acc<'_>, RequestError> {
     let mut req = parse_list(c.resources.requests.as_ref(), &c.name, "requests")?;
     let limits = parse_list(c.resources.limits.as_ref(), &c.name, "limits")?;
     for (name, q) in limits {
-        req.entry(name).or_insert(q);
+        if !req.iter().any(|(n, _)| *n == name) {
+            req.push((name, q));
+        }
     }
     Ok(req)
 }
 
-fn add_into(acc: &mut Requests, other: &Requests) {
-    for (name, q) in other {
-        let e = acc.entry(name.clone()).or_insert(Quantity::ZERO);
-        *e = *e + *q;
+fn add_into<'a>(acc: &mut Acc<'a>, other: &Acc<'a>) {
+    for &(name, q) in other {
+        let e = slot(acc, name);
+        *e = *e + q;
     }
 }
 
-fn max_into(acc: &mut Requests, other: &Requests) {
-    for (name, q) in other {
-        let e = acc.entry(name.clone()).or_insert(Quantity::ZERO);
-        if *q > *e {
-            *e = *q;
+fn max_into<'a>(acc: &mut Acc<'a>, other: &Acc<'a>) {
+    for &(name, q) in other {
+        let e = slot(acc, name);
+        if q > *e {
+            *e = q;
         }
     }
 }
 
-/// The pod's effective requests: max(init-phase peak, app containers + sidecars) + overhead, with
-/// zero entries removed. Errors name the container and resource of an unparseable quantity.
-pub fn pod_requests(spec: &PodSpec) -> Result<Requests, RequestError> {
-    let mut reqs = Requests::new();
+/// max(init-phase peak, app containers + sidecars) + overhead, zero entries removed, unsorted.
+fn effective(spec: &PodSpec) -> Result<Acc<'_>, RequestError> {
+    let mut reqs = Acc::new();
     for c in &spec.containers {
         add_into(&mut reqs, &container_requests(c)?);
     }
     // KEP-753: restartable init containers (sidecars) keep running, so they add to the app
     // containers and to every later init container's peak.
-    let mut sidecars = Requests::new();
-    let mut init_peak = Requests::new();
+    let mut sidecars = Acc::new();
+    let mut init_peak = Acc::new();
     for c in &spec.init_containers {
         let own = container_requests(c)?;
         let during = if c.restart_policy.as_deref() == Some("Always") {
@@ -117,8 +194,34 @@ pub fn pod_requests(spec: &PodSpec) -> Result<Requests, RequestError> {
     max_into(&mut reqs, &init_peak);
     let overhead = parse_list(spec.overhead.as_ref(), "<pod overhead>", "overhead")?;
     add_into(&mut reqs, &overhead);
-    reqs.retain(|_, q| !q.is_zero());
+    reqs.retain(|(_, q)| !q.is_zero());
     Ok(reqs)
+}
+
+/// The pod's effective requests: max(init-phase peak, app containers + sidecars) + overhead, with
+/// zero entries removed. Errors name the container and resource of an unparseable quantity.
+pub fn pod_requests(spec: &PodSpec) -> Result<Requests, RequestError> {
+    Ok(effective(spec)?
+        .into_iter()
+        .map(|(n, q)| (n.to_string(), q))
+        .collect())
+}
+
+/// [`pod_requests`] in the compact form the pod records keep (same entries, same errors).
+pub fn pod_requests_compact(spec: &PodSpec) -> Result<PodRequests, RequestError> {
+    let mut reqs = effective(spec)?;
+    reqs.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    Ok(PodRequests(
+        reqs.into_iter()
+            .map(|(n, q)| {
+                let name = match WELL_KNOWN.iter().find(|k| **k == n) {
+                    Some(k) => Cow::Borrowed(*k),
+                    None => Cow::Owned(n.to_owned()),
+                };
+                (name, q)
+            })
+            .collect(),
+    ))
 }
 
 #[cfg(test)]
@@ -198,6 +301,159 @@ mod tests {
         let r = pod_requests(&spec).unwrap();
         assert!(!r.contains_key("cpu"));
         assert_eq!(r["koordinator.sh/gpu-memory-ratio"], q("30"));
+    }
+
+    /// The map-based computation this module used before it accumulated borrowed names, kept
+    /// as the definition the fast path must equal.
+    mod reference {
+        use super::super::*;
+        use crate::model::device::canonicalize_resource_names;
+
+        fn parse_list(
+            list: Option<&ResourceList>,
+            container: &str,
+            field: &'static str,
+        ) -> Result<Requests, RequestError> {
+            let mut out = Requests::new();
+            for (name, value) in list.into_iter().flatten() {
+                let q = Quantity::parse(value).map_err(|source| RequestError::InvalidQuantity {
+                    container: container.to_string(),
+                    field,
+                    resource: name.clone(),
+                    value: value.clone(),
+                    source,
+                })?;
+                if q.milli() < 0 {
+                    return Err(RequestError::Negative {
+                        container: container.to_string(),
+                        field,
+                        resource: name.clone(),
+                        value: value.clone(),
+                    });
+                }
+                out.insert(name.clone(), q);
+            }
+            Ok(canonicalize_resource_names(out))
+        }
+        fn container_requests(c: &Container) -> Result<Requests, RequestError> {
+            let mut req = parse_list(c.resources.requests.as_ref(), &c.name, "requests")?;
+            for (name, q) in parse_list(c.resources.limits.as_ref(), &c.name, "limits")? {
+                req.entry(name).or_insert(q);
+            }
+            Ok(req)
+        }
+        fn add_into(acc: &mut Requests, other: &Requests) {
+            for (name, q) in other {
+                let e = acc.entry(name.clone()).or_insert(Quantity::ZERO);
+                *e = *e + *q;
+            }
+        }
+        fn max_into(acc: &mut Requests, other: &Requests) {
+            for (name, q) in other {
+                let e = acc.entry(name.clone()).or_insert(Quantity::ZERO);
+                if *q > *e {
+                    *e = *q;
+                }
+            }
+        }
+        pub fn pod_requests(spec: &PodSpec) -> Result<Requests, RequestError> {
+            let mut reqs = Requests::new();
+            for c in &spec.containers {
+                add_into(&mut reqs, &container_requests(c)?);
+            }
+            let mut sidecars = Requests::new();
+            let mut init_peak = Requests::new();
+            for c in &spec.init_containers {
+                let own = container_requests(c)?;
+                let during = if c.restart_policy.as_deref() == Some("Always") {
+                    add_into(&mut reqs, &own);
+                    add_into(&mut sidecars, &own);
+                    sidecars.clone()
+                } else {
+                    let mut t = own;
+                    add_into(&mut t, &sidecars);
+                    t
+                };
+                max_into(&mut init_peak, &during);
+            }
+            max_into(&mut reqs, &init_peak);
+            let overhead = parse_list(spec.overhead.as_ref(), "<pod overhead>", "overhead")?;
+            add_into(&mut reqs, &overhead);
+            reqs.retain(|_, q| !q.is_zero());
+            Ok(reqs)
+        }
+    }
+
+    mod equivalence {
+        use super::super::*;
+        use crate::model::pod::ResourceRequirements;
+        use proptest::prelude::*;
+
+        /// Names that collide after canonicalisation, well-known and unknown ones.
+        fn name() -> impl Strategy<Value = String> {
+            prop::sample::select(vec![
+                "cpu",
+                "memory",
+                "nvidia.com/gpu",
+                "koordinator.sh/gpu-core",
+                "kubernetes.io/gpu-core",
+                "koordinator.sh/gpu-memory-ratio",
+                "kubernetes.io/gpu-memory-ratio",
+                "kubernetes.io/rdma",
+                "example.com/widget",
+            ])
+            .prop_map(str::to_string)
+        }
+        /// Mostly valid quantities, some zero, some negative or malformed.
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                6 => (0u32..5000).prop_map(|v| format!("{v}m")),
+                3 => (0u32..64).prop_map(|v| v.to_string()),
+                1 => prop::sample::select(vec!["-1", "two", "1.5Gi", "0", ""]).prop_map(str::to_string),
+            ]
+        }
+        fn list() -> impl Strategy<Value = Option<ResourceList>> {
+            prop::option::of(prop::collection::btree_map(name(), value(), 0..4))
+        }
+        fn container() -> impl Strategy<Value = Container> {
+            (list(), list(), any::<bool>(), 0u8..3).prop_map(|(requests, limits, always, n)| {
+                Container {
+                    name: format!("c{n}"),
+                    resources: ResourceRequirements { requests, limits },
+                    restart_policy: always.then(|| "Always".to_string()),
+                }
+            })
+        }
+        fn spec() -> impl Strategy<Value = PodSpec> {
+            (
+                prop::collection::vec(container(), 0..3),
+                prop::collection::vec(container(), 0..3),
+                list(),
+            )
+                .prop_map(|(containers, init_containers, overhead)| PodSpec {
+                    containers,
+                    init_containers,
+                    overhead,
+                    ..Default::default()
+                })
+        }
+
+        proptest! {
+            #[test]
+            fn fast_path_equals_the_map_definition(spec in spec()) {
+                let want = super::reference::pod_requests(&spec);
+                prop_assert_eq!(&pod_requests(&spec), &want);
+                let compact = pod_requests_compact(&spec);
+                prop_assert_eq!(compact.clone().map(|c| c.to_map()), want.clone());
+                if let (Ok(c), Ok(w)) = (&compact, &want) {
+                    prop_assert_eq!(c.len(), w.len());
+                    for (name, q) in w {
+                        prop_assert_eq!(c.get(name), Some(q));
+                    }
+                    prop_assert_eq!(c.get("not-requested"), None);
+                }
+            }
+        }
     }
 
     #[test]
