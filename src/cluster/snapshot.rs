@@ -36,7 +36,7 @@ use parking_lot::Mutex;
 
 use super::state::NodeState;
 use crate::placement::cpu::{CpuSummary, NodeCpuBindPolicy};
-use crate::placement::device::index::{DeviceIndexRef, INDEXED_TYPES, SlotIndex};
+use crate::placement::device::index::{DeviceIndexRef, INDEXED_TYPES, NodeSums, SlotIndex};
 
 /// Nodes per chunk: the unit a publish copies.
 pub const CHUNK: usize = 32;
@@ -93,27 +93,30 @@ pub struct NodeSummary {
     devices: DeviceFacts,
     /// The node's slots; `devices`' ranges index this.
     slots: Vec<SlotIndex>,
+    sums: NodeSums,
     cpu: CpuFacts,
 }
 
 impl NodeSummary {
     /// The facts of `state` (its cached CPU summary and a freshly built device index).
     pub fn of(state: &NodeState) -> Self {
-        let (devices, slots) = match state.devices.devices() {
+        let (devices, slots, sums) = match state.devices.devices() {
             None => (
                 DeviceFacts::Missing {
                     held: !state.devices.is_empty(),
                 },
                 Vec::new(),
+                NodeSums::default(),
             ),
             Some(_) => match state.devices.device_index() {
-                None => (DeviceFacts::Unindexed, Vec::new()),
+                None => (DeviceFacts::Unindexed, Vec::new(), NodeSums::default()),
                 Some(index) => (
                     DeviceFacts::Indexed {
                         blocked: index.blocked,
                         ranges: index.ranges,
                     },
                     index.slots,
+                    index.sums,
                 ),
             },
         };
@@ -128,6 +131,7 @@ impl NodeSummary {
         NodeSummary {
             devices,
             slots,
+            sums,
             cpu,
         }
     }
@@ -135,38 +139,48 @@ impl NodeSummary {
     /// The view of this summary (tests compare views of published and rebuilt summaries).
     pub fn view(&self) -> NodeView<'_> {
         NodeView {
-            devices: device_view(&self.devices, &self.slots),
+            devices: device_view(&self.devices, &self.slots, &self.sums),
             cpu: &self.cpu,
         }
     }
 }
 
-fn device_view<'a>(facts: &DeviceFacts, slots: &'a [SlotIndex]) -> DeviceView<'a> {
+fn device_view<'a>(
+    facts: &DeviceFacts,
+    slots: &'a [SlotIndex],
+    sums: &'a NodeSums,
+) -> DeviceView<'a> {
     match *facts {
         DeviceFacts::Missing { held } => DeviceView::Missing { held },
         DeviceFacts::Unindexed => DeviceView::Unindexed,
         DeviceFacts::Indexed { blocked, ranges } => {
-            DeviceView::Indexed(DeviceIndexRef::over(slots, blocked, &ranges))
+            DeviceView::Indexed(DeviceIndexRef::over(slots, blocked, &ranges, sums))
         }
     }
 }
 
-/// One node's place in a chunk.
-#[derive(Clone, Debug)]
+/// One node's place in a chunk: what every read of the node touches first, kept small so
+/// the nodes of a chunk share cache lines (CPU facts and score sums live in their own
+/// arrays, read only by the pods that need them).
+#[derive(Clone, Copy, Debug)]
 struct Slot {
     /// The version of the state these facts were built from (0: never published).
     version: u64,
     /// `None`: no such node (removed, or a position not yet used).
-    facts: Option<(DeviceFacts, CpuFacts)>,
+    devices: Option<DeviceFacts>,
     /// `(start, len)` of this node's device slots in the chunk's `slots`; the ranges in its
     /// `DeviceFacts` are relative to `start`.
     slots: (u32, u32),
 }
 
-/// [`CHUNK`] consecutive nodes.
+/// [`CHUNK`] consecutive nodes, structure of arrays.
 #[derive(Clone, Debug)]
 struct Chunk {
     nodes: Vec<Slot>,
+    /// Per position; `None` where `nodes` has none.
+    cpus: Vec<Option<CpuFacts>>,
+    /// Per position (zero where absent).
+    sums: Vec<NodeSums>,
     /// Every node's device slots, node after node.
     slots: Vec<SlotIndex>,
 }
@@ -175,6 +189,8 @@ impl Chunk {
     fn new() -> Self {
         Chunk {
             nodes: Vec::with_capacity(CHUNK),
+            cpus: Vec::with_capacity(CHUNK),
+            sums: Vec::with_capacity(CHUNK),
             slots: Vec::new(),
         }
     }
@@ -192,23 +208,24 @@ impl Chunk {
         &self.slots[start..start + len]
     }
 
+    #[inline]
     fn view(&self, pos: usize) -> Option<NodeView<'_>> {
         let slot = &self.nodes[pos];
-        let (devices, cpu) = slot.facts.as_ref()?;
+        let devices = slot.devices.as_ref()?;
         Some(NodeView {
-            devices: device_view(devices, self.node_slots(slot)),
-            cpu,
+            devices: device_view(devices, self.node_slots(slot), &self.sums[pos]),
+            cpu: self.cpus[pos].as_ref()?,
         })
     }
 
     /// The owned summary at `pos`.
     fn summary(&self, pos: usize) -> Option<NodeSummary> {
         let slot = &self.nodes[pos];
-        let (devices, cpu) = slot.facts.as_ref()?;
         Some(NodeSummary {
-            devices: *devices,
+            devices: slot.devices?,
             slots: self.node_slots(slot).to_vec(),
-            cpu: cpu.clone(),
+            sums: self.sums[pos],
+            cpu: self.cpus[pos].clone()?,
         })
     }
 
@@ -216,36 +233,54 @@ impl Chunk {
     fn replaced(&self, pos: usize, version: u64, summary: Option<&NodeSummary>) -> Chunk {
         let mut out = Chunk {
             nodes: Vec::with_capacity(CHUNK),
+            cpus: Vec::with_capacity(CHUNK),
+            sums: Vec::with_capacity(CHUNK),
             slots: Vec::with_capacity(self.slots.len() + summary.map_or(0, |s| s.slots.len())),
         };
         for (p, old) in self.nodes.iter().enumerate() {
             if p == pos {
-                out.push(version, summary.map(|s| (&s.devices, &s.slots[..], &s.cpu)));
+                out.push(
+                    version,
+                    summary.map(|s| (&s.devices, &s.slots[..], &s.sums, &s.cpu)),
+                );
             } else {
-                let facts = old
-                    .facts
-                    .as_ref()
-                    .map(|(d, c)| (d, self.node_slots(old), c));
+                let facts = match (&old.devices, &self.cpus[p]) {
+                    (Some(d), Some(c)) => Some((d, self.node_slots(old), &self.sums[p], c)),
+                    _ => None,
+                };
                 out.push(old.version, facts);
             }
         }
         out
     }
 
-    fn push(&mut self, version: u64, facts: Option<(&DeviceFacts, &[SlotIndex], &CpuFacts)>) {
+    fn push(
+        &mut self,
+        version: u64,
+        facts: Option<(&DeviceFacts, &[SlotIndex], &NodeSums, &CpuFacts)>,
+    ) {
         let start = self.slots.len() as u32;
-        let (facts, len) = match facts {
-            None => (None, 0),
-            Some((d, slots, c)) => {
-                self.slots.extend_from_slice(slots);
-                (Some((*d, c.clone())), slots.len() as u32)
+        match facts {
+            None => {
+                self.nodes.push(Slot {
+                    version,
+                    devices: None,
+                    slots: (start, 0),
+                });
+                self.cpus.push(None);
+                self.sums.push(NodeSums::default());
             }
-        };
-        self.nodes.push(Slot {
-            version,
-            facts,
-            slots: (start, len),
-        });
+            Some((d, slots, sums, c)) => {
+                self.slots.extend_from_slice(slots);
+                self.nodes.push(Slot {
+                    version,
+                    devices: Some(*d),
+                    slots: (start, slots.len() as u32),
+                });
+                self.cpus.push(Some(c.clone()));
+                self.sums.push(*sums);
+            }
+        }
     }
 }
 
@@ -287,7 +322,7 @@ impl Snapshot {
             .enumerate()
             .filter_map(|(i, name)| {
                 let slot = &self.chunks[i / CHUNK].nodes[i % CHUNK];
-                slot.facts.as_ref().map(|_| (name.clone(), slot.version))
+                slot.devices.map(|_| (name.clone(), slot.version))
             })
             .collect()
     }
@@ -319,7 +354,12 @@ impl Snapshot {
             names.names.push(name);
             chunk.push(
                 version,
-                Some((&summary.devices, &summary.slots, &summary.cpu)),
+                Some((
+                    &summary.devices,
+                    &summary.slots,
+                    &summary.sums,
+                    &summary.cpu,
+                )),
             );
             if chunk.nodes.len() == CHUNK {
                 chunks.push(Arc::new(std::mem::replace(&mut chunk, Chunk::new())));
@@ -409,7 +449,7 @@ impl ReadSnapshots {
             return;
         }
         let (chunk, pos) = (i / CHUNK, i % CHUNK);
-        let was_present = cur.chunks[chunk].nodes[pos].facts.is_some();
+        let was_present = cur.chunks[chunk].nodes[pos].devices.is_some();
         if summary.is_none() && !was_present {
             return;
         }
@@ -448,7 +488,7 @@ impl ReadSnapshots {
         let mut tombstones = self.tombstones.lock();
         for (i, name) in snap.names.names.iter().enumerate() {
             let slot = &snap.chunks[i / CHUNK].nodes[i % CHUNK];
-            if slot.facts.is_none() {
+            if slot.devices.is_none() {
                 tombstones.insert(name.clone(), slot.version);
             }
         }

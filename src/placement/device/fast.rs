@@ -15,7 +15,7 @@ use crate::model::device::{DeviceType, GPU_MEMORY, GPU_MEMORY_RATIO};
 use crate::model::quantity::Quantity;
 
 use super::allocate::FitError;
-use super::index::{DeviceIndexRef, DimVec, INDEX_DIMS, SlotIndex, dim_of};
+use super::index::{DeviceIndexRef, DimVec, INDEX_DIMS, TypeSums, dim_of};
 use super::request::PodDeviceRequest;
 use super::score::{ScoringConfig, ScoringStrategy};
 use crate::placement::cpu::NumaMask;
@@ -31,8 +31,14 @@ struct TypeRequest {
     device_type: DeviceType,
     per_device: NeedVec,
     has: [bool; NDIMS],
+    /// `per_device` in whole units rounded up (the score's "requested").
+    per_device_units: NeedVec,
     count: usize,
 }
+
+/// Device types one request can name (gpu, rdma, fpga, and one more for safety); a request
+/// with more goes to the full allocator.
+const MAX_TYPES: usize = 4;
 
 /// A pod's device request prepared for the fast path, once per verb call.
 #[derive(Clone, Debug)]
@@ -47,7 +53,7 @@ impl FastRequest {
     /// `None` when the request needs the full allocator (joint allocation, or resource names
     /// the index does not carry).
     pub fn new(req: &PodDeviceRequest, cfg: &ScoringConfig) -> Option<Self> {
-        if req.joint.is_some() {
+        if req.joint.is_some() || req.types.len() > MAX_TYPES {
             return None;
         }
         let mut types = Vec::with_capacity(req.types.len());
@@ -63,6 +69,7 @@ impl FastRequest {
                 device_type: t.clone(),
                 per_device,
                 has,
+                per_device_units: per_device.map(units),
                 count: r.count,
             });
         }
@@ -80,9 +87,8 @@ impl FastRequest {
     }
 }
 
-/// Whole units rounded up, as `Quantity::value()`. Called several times per device of every
-/// candidate node: stays in 64-bit hardware division whenever the value fits (128-bit
-/// division is a slow library call).
+/// Whole units rounded up, as `Quantity::value()`: in 64-bit hardware division whenever the
+/// value fits (128-bit division is a slow library call).
 #[inline]
 fn units(milli: i128) -> i128 {
     match i64::try_from(milli) {
@@ -94,28 +100,20 @@ fn units(milli: i128) -> i128 {
 const MEM: usize = 1;
 const RATIO: usize = 2;
 
-/// `capable_of`: can this device hold the per-device request, given `avail` (its total or its
-/// free)? GPUs are checked in filled form (both memory dimensions, converted with this
-/// device's memory size), as `fill_gpu_memory` records them.
-fn capable(
-    gpu: bool,
-    slot: &SlotIndex,
-    r: &TypeRequest,
-    avail: &DimVec,
-    avail_empty: bool,
-) -> bool {
-    if !slot.healthy || avail_empty {
-        return false;
-    }
+/// What one device must hold for `r`, in filled form for a GPU with `total_mem` milli-bytes of
+/// memory (both memory dimensions, converted with that size, as `fill_gpu_memory` records
+/// them); `None` when no device of that size can hold it (`capable_of` is false).
+#[inline]
+fn need_for(gpu: bool, r: &TypeRequest, total_mem: i64) -> Option<(NeedVec, [bool; NDIMS])> {
     let mut need = r.per_device;
     let mut has = r.has;
     if gpu {
         debug_assert_eq!(INDEX_DIMS[MEM], GPU_MEMORY);
         debug_assert_eq!(INDEX_DIMS[RATIO], GPU_MEMORY_RATIO);
         // `fill_gpu_memory` reads the total with `value()` and fails without a positive one.
-        let total = units(i128::from(slot.total[MEM]));
+        let total = units(i128::from(total_mem));
         if total <= 0 {
-            return false;
+            return None;
         }
         match (has[MEM], has[RATIO]) {
             (true, false) => {
@@ -134,7 +132,7 @@ fn capable(
                     _ => ratio * total / 100,
                 };
                 if i64::try_from(bytes).is_err() {
-                    return false;
+                    return None;
                 }
                 need[MEM] = bytes * 1000;
                 has[MEM] = true;
@@ -142,6 +140,12 @@ fn capable(
             _ => {}
         }
     }
+    Some((need, has))
+}
+
+/// Whether `avail` (a device's total or free) covers `need` in every requested dimension.
+#[inline]
+fn fits(need: &NeedVec, has: &[bool; NDIMS], avail: &DimVec) -> bool {
     (0..NDIMS).all(|d| !has[d] || i128::from(avail[d]) >= need[d])
 }
 
@@ -154,6 +158,9 @@ pub fn feasible(index: DeviceIndexRef<'_>, req: &FastRequest) -> Result<(), FitE
 /// [`feasible`] using only devices on the NUMA nodes of `allowed` (devices of unknown NUMA
 /// node always count): the same answer as `fit_on_numa(.., &[], .., allowed)`, which GPU + CPU
 /// alignment asks once per NUMA hint. The structural checks still look at every device.
+///
+/// One pass per type counts both the devices that could hold one request unit when empty
+/// (structural) and those that can now (free); the checks then run in `fit_on_numa`'s order.
 pub fn feasible_within(
     index: DeviceIndexRef<'_>,
     req: &FastRequest,
@@ -163,13 +170,39 @@ pub fn feasible_within(
         reason: format!("insufficient {t} devices"),
         unresolvable,
     };
-    for r in &req.types {
+    let mut capable_free = [0usize; MAX_TYPES];
+    for (i, r) in req.types.iter().enumerate() {
         let gpu = r.device_type == DeviceType::Gpu;
-        let capable_total = index
-            .slots(&r.device_type)
-            .iter()
-            .filter(|s| capable(gpu, s, r, &s.total, s.total_empty))
-            .count();
+        let mut capable_total = 0;
+        // The need depends on the device only through its memory size (GPUs), which the
+        // devices of a node nearly always share: computed once per distinct size.
+        let mut memo: Option<(i64, Option<(NeedVec, [bool; NDIMS])>)> = None;
+        for s in index.slots(&r.device_type) {
+            if !s.healthy {
+                continue;
+            }
+            let need = match memo {
+                Some((size, need)) if size == s.total[MEM] || !gpu => need,
+                _ => {
+                    let need = need_for(gpu, r, s.total[MEM]);
+                    memo = Some((s.total[MEM], need));
+                    need
+                }
+            };
+            let Some((need, has)) = need else {
+                continue;
+            };
+            if !s.total_empty && fits(&need, &has, &s.total) {
+                capable_total += 1;
+            }
+            let on_allowed = match (allowed, s.numa) {
+                (Some(mask), Some(numa)) => mask.contains(numa),
+                _ => true,
+            };
+            if on_allowed && !s.free_empty && fits(&need, &has, &s.free) {
+                capable_free[i] += 1;
+            }
+        }
         if capable_total < r.count {
             return Err(insufficient(&r.device_type, true));
         }
@@ -180,18 +213,8 @@ pub fn feasible_within(
             unresolvable: false,
         });
     }
-    for r in &req.types {
-        let gpu = r.device_type == DeviceType::Gpu;
-        let capable_free = index
-            .slots(&r.device_type)
-            .iter()
-            .filter(|s| match (allowed, s.numa) {
-                (Some(mask), Some(numa)) => mask.contains(numa),
-                _ => true,
-            })
-            .filter(|s| capable(gpu, s, r, &s.free, s.free_empty))
-            .count();
-        if capable_free < r.count {
+    for (i, r) in req.types.iter().enumerate() {
+        if capable_free[i] < r.count {
             return Err(insufficient(&r.device_type, false));
         }
     }
@@ -199,42 +222,32 @@ pub fn feasible_within(
 }
 
 /// The node's device score in 0..=100, as `score_node` on a node with a `Device` object (a
-/// node without one scores 0).
+/// node without one scores 0), from the index's per-type sums.
 pub fn score(index: DeviceIndexRef<'_>, req: &FastRequest) -> i64 {
     let mut sum = 0i64;
     let mut n = 0i64;
     for r in &req.types {
-        let mut total = [0i128; NDIMS];
-        let mut free = [0i128; NDIMS];
-        for s in index.slots(&r.device_type) {
-            for d in 0..NDIMS {
-                total[d] += i128::from(s.total[d]);
-                if !index.blocked {
-                    free[d] += i128::from(s.free[d]);
-                }
-            }
-        }
-        sum += score_dims(req, &r.per_device, &total, &free);
+        sum += score_dims(req, &r.per_device_units, &index.sums(&r.device_type));
         n += 1;
     }
     if n == 0 { 0 } else { (sum / n).clamp(0, 100) }
 }
 
-/// `ScoringConfig::score` over fixed-size vectors.
-fn score_dims(req: &FastRequest, request: &NeedVec, total: &NeedVec, free: &NeedVec) -> i64 {
+/// `ScoringConfig::score` over whole-unit vectors.
+fn score_dims(req: &FastRequest, request: &NeedVec, sums: &TypeSums) -> i64 {
     let (mut sum, mut weight_sum) = (0i128, 0i128);
     for &(d, w) in &req.weights {
-        let capacity = units(total[d]);
+        let capacity = i128::from(sums.total[d]);
         if capacity <= 0 {
             continue;
         }
-        let f = units(free[d]);
+        let f = i128::from(sums.free[d]);
         let used = if f <= capacity {
             capacity - f.max(0)
         } else {
             0
         };
-        let requested = used + units(request[d]).max(0);
+        let requested = used + request[d].max(0);
         let s = match req.strategy {
             ScoringStrategy::LeastAllocated if requested > capacity => 0,
             ScoringStrategy::LeastAllocated => (capacity - requested) * 100 / capacity,

@@ -58,6 +58,18 @@ pub struct SlotIndex {
     pub free: DimVec,
 }
 
+/// One device type's totals and free summed over its devices, in whole units rounded up (as
+/// `Quantity::value()`), free counted as zero on a blocked node: all prioritize's device
+/// score needs, computed once per change instead of once per request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TypeSums {
+    pub total: DimVec,
+    pub free: DimVec,
+}
+
+/// Per entry of [`INDEXED_TYPES`].
+pub type NodeSums = [TypeSums; INDEXED_TYPES.len()];
+
 /// A node's device index, owned: its slots grouped by type (`INDEXED_TYPES` order, ascending
 /// minor within a type).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -67,6 +79,7 @@ pub struct DeviceIndex {
     pub slots: Vec<SlotIndex>,
     /// `(start, len)` in `slots` per entry of [`INDEXED_TYPES`].
     pub ranges: [(u32, u32); INDEXED_TYPES.len()],
+    pub sums: NodeSums,
 }
 
 /// A node's device index, borrowed: what the fast path reads.
@@ -75,13 +88,45 @@ pub struct DeviceIndexRef<'a> {
     pub blocked: bool,
     /// Per entry of [`INDEXED_TYPES`].
     pub by_type: [&'a [SlotIndex]; INDEXED_TYPES.len()],
+    pub sums: &'a NodeSums,
 }
 
 impl<'a> DeviceIndexRef<'a> {
     /// The slots of `t`, ascending minor; empty for a type the node lacks.
+    #[inline]
     pub fn slots(&self, t: &DeviceType) -> &'a [SlotIndex] {
         type_pos(t).map_or(&[], |i| self.by_type[i])
     }
+
+    /// The sums of `t` (zero for a type the node lacks).
+    #[inline]
+    pub fn sums(&self, t: &DeviceType) -> TypeSums {
+        type_pos(t).map_or_else(TypeSums::default, |i| self.sums[i])
+    }
+}
+
+/// Whole units rounded up, as `Quantity::value()`.
+fn whole_units(milli: i128) -> Option<i64> {
+    i64::try_from(milli.div_euclid(1000) + i128::from(milli.rem_euclid(1000) != 0)).ok()
+}
+
+fn sums_of(slots: &[SlotIndex], blocked: bool) -> Option<TypeSums> {
+    let mut total = [0i128; INDEX_DIMS.len()];
+    let mut free = [0i128; INDEX_DIMS.len()];
+    for s in slots {
+        for d in 0..INDEX_DIMS.len() {
+            total[d] += i128::from(s.total[d]);
+            if !blocked {
+                free[d] += i128::from(s.free[d]);
+            }
+        }
+    }
+    let mut out = TypeSums::default();
+    for d in 0..INDEX_DIMS.len() {
+        out.total[d] = whole_units(total[d])?;
+        out.free[d] = whole_units(free[d])?;
+    }
+    Some(out)
 }
 
 fn dims(r: &DeviceResources) -> Option<DimVec> {
@@ -121,15 +166,20 @@ impl DeviceIndex {
             }
             ranges[pos] = (start as u32, (slots.len() - start) as u32);
         }
+        let mut sums = NodeSums::default();
+        for (pos, (start, len)) in ranges.iter().enumerate() {
+            sums[pos] = sums_of(&slots[*start as usize..(*start + *len) as usize], blocked)?;
+        }
         Some(DeviceIndex {
             blocked,
             slots,
             ranges,
+            sums,
         })
     }
 
     pub fn as_ref(&self) -> DeviceIndexRef<'_> {
-        DeviceIndexRef::over(&self.slots, self.blocked, &self.ranges)
+        DeviceIndexRef::over(&self.slots, self.blocked, &self.ranges, &self.sums)
     }
 }
 
@@ -140,11 +190,16 @@ impl<'a> DeviceIndexRef<'a> {
         slots: &'a [SlotIndex],
         blocked: bool,
         ranges: &[(u32, u32); INDEXED_TYPES.len()],
+        sums: &'a NodeSums,
     ) -> Self {
         let by_type = ranges.map(|(start, len)| {
             let (s, l) = (start as usize, len as usize);
             &slots[s..s + l]
         });
-        DeviceIndexRef { blocked, by_type }
+        DeviceIndexRef {
+            blocked,
+            by_type,
+            sums,
+        }
     }
 }
