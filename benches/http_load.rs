@@ -62,7 +62,12 @@ const VERB_PER_ROUND: usize = 40;
 /// The scaling row's cluster and candidate counts.
 const SCALING_CLUSTER: usize = 20_000;
 const SCALING_SIZES: [usize; 3] = [1_000, 5_000, 20_000];
-const SCALING_CASES: [Case; 4] = [Case::NoDevices, Case::SharedGpu, Case::Cpuset, Case::GpuCpuset];
+const SCALING_CASES: [Case; 4] = [
+    Case::NoDevices,
+    Case::SharedGpu,
+    Case::Cpuset,
+    Case::GpuCpuset,
+];
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -417,7 +422,10 @@ async fn scaling(client: &HttpClient) {
     support::service::Http::new(svc.addr)
         .wait_ready(Duration::from_secs(300))
         .await;
-    println!("service ready with {SCALING_CLUSTER} nodes in {:.1?}", t.elapsed());
+    println!(
+        "service ready with {SCALING_CLUSTER} nodes in {:.1?}",
+        t.elapsed()
+    );
     let base = format!("http://{}", svc.addr);
     let mut bodies = HashMap::new();
     let mut rows: Vec<(usize, Vec<(Case, &'static str, common::Summary)>)> = Vec::new();
@@ -428,10 +436,16 @@ async fn scaling(client: &HttpClient) {
                 Bytes::from(extender_body(case, nodes)),
             );
         }
-        rows.push((nodes, per_verb(client, &base, &bodies, nodes, &SCALING_CASES).await));
+        rows.push((
+            nodes,
+            per_verb(client, &base, &bodies, nodes, &SCALING_CASES).await,
+        ));
     }
     for verb in ["filter", "prioritize"] {
-        for case in SCALING_CASES.iter().filter(|c| !matches!(c, Case::NoDevices)) {
+        for case in SCALING_CASES
+            .iter()
+            .filter(|c| !matches!(c, Case::NoDevices))
+        {
             let per_node: Vec<f64> = rows
                 .iter()
                 .map(|(nodes, table)| {

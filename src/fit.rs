@@ -289,14 +289,15 @@ fn aligned_check(
     let (DeviceView::Indexed(index), Ok(summary)) = (node.devices, &node.cpu.summary) else {
         return None;
     };
-    let mut aligned =
-        |mask: NumaMask| fast_device::feasible_within(index, fast, Some(mask)).is_ok();
+    // Every NUMA hint asks the devices once: one pass over them answers every mask.
+    let capacity = fast_device::capacity(index, fast);
+    let mut aligned = |mask: NumaMask| capacity.within(fast, Some(mask)).is_ok();
     match fast_aligned(summary, req, &mut aligned, &scoring.cpu) {
-        Ok(affinity) if fast_device::feasible_within(index, fast, affinity).is_ok() => Some(Ok(())),
+        Ok(affinity) if capacity.within(fast, affinity).is_ok() => Some(Ok(())),
         Ok(_) => None,
         // As `cpu_decision`: "not aligned" only when the devices fit the node at all.
         Err(e) if e.reason == reason::DEVICES_UNALIGNED => {
-            Some(match fast_device::feasible_within(index, fast, None) {
+            Some(match capacity.within(fast, None) {
                 Err(shortage) => Err(shortage),
                 Ok(()) => Err(cpu_error(e)),
             })
@@ -349,8 +350,8 @@ fn snapshot_cpu_score(
         return Some(score);
     }
     if let (true, Some(fr), DeviceView::Indexed(index)) = (aligns, fast, node.devices) {
-        let mut aligned =
-            |mask: NumaMask| fast_device::feasible_within(index, fr, Some(mask)).is_ok();
+        let capacity = fast_device::capacity(index, fr);
+        let mut aligned = |mask: NumaMask| capacity.within(fr, Some(mask)).is_ok();
         return Some(fast_aligned_score(summary, req, &mut aligned, &scoring.cpu));
     }
     None

@@ -18,7 +18,7 @@ use super::allocate::FitError;
 use super::index::{DeviceIndexRef, DimVec, INDEX_DIMS, TypeSums, dim_of};
 use super::request::PodDeviceRequest;
 use super::score::{ScoringConfig, ScoringStrategy};
-use crate::placement::cpu::NumaMask;
+use crate::placement::cpu::{MAX_NUMA_NODES, NumaMask};
 
 const NDIMS: usize = INDEX_DIMS.len();
 
@@ -104,7 +104,7 @@ const RATIO: usize = 2;
 /// memory (both memory dimensions, converted with that size, as `fill_gpu_memory` records
 /// them); `None` when no device of that size can hold it (`capable_of` is false).
 #[inline]
-fn need_for(gpu: bool, r: &TypeRequest, total_mem: i64) -> Option<(NeedVec, [bool; NDIMS])> {
+fn need_for(gpu: bool, r: &TypeRequest, total_mem: i64) -> Option<Need> {
     let mut need = r.per_device;
     let mut has = r.has;
     if gpu {
@@ -143,6 +143,9 @@ fn need_for(gpu: bool, r: &TypeRequest, total_mem: i64) -> Option<(NeedVec, [boo
     Some((need, has))
 }
 
+/// What one device must hold, and in which dimensions (see [`need_for`]).
+type Need = (NeedVec, [bool; NDIMS]);
+
 /// Whether `avail` (a device's total or free) covers `need` in every requested dimension.
 #[inline]
 fn fits(need: &NeedVec, has: &[bool; NDIMS], avail: &DimVec) -> bool {
@@ -158,25 +161,71 @@ pub fn feasible(index: DeviceIndexRef<'_>, req: &FastRequest) -> Result<(), FitE
 /// [`feasible`] using only devices on the NUMA nodes of `allowed` (devices of unknown NUMA
 /// node always count): the same answer as `fit_on_numa(.., &[], .., allowed)`, which GPU + CPU
 /// alignment asks once per NUMA hint. The structural checks still look at every device.
-///
-/// One pass per type counts both the devices that could hold one request unit when empty
-/// (structural) and those that can now (free); the checks then run in `fit_on_numa`'s order.
 pub fn feasible_within(
     index: DeviceIndexRef<'_>,
     req: &FastRequest,
     allowed: Option<NumaMask>,
 ) -> Result<(), FitError> {
-    let insufficient = |t: &DeviceType, unresolvable| FitError {
+    capacity(index, req).within(req, allowed)
+}
+
+/// A node's answer to [`feasible_within`] for every NUMA mask at once, from one pass over its
+/// devices: GPU + CPU alignment asks one mask per NUMA hint, and every mask's answer is a sum
+/// of per-NUMA counts.
+#[derive(Clone, Debug)]
+pub struct Capacity {
+    /// The structural or blocked error, which no mask changes.
+    base: Result<(), FitError>,
+    /// Per request type: devices that can hold one unit now, in all ...
+    free: [u16; MAX_TYPES],
+    /// ... of unknown NUMA node (every mask admits them) ...
+    anywhere: [u16; MAX_TYPES],
+    /// ... and per NUMA id a mask can name.
+    by_numa: [[u16; MAX_NUMA_NODES]; MAX_TYPES],
+}
+
+impl Capacity {
+    /// `feasible_within(index, req, allowed)` for the node and request this was built from.
+    pub fn within(&self, req: &FastRequest, allowed: Option<NumaMask>) -> Result<(), FitError> {
+        self.base.clone()?;
+        for (i, r) in req.types.iter().enumerate() {
+            let n = match allowed {
+                None => self.free[i],
+                Some(mask) => (0..MAX_NUMA_NODES)
+                    .filter(|id| mask.contains(*id as u32))
+                    .map(|id| self.by_numa[i][id])
+                    .fold(self.anywhere[i], u16::saturating_add),
+            };
+            if usize::from(n) < r.count {
+                return Err(insufficient(&r.device_type, false));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn insufficient(t: &DeviceType, unresolvable: bool) -> FitError {
+    FitError {
         reason: format!("insufficient {t} devices"),
         unresolvable,
+    }
+}
+
+/// One pass per type counts both the devices that could hold one request unit when empty
+/// (structural, `fit_on_numa`'s first check) and those that can now, per NUMA node.
+pub fn capacity(index: DeviceIndexRef<'_>, req: &FastRequest) -> Capacity {
+    let mut out = Capacity {
+        base: Ok(()),
+        free: [0; MAX_TYPES],
+        anywhere: [0; MAX_TYPES],
+        by_numa: [[0; MAX_NUMA_NODES]; MAX_TYPES],
     };
-    let mut capable_free = [0usize; MAX_TYPES];
     for (i, r) in req.types.iter().enumerate() {
         let gpu = r.device_type == DeviceType::Gpu;
         let mut capable_total = 0;
         // The need depends on the device only through its memory size (GPUs), which the
         // devices of a node nearly always share: computed once per distinct size.
-        let mut memo: Option<(i64, Option<(NeedVec, [bool; NDIMS])>)> = None;
+        let mut memo: Option<(i64, Option<Need>)> = None;
         for s in index.slots(&r.device_type) {
             if !s.healthy {
                 continue;
@@ -195,30 +244,31 @@ pub fn feasible_within(
             if !s.total_empty && fits(&need, &has, &s.total) {
                 capable_total += 1;
             }
-            let on_allowed = match (allowed, s.numa) {
-                (Some(mask), Some(numa)) => mask.contains(numa),
-                _ => true,
-            };
-            if on_allowed && !s.free_empty && fits(&need, &has, &s.free) {
-                capable_free[i] += 1;
+            if !s.free_empty && fits(&need, &has, &s.free) {
+                out.free[i] = out.free[i].saturating_add(1);
+                match s.numa {
+                    None => out.anywhere[i] = out.anywhere[i].saturating_add(1),
+                    Some(id) if (id as usize) < MAX_NUMA_NODES => {
+                        let c = &mut out.by_numa[i][id as usize];
+                        *c = c.saturating_add(1);
+                    }
+                    // A NUMA id no mask can name: counted only without a restriction.
+                    Some(_) => {}
+                }
             }
         }
         if capable_total < r.count {
-            return Err(insufficient(&r.device_type, true));
+            out.base = Err(insufficient(&r.device_type, true));
+            return out;
         }
     }
     if index.blocked {
-        return Err(FitError {
+        out.base = Err(FitError {
             reason: "node has a pod with a malformed device allocation".into(),
             unresolvable: false,
         });
     }
-    for (i, r) in req.types.iter().enumerate() {
-        if capable_free[i] < r.count {
-            return Err(insufficient(&r.device_type, false));
-        }
-    }
-    Ok(())
+    out
 }
 
 /// The node's device score in 0..=100, as `score_node` on a node with a `Device` object (a
@@ -360,6 +410,8 @@ mod tests {
         #[test]
         fn fast_path_equals_full_allocator_and_scorer(
             gpus in proptest::collection::vec((any::<bool>(), prop_oneof![Just(16i64), Just(40), Just(80)]), 0..10),
+            // NUMA ids per GPU: by position, or one no mask can name (17), or unknown (-1).
+            odd_numa in proptest::collection::vec(prop_oneof![Just(None), Just(Some(17i32)), Just(Some(-1i32))], 10),
             nics in proptest::collection::vec(any::<bool>(), 0..3),
             fpgas in 0usize..3,
             occupants in proptest::collection::vec(arb_request(), 0..12),
@@ -371,7 +423,8 @@ mod tests {
             let mut slots = Vec::new();
             for (i, (sick, mem)) in gpus.iter().enumerate() {
                 let healthy = !(*sick && i % 3 == 0);
-                slots.push((DeviceType::Gpu, slot(&DeviceType::Gpu, i as i32, healthy, *mem, (i / 4) as i32)));
+                let numa = odd_numa[i].unwrap_or((i / 4) as i32);
+                slots.push((DeviceType::Gpu, slot(&DeviceType::Gpu, i as i32, healthy, *mem, numa)));
             }
             for (i, healthy) in nics.iter().enumerate() {
                 slots.push((DeviceType::Rdma, slot(&DeviceType::Rdma, i as i32, *healthy, 0, i as i32)));
