@@ -340,6 +340,9 @@ async fn run() {
     scaling(&client).await;
 }
 
+/// Per (case, verb) latency summaries of one candidate count.
+type VerbTable = Vec<(Case, &'static str, common::Summary)>;
+
 /// Per (case, verb): the client-side latencies of `VERB_ROUNDS` × `VERB_PER_ROUND` requests
 /// over `nodes` candidates, after a warm-up.
 async fn per_verb(
@@ -348,7 +351,7 @@ async fn per_verb(
     bodies: &HashMap<String, Bytes>,
     nodes: usize,
     cases: &[Case],
-) -> Vec<(Case, &'static str, common::Summary)> {
+) -> VerbTable {
     let verbs = ["filter", "prioritize"];
     let mut samples: HashMap<(usize, usize), Vec<Duration>> = HashMap::new();
     for round in 0..=VERB_ROUNDS {
@@ -381,7 +384,7 @@ async fn per_verb(
     out
 }
 
-fn print_per_verb(nodes: usize, table: &[(Case, &'static str, common::Summary)]) {
+fn print_per_verb(nodes: usize, table: &VerbTable) {
     println!("{nodes} nodes:");
     for verb in ["filter", "prioritize"] {
         let pass = table
@@ -428,7 +431,7 @@ async fn scaling(client: &HttpClient) {
     );
     let base = format!("http://{}", svc.addr);
     let mut bodies = HashMap::new();
-    let mut rows: Vec<(usize, Vec<(Case, &'static str, common::Summary)>)> = Vec::new();
+    let mut rows: Vec<(usize, VerbTable)> = Vec::new();
     for nodes in SCALING_SIZES {
         for case in SCALING_CASES {
             bodies.insert(
