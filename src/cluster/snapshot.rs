@@ -5,7 +5,7 @@
 //! Layout: node names are interned to dense indices (one hash map from name to index, shared
 //! by every snapshot until the node set changes); per node, fixed-size facts (device
 //! [`DeviceFacts`], CPU [`CpuFacts`]) sit in contiguous arrays, [`CHUNK`] nodes to a chunk, and a
-//! chunk's device slots sit in one vector that [`DeviceIndexRef`] slices.
+//! chunk's device groups sit in one vector that [`DeviceIndexRef`] slices.
 //!
 //! Publishing: writers change the authoritative per-node state under the node's write lock
 //! (`state.rs`), then, still under it, publish that node's new facts here: copy-on-write of
@@ -36,12 +36,10 @@ use parking_lot::Mutex;
 
 use super::state::NodeState;
 use crate::placement::cpu::{CpuSummary, NodeCpuBindPolicy};
-use crate::placement::device::index::{DeviceIndexRef, INDEXED_TYPES, NodeSums, SlotIndex};
+use crate::placement::device::index::{DeviceIndexRef, GroupRanges, NodeSums, SlotGroup};
 
 /// Nodes per chunk: the unit a publish copies.
 pub const CHUNK: usize = 32;
-
-type Ranges = [(u32, u32); INDEXED_TYPES.len()];
 
 /// What filter and prioritize know of a node's devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +50,7 @@ pub enum DeviceFacts {
     /// Devices the fixed-size index cannot carry exactly: the full allocator answers.
     Unindexed,
     /// Indexed: per device type, a range of the chunk's slots.
-    Indexed { blocked: bool, ranges: Ranges },
+    Indexed { blocked: bool, ranges: GroupRanges },
 }
 
 /// Why cpuset pods cannot land on a node.
@@ -92,7 +90,7 @@ pub struct NodeView<'a> {
 pub struct NodeSummary {
     devices: DeviceFacts,
     /// The node's slots; `devices`' ranges index this.
-    slots: Vec<SlotIndex>,
+    slots: Vec<SlotGroup>,
     sums: NodeSums,
     cpu: CpuFacts,
 }
@@ -115,7 +113,7 @@ impl NodeSummary {
                         blocked: index.blocked,
                         ranges: index.ranges,
                     },
-                    index.slots,
+                    index.groups,
                     index.sums,
                 ),
             },
@@ -147,7 +145,7 @@ impl NodeSummary {
 
 fn device_view<'a>(
     facts: &DeviceFacts,
-    slots: &'a [SlotIndex],
+    slots: &'a [SlotGroup],
     sums: &'a NodeSums,
 ) -> DeviceView<'a> {
     match *facts {
@@ -168,7 +166,7 @@ struct Slot {
     version: u64,
     /// `None`: no such node (removed, or a position not yet used).
     devices: Option<DeviceFacts>,
-    /// `(start, len)` of this node's device slots in the chunk's `slots`; the ranges in its
+    /// `(start, len)` of this node's device groups in the chunk's `slots`; the ranges in its
     /// `DeviceFacts` are relative to `start`.
     slots: (u32, u32),
 }
@@ -181,8 +179,8 @@ struct Chunk {
     cpus: Vec<Option<CpuFacts>>,
     /// Per position (zero where absent).
     sums: Vec<NodeSums>,
-    /// Every node's device slots, node after node.
-    slots: Vec<SlotIndex>,
+    /// Every node's device groups, node after node.
+    slots: Vec<SlotGroup>,
 }
 
 impl Chunk {
@@ -203,7 +201,7 @@ impl Chunk {
         chunk
     }
 
-    fn node_slots(&self, slot: &Slot) -> &[SlotIndex] {
+    fn node_slots(&self, slot: &Slot) -> &[SlotGroup] {
         let (start, len) = (slot.slots.0 as usize, slot.slots.1 as usize);
         &self.slots[start..start + len]
     }
@@ -257,7 +255,7 @@ impl Chunk {
     fn push(
         &mut self,
         version: u64,
-        facts: Option<(&DeviceFacts, &[SlotIndex], &NodeSums, &CpuFacts)>,
+        facts: Option<(&DeviceFacts, &[SlotGroup], &NodeSums, &CpuFacts)>,
     ) {
         let start = self.slots.len() as u32;
         match facts {

@@ -229,6 +229,9 @@ async fn run_case(setup: Vec<Op>, live: Vec<Op>) {
     }
     let want = fresh_snapshot(&fake, &[]).await;
     eventually_equal(&svc.state.cluster, &want, QUIESCENCE).await;
+    // The read snapshot, built at bootstrap and published to by every live event and relist
+    // since, equals one rebuilt from the caches now.
+    assert_eq!(svc.state.cluster.check_snapshot(), Ok(()));
     svc.shutdown().await.unwrap();
 }
 

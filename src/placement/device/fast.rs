@@ -222,44 +222,46 @@ pub fn capacity(index: DeviceIndexRef<'_>, req: &FastRequest) -> Capacity {
     };
     for (i, r) in req.types.iter().enumerate() {
         let gpu = r.device_type == DeviceType::Gpu;
-        let mut capable_total = 0;
-        // The need depends on the device only through its memory size (GPUs), which the
+        // The need depends on a device only through its memory size (GPUs), which the
         // devices of a node nearly always share: computed once per distinct size.
         let mut memo: Option<(i64, Option<Need>)> = None;
-        for s in index.slots(&r.device_type) {
-            if !s.healthy {
-                continue;
+        let mut need_of = |total_mem: i64| match memo {
+            Some((size, need)) if size == total_mem || !gpu => need,
+            _ => {
+                let need = need_for(gpu, r, total_mem);
+                memo = Some((total_mem, need));
+                need
             }
-            let need = match memo {
-                Some((size, need)) if size == s.total[MEM] || !gpu => need,
-                _ => {
-                    let need = need_for(gpu, r, s.total[MEM]);
-                    memo = Some((s.total[MEM], need));
-                    need
-                }
-            };
-            let Some((need, has)) = need else {
-                continue;
-            };
-            if !s.total_empty && fits(&need, &has, &s.total) {
-                capable_total += 1;
-            }
-            if !s.free_empty && fits(&need, &has, &s.free) {
-                out.free[i] = out.free[i].saturating_add(1);
-                match s.numa {
-                    None => out.anywhere[i] = out.anywhere[i].saturating_add(1),
-                    Some(id) if (id as usize) < MAX_NUMA_NODES => {
-                        let c = &mut out.by_numa[i][id as usize];
-                        *c = c.saturating_add(1);
-                    }
-                    // A NUMA id no mask can name: counted only without a restriction.
-                    Some(_) => {}
-                }
+        };
+        let mut capable_total = 0usize;
+        for g in index.totals(&r.device_type) {
+            if let Some((need, has)) = need_of(g.total_mem)
+                && fits(&need, &has, &g.dims)
+            {
+                capable_total += usize::from(g.count);
             }
         }
         if capable_total < r.count {
             out.base = Err(insufficient(&r.device_type, true));
             return out;
+        }
+        for g in index.frees(&r.device_type) {
+            let Some((need, has)) = need_of(g.total_mem) else {
+                continue;
+            };
+            if !fits(&need, &has, &g.dims) {
+                continue;
+            }
+            out.free[i] = out.free[i].saturating_add(g.count);
+            match g.numa {
+                None => out.anywhere[i] = out.anywhere[i].saturating_add(g.count),
+                Some(id) if (id as usize) < MAX_NUMA_NODES => {
+                    let c = &mut out.by_numa[i][id as usize];
+                    *c = c.saturating_add(g.count);
+                }
+                // A NUMA id no mask can name: counted only without a restriction.
+                Some(_) => {}
+            }
         }
     }
     if index.blocked {

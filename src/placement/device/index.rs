@@ -1,6 +1,8 @@
-//! A node's devices in fixed-size form: per known device type, one [`SlotIndex`] per minor
-//! (totals and free as integer vectors over [`INDEX_DIMS`]). Filter and prioritize read this
-//! for every candidate node (`super::fast`), so it holds no maps and no strings.
+//! A node's devices in fixed-size form: per known device type, its devices grouped by what
+//! feasibility reads of them ([`SlotGroup`]: totals and free as integer vectors over
+//! [`INDEX_DIMS`], with a count), and per-type sums for the score. Filter and prioritize read
+//! this for every candidate node (`super::fast`), so it holds no maps and no strings, and a
+//! node whose eight GPUs are alike is two or three groups, not eight devices.
 //!
 //! [`DeviceIndex`] is the owned form, built from a node's [`NodeDevices`] and free map;
 //! [`DeviceIndexRef`] is the borrowed form the fast path takes: plain slices, which the
@@ -42,20 +44,20 @@ fn type_pos(t: &DeviceType) -> Option<usize> {
     }
 }
 
-/// One minor in the index.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotIndex {
-    pub minor: i32,
-    pub healthy: bool,
-    /// The total map is empty (unhealthy devices have an empty total).
-    pub total_empty: bool,
-    /// The free map is empty.
-    pub free_empty: bool,
+/// Devices of one type that feasibility cannot tell apart, and how many there are. In a
+/// type's *total* groups, `dims` is the total of healthy devices with a non-empty total; in
+/// its *free* groups, the free of healthy devices with a non-empty free, with the device's
+/// memory size (`total_mem`: a GPU request's memory is converted with it) and NUMA node.
+/// Devices that can never hold anything (unhealthy, empty) are in no group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SlotGroup {
+    pub dims: DimVec,
+    /// The device's total `gpu-memory` in milli-bytes (0 for other types).
+    pub total_mem: i64,
     /// The device's NUMA node (`topology.nodeID`); `None` when unknown, which every NUMA
-    /// restriction admits (as `allocate::on_numa` does).
+    /// restriction admits (as `allocate::on_numa` does). Always `None` in total groups.
     pub numa: Option<u32>,
-    pub total: DimVec,
-    pub free: DimVec,
+    pub count: u16,
 }
 
 /// One device type's totals and free summed over its devices, in whole units rounded up (as
@@ -70,15 +72,17 @@ pub struct TypeSums {
 /// Per entry of [`INDEXED_TYPES`].
 pub type NodeSums = [TypeSums; INDEXED_TYPES.len()];
 
-/// A node's device index, owned: its slots grouped by type (`INDEXED_TYPES` order, ascending
-/// minor within a type).
+/// Per entry of [`INDEXED_TYPES`]: `(start, len)` of its total groups, then of its free
+/// groups, in a group vector.
+pub type GroupRanges = [[(u32, u32); 2]; INDEXED_TYPES.len()];
+
+/// A node's device index, owned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceIndex {
     /// A malformed holding makes every device count as used.
     pub blocked: bool,
-    pub slots: Vec<SlotIndex>,
-    /// `(start, len)` in `slots` per entry of [`INDEXED_TYPES`].
-    pub ranges: [(u32, u32); INDEXED_TYPES.len()],
+    pub groups: Vec<SlotGroup>,
+    pub ranges: GroupRanges,
     pub sums: NodeSums,
 }
 
@@ -87,15 +91,23 @@ pub struct DeviceIndex {
 pub struct DeviceIndexRef<'a> {
     pub blocked: bool,
     /// Per entry of [`INDEXED_TYPES`].
-    pub by_type: [&'a [SlotIndex]; INDEXED_TYPES.len()],
+    pub totals: [&'a [SlotGroup]; INDEXED_TYPES.len()],
+    /// Per entry of [`INDEXED_TYPES`].
+    pub frees: [&'a [SlotGroup]; INDEXED_TYPES.len()],
     pub sums: &'a NodeSums,
 }
 
 impl<'a> DeviceIndexRef<'a> {
-    /// The slots of `t`, ascending minor; empty for a type the node lacks.
+    /// The total groups of `t`; empty for a type the node lacks.
     #[inline]
-    pub fn slots(&self, t: &DeviceType) -> &'a [SlotIndex] {
-        type_pos(t).map_or(&[], |i| self.by_type[i])
+    pub fn totals(&self, t: &DeviceType) -> &'a [SlotGroup] {
+        type_pos(t).map_or(&[], |i| self.totals[i])
+    }
+
+    /// The free groups of `t`; empty for a type the node lacks.
+    #[inline]
+    pub fn frees(&self, t: &DeviceType) -> &'a [SlotGroup] {
+        type_pos(t).map_or(&[], |i| self.frees[i])
     }
 
     /// The sums of `t` (zero for a type the node lacks).
@@ -103,30 +115,28 @@ impl<'a> DeviceIndexRef<'a> {
     pub fn sums(&self, t: &DeviceType) -> TypeSums {
         type_pos(t).map_or_else(TypeSums::default, |i| self.sums[i])
     }
+
+    /// The view of `ranges` within `groups` (the snapshot keeps many nodes' groups in one
+    /// vector).
+    pub fn over(
+        groups: &'a [SlotGroup],
+        blocked: bool,
+        ranges: &GroupRanges,
+        sums: &'a NodeSums,
+    ) -> Self {
+        let slice = |(start, len): (u32, u32)| &groups[start as usize..(start + len) as usize];
+        DeviceIndexRef {
+            blocked,
+            totals: ranges.map(|r| slice(r[0])),
+            frees: ranges.map(|r| slice(r[1])),
+            sums,
+        }
+    }
 }
 
 /// Whole units rounded up, as `Quantity::value()`.
 fn whole_units(milli: i128) -> Option<i64> {
     i64::try_from(milli.div_euclid(1000) + i128::from(milli.rem_euclid(1000) != 0)).ok()
-}
-
-fn sums_of(slots: &[SlotIndex], blocked: bool) -> Option<TypeSums> {
-    let mut total = [0i128; INDEX_DIMS.len()];
-    let mut free = [0i128; INDEX_DIMS.len()];
-    for s in slots {
-        for d in 0..INDEX_DIMS.len() {
-            total[d] += i128::from(s.total[d]);
-            if !blocked {
-                free[d] += i128::from(s.free[d]);
-            }
-        }
-    }
-    let mut out = TypeSums::default();
-    for d in 0..INDEX_DIMS.len() {
-        out.total[d] = whole_units(total[d])?;
-        out.free[d] = whole_units(free[d])?;
-    }
-    Some(out)
 }
 
 fn dims(r: &DeviceResources) -> Option<DimVec> {
@@ -137,69 +147,92 @@ fn dims(r: &DeviceResources) -> Option<DimVec> {
     Some(out)
 }
 
+/// `groups` sorted, equal entries merged (their counts added).
+fn merged(mut groups: Vec<SlotGroup>) -> Vec<SlotGroup> {
+    groups.sort_unstable();
+    let mut out: Vec<SlotGroup> = Vec::with_capacity(groups.len());
+    for g in groups {
+        match out.last_mut() {
+            Some(last)
+                if (last.dims, last.total_mem, last.numa) == (g.dims, g.total_mem, g.numa) =>
+            {
+                last.count = last.count.saturating_add(g.count);
+            }
+            _ => out.push(g),
+        }
+    }
+    out
+}
+
 impl DeviceIndex {
     /// The index of `devices` with `free` (as `DeviceHoldings::free(&[])` computes it) and
     /// `blocked`; `None` when some device cannot be indexed exactly.
     pub fn build(devices: &NodeDevices, free: &FreeMap, blocked: bool) -> Option<DeviceIndex> {
-        let mut slots = Vec::new();
-        let mut ranges = [(0u32, 0u32); INDEXED_TYPES.len()];
+        const MEM: usize = 1;
+        debug_assert_eq!(INDEX_DIMS[MEM], crate::model::device::GPU_MEMORY);
+        let mut groups = Vec::new();
+        let mut ranges = GroupRanges::default();
+        let mut sums = NodeSums::default();
         for t in devices.types() {
             let pos = type_pos(t)?;
-            let start = slots.len();
+            let (mut totals, mut frees) = (Vec::new(), Vec::new());
+            let (mut total_sum, mut free_sum) =
+                ([0i128; INDEX_DIMS.len()], [0i128; INDEX_DIMS.len()]);
             for slot in devices.slots(t) {
                 let slot_free = free.get(t).and_then(|m| m.get(&slot.minor));
-                slots.push(SlotIndex {
-                    minor: slot.minor,
-                    healthy: slot.healthy,
-                    total_empty: slot.total.is_empty(),
-                    free_empty: slot_free.is_none_or(|f| f.is_empty()),
-                    numa: slot
-                        .topology
-                        .as_ref()
-                        .and_then(|t| u32::try_from(t.node_id).ok()),
-                    total: dims(&slot.total)?,
-                    free: match slot_free {
-                        Some(f) => dims(f)?,
-                        None => [0; INDEX_DIMS.len()],
-                    },
-                });
+                let total = dims(&slot.total)?;
+                let free_dims = match slot_free {
+                    Some(f) => dims(f)?,
+                    None => [0; INDEX_DIMS.len()],
+                };
+                for d in 0..INDEX_DIMS.len() {
+                    total_sum[d] += i128::from(total[d]);
+                    if !blocked {
+                        free_sum[d] += i128::from(free_dims[d]);
+                    }
+                }
+                if !slot.healthy {
+                    continue;
+                }
+                let total_mem = if *t == DeviceType::Gpu { total[MEM] } else { 0 };
+                if !slot.total.is_empty() {
+                    totals.push(SlotGroup {
+                        dims: total,
+                        total_mem,
+                        numa: None,
+                        count: 1,
+                    });
+                }
+                if slot_free.is_some_and(|f| !f.is_empty()) {
+                    frees.push(SlotGroup {
+                        dims: free_dims,
+                        total_mem,
+                        numa: slot
+                            .topology
+                            .as_ref()
+                            .and_then(|t| u32::try_from(t.node_id).ok()),
+                        count: 1,
+                    });
+                }
             }
-            ranges[pos] = (start as u32, (slots.len() - start) as u32);
-        }
-        let mut sums = NodeSums::default();
-        for (pos, (start, len)) in ranges.iter().enumerate() {
-            sums[pos] = sums_of(&slots[*start as usize..(*start + *len) as usize], blocked)?;
+            for (k, list) in [merged(totals), merged(frees)].into_iter().enumerate() {
+                ranges[pos][k] = (groups.len() as u32, list.len() as u32);
+                groups.extend(list);
+            }
+            for d in 0..INDEX_DIMS.len() {
+                sums[pos].total[d] = whole_units(total_sum[d])?;
+                sums[pos].free[d] = whole_units(free_sum[d])?;
+            }
         }
         Some(DeviceIndex {
             blocked,
-            slots,
+            groups,
             ranges,
             sums,
         })
     }
 
     pub fn as_ref(&self) -> DeviceIndexRef<'_> {
-        DeviceIndexRef::over(&self.slots, self.blocked, &self.ranges, &self.sums)
-    }
-}
-
-impl<'a> DeviceIndexRef<'a> {
-    /// The view of `ranges` within `slots` (the snapshot keeps many nodes' slots in one
-    /// vector).
-    pub fn over(
-        slots: &'a [SlotIndex],
-        blocked: bool,
-        ranges: &[(u32, u32); INDEXED_TYPES.len()],
-        sums: &'a NodeSums,
-    ) -> Self {
-        let by_type = ranges.map(|(start, len)| {
-            let (s, l) = (start as usize, len as usize);
-            &slots[s..s + l]
-        });
-        DeviceIndexRef {
-            blocked,
-            by_type,
-            sums,
-        }
+        DeviceIndexRef::over(&self.groups, self.blocked, &self.ranges, &self.sums)
     }
 }
