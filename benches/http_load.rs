@@ -62,7 +62,12 @@ const VERB_PER_ROUND: usize = 40;
 /// The scaling row's cluster and candidate counts.
 const SCALING_CLUSTER: usize = 20_000;
 const SCALING_SIZES: [usize; 3] = [1_000, 5_000, 20_000];
-const SCALING_CASES: [Case; 4] = [Case::NoDevices, Case::SharedGpu, Case::Cpuset, Case::GpuCpuset];
+const SCALING_CASES: [Case; 4] = [
+    Case::NoDevices,
+    Case::SharedGpu,
+    Case::Cpuset,
+    Case::GpuCpuset,
+];
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -337,13 +342,16 @@ async fn run() {
 
 /// Per (case, verb): the client-side latencies of `VERB_ROUNDS` × `VERB_PER_ROUND` requests
 /// over `nodes` candidates, after a warm-up.
+/// Per case and verb, the service's latency summary.
+type VerbTable = Vec<(Case, &'static str, common::Summary)>;
+
 async fn per_verb(
     client: &HttpClient,
     base: &str,
     bodies: &HashMap<String, Bytes>,
     nodes: usize,
     cases: &[Case],
-) -> Vec<(Case, &'static str, common::Summary)> {
+) -> VerbTable {
     let verbs = ["filter", "prioritize"];
     let mut samples: HashMap<(usize, usize), Vec<Duration>> = HashMap::new();
     for round in 0..=VERB_ROUNDS {
@@ -417,10 +425,13 @@ async fn scaling(client: &HttpClient) {
     support::service::Http::new(svc.addr)
         .wait_ready(Duration::from_secs(300))
         .await;
-    println!("service ready with {SCALING_CLUSTER} nodes in {:.1?}", t.elapsed());
+    println!(
+        "service ready with {SCALING_CLUSTER} nodes in {:.1?}",
+        t.elapsed()
+    );
     let base = format!("http://{}", svc.addr);
     let mut bodies = HashMap::new();
-    let mut rows: Vec<(usize, Vec<(Case, &'static str, common::Summary)>)> = Vec::new();
+    let mut rows: Vec<(usize, VerbTable)> = Vec::new();
     for nodes in SCALING_SIZES {
         for case in SCALING_CASES {
             bodies.insert(
@@ -428,10 +439,16 @@ async fn scaling(client: &HttpClient) {
                 Bytes::from(extender_body(case, nodes)),
             );
         }
-        rows.push((nodes, per_verb(client, &base, &bodies, nodes, &SCALING_CASES).await));
+        rows.push((
+            nodes,
+            per_verb(client, &base, &bodies, nodes, &SCALING_CASES).await,
+        ));
     }
     for verb in ["filter", "prioritize"] {
-        for case in SCALING_CASES.iter().filter(|c| !matches!(c, Case::NoDevices)) {
+        for case in SCALING_CASES
+            .iter()
+            .filter(|c| !matches!(c, Case::NoDevices))
+        {
             let per_node: Vec<f64> = rows
                 .iter()
                 .map(|(nodes, table)| {
