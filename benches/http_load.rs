@@ -43,9 +43,9 @@ use hyper_util::rt::TokioExecutor;
 
 use common::{Case, extender_body, ms, summarize};
 use device_numa_extender::app::Service;
-use device_numa_extender::extender::input::{decode, read_json};
+use device_numa_extender::extender::input::{decode, read_body};
 use device_numa_extender::extender::verbs;
-use device_numa_extender::extender::wire::{ExtenderArgs, ExtenderFilterResult, HostPriority};
+use device_numa_extender::extender::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
 
 const NODES: usize = 5_000;
 const THROUGHPUT_NODES: usize = 1_000;
@@ -72,11 +72,12 @@ const SCALING_CASES: [Case; 4] = [
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// The baseline server's answers, keyed by the `x-bench-case` header: the very responses the
-/// service gives for that case, computed once.
+/// service gives for that case, computed once (borrowing from the bodies, which live as long as
+/// the bench).
 #[derive(Default)]
 struct Canned {
-    filter: HashMap<String, Arc<ExtenderFilterResult>>,
-    prioritize: HashMap<String, Arc<Vec<HostPriority>>>,
+    filter: HashMap<String, Arc<ExtenderFilterResult<'static>>>,
+    prioritize: HashMap<String, Arc<Vec<HostPriority<'static>>>>,
 }
 
 fn case_of(headers: &HeaderMap) -> String {
@@ -88,7 +89,12 @@ fn case_of(headers: &HeaderMap) -> String {
 }
 
 async fn baseline_filter(State(c): State<Arc<Canned>>, headers: HeaderMap, body: Body) -> Response {
-    let args: ExtenderArgs = match read_json(&headers, body, 16 << 20).await {
+    // The service's own decoder, borrowing from the body as the service does.
+    let bytes = match read_body(&headers, body, 16 << 20).await {
+        Ok(b) => b,
+        Err(bad) => return bad.into_response(),
+    };
+    let args: ExtenderArgsRef = match decode(&bytes) {
         Ok(a) => a,
         Err(bad) => return bad.into_response(),
     };
@@ -101,7 +107,12 @@ async fn baseline_prioritize(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let args: ExtenderArgs = match read_json(&headers, body, 16 << 20).await {
+    // The service's own decoder, borrowing from the body as the service does.
+    let bytes = match read_body(&headers, body, 16 << 20).await {
+        Ok(b) => b,
+        Err(bad) => return bad.into_response(),
+    };
+    let args: ExtenderArgsRef = match decode(&bytes) {
         Ok(a) => a,
         Err(bad) => return bad.into_response(),
     };
@@ -195,15 +206,15 @@ async fn run() {
     ] {
         for case in cases {
             let key = format!("{}@{nodes}", case.label());
-            let body = extender_body(*case, nodes);
-            let args: ExtenderArgs = decode(&body).expect("body");
+            let body: &'static [u8] = Box::leak(extender_body(*case, nodes).into_boxed_slice());
+            let args = || decode::<ExtenderArgsRef>(body).expect("body");
             canned
                 .prioritize
-                .insert(key.clone(), Arc::new(verbs::prioritize(&svc.state, &args)));
+                .insert(key.clone(), Arc::new(verbs::prioritize(&svc.state, args())));
             canned
                 .filter
-                .insert(key.clone(), Arc::new(verbs::filter(&svc.state, args)));
-            bodies.insert(key, Bytes::from(body));
+                .insert(key.clone(), Arc::new(verbs::filter(&svc.state, args())));
+            bodies.insert(key, Bytes::from_static(body));
         }
     }
     let baseline_addr = start_baseline(canned).await;
@@ -345,6 +356,9 @@ type VerbTable = Vec<(Case, &'static str, common::Summary)>;
 
 /// Per (case, verb): the client-side latencies of `VERB_ROUNDS` × `VERB_PER_ROUND` requests
 /// over `nodes` candidates, after a warm-up.
+/// Per case and verb, the service's latency summary.
+type VerbTable = Vec<(Case, &'static str, common::Summary)>;
+
 async fn per_verb(
     client: &HttpClient,
     base: &str,

@@ -33,7 +33,7 @@ use device_numa_extender::cluster::devices::{EntryState, RecordedAllocation};
 use device_numa_extender::extender::AppState;
 use device_numa_extender::extender::input::decode;
 use device_numa_extender::extender::verbs;
-use device_numa_extender::extender::wire::{ExtenderArgs, ExtenderFilterResult, HostPriority};
+use device_numa_extender::extender::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
 use device_numa_extender::metrics::Metrics;
 use device_numa_extender::model::cpuset::CpuSet;
 use device_numa_extender::model::ids::PodUid;
@@ -150,39 +150,37 @@ fn state() -> AppState {
 // ---- the server's work per request, and the baseline --------------------------------------
 
 fn filter(state: &AppState, body: &[u8]) -> Vec<u8> {
-    let args: ExtenderArgs = decode(body).expect("valid body");
+    let args: ExtenderArgsRef = decode(body).expect("valid body");
     serde_json::to_vec(&verbs::filter(state, args)).expect("serialize")
 }
 
 fn prioritize(state: &AppState, body: &[u8]) -> Vec<u8> {
-    let args: ExtenderArgs = decode(body).expect("valid body");
-    serde_json::to_vec(&verbs::prioritize(state, &args)).expect("serialize")
+    let args: ExtenderArgsRef = decode(body).expect("valid body");
+    serde_json::to_vec(&verbs::prioritize(state, args)).expect("serialize")
 }
 
 /// The answers of one case, computed once: the baseline serializes exactly these.
-struct Answers {
-    filter: ExtenderFilterResult,
-    prioritize: Vec<HostPriority>,
+struct Answers<'a> {
+    filter: ExtenderFilterResult<'a>,
+    prioritize: Vec<HostPriority<'a>>,
 }
 
-fn answers(state: &AppState, body: &[u8]) -> Answers {
-    let args: ExtenderArgs = decode(body).expect("valid body");
-    let prioritize = verbs::prioritize(state, &args);
+fn answers<'a>(state: &AppState, body: &'a [u8]) -> Answers<'a> {
     Answers {
-        filter: verbs::filter(state, args),
-        prioritize,
+        filter: verbs::filter(state, decode(body).expect("valid body")),
+        prioritize: verbs::prioritize(state, decode(body).expect("valid body")),
     }
 }
 
 /// Baseline: decode the same body, serialize a response of the same size (the same one).
 fn baseline_filter(answers: &Answers, body: &[u8]) -> Vec<u8> {
-    let args: ExtenderArgs = decode(body).expect("valid body");
+    let args: ExtenderArgsRef = decode(body).expect("valid body");
     black_box(&args);
     serde_json::to_vec(&answers.filter).expect("serialize")
 }
 
 fn baseline_prioritize(answers: &Answers, body: &[u8]) -> Vec<u8> {
-    let args: ExtenderArgs = decode(body).expect("valid body");
+    let args: ExtenderArgsRef = decode(body).expect("valid body");
     black_box(&args);
     serde_json::to_vec(&answers.prioritize).expect("serialize")
 }

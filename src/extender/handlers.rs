@@ -9,14 +9,14 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use super::AppState;
-use super::input::read_json;
+use super::input::{BadRequest, decode, read_body, read_json};
 use super::verbs;
 use super::wire::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+    ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority,
 };
 
@@ -54,6 +54,22 @@ fn record(state: &AppState, verb: &str, outcome: Outcome, started: Instant) {
         .observe(elapsed);
 }
 
+/// Answers a malformed request: its 4xx, logged and counted.
+fn reject(state: &AppState, verb: &'static str, started: Instant, bad: BadRequest) -> Response {
+    tracing::warn!(verb, class = bad.class, error = %bad.message, "rejected malformed request");
+    record(state, verb, Outcome::BadRequest, started);
+    bad.into_response()
+}
+
+/// Why the service cannot answer yet, counted as such; `None` when ready.
+fn not_ready_reason(state: &AppState, verb: &'static str, started: Instant) -> Option<String> {
+    let reason = state.readiness.not_ready_reason()?;
+    record(state, verb, Outcome::NotReady, started);
+    tracing::debug!(verb, reason, "answering not ready");
+    Some(reason)
+}
+
+/// A verb whose request is owned and whose decision may await (bind, preempt).
 async fn run<Req, Res, F>(
     state: AppState,
     headers: HeaderMap,
@@ -70,20 +86,42 @@ where
     let started = Instant::now();
     let request: Req = match read_json(&headers, body, state.body_limit).await {
         Ok(r) => r,
-        Err(bad) => {
-            tracing::warn!(verb, class = bad.class, error = %bad.message, "rejected malformed request");
-            record(&state, verb, Outcome::BadRequest, started);
-            return bad.into_response();
-        }
+        Err(bad) => return reject(&state, verb, started, bad),
     };
-    if let Some(reason) = state.readiness.not_ready_reason() {
-        record(&state, verb, Outcome::NotReady, started);
-        tracing::debug!(verb, reason, "answering not ready");
+    if let Some(reason) = not_ready_reason(&state, verb, started) {
         return axum::Json(not_ready(reason)).into_response();
     }
     let (response, outcome) = handle(&state, request).await;
     record(&state, verb, outcome, started);
     json_response(&response, reply_capacity(&headers, state.body_limit))
+}
+
+/// A verb decided synchronously on a request that borrows from the body's `bytes` (filter,
+/// prioritize: node names are slices of the body, and so are the answer's), kept alive until
+/// the answer is serialized. Same checks, order and answers as [`run`].
+fn respond<'a, Req, Res>(
+    state: &AppState,
+    headers: &HeaderMap,
+    bytes: &'a [u8],
+    verb: &'static str,
+    started: Instant,
+    not_ready: impl FnOnce(String) -> Res,
+    handle: impl FnOnce(&AppState, Req) -> (Res, Outcome),
+) -> Response
+where
+    Req: Deserialize<'a>,
+    Res: Serialize,
+{
+    let request: Req = match decode(bytes) {
+        Ok(r) => r,
+        Err(bad) => return reject(state, verb, started, bad),
+    };
+    if let Some(reason) = not_ready_reason(state, verb, started) {
+        return axum::Json(not_ready(reason)).into_response();
+    }
+    let (response, outcome) = handle(state, request);
+    record(state, verb, outcome, started);
+    json_response(&response, reply_capacity(headers, state.body_limit))
 }
 
 /// A reply for a request of this size: filter and prioritize answer about one entry per
@@ -119,13 +157,19 @@ fn json_response<T: Serialize>(value: &T, capacity: usize) -> Response {
 }
 
 pub async fn filter(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    run(
-        state,
-        headers,
-        body,
-        "filter",
+    let (verb, started) = ("filter", Instant::now());
+    let bytes = match read_body(&headers, body, state.body_limit).await {
+        Ok(b) => b,
+        Err(bad) => return reject(&state, verb, started, bad),
+    };
+    respond(
+        &state,
+        &headers,
+        &bytes,
+        verb,
+        started,
         ExtenderFilterResult::error,
-        async |s, args: ExtenderArgs| {
+        |s, args: ExtenderArgsRef| {
             let result = verbs::filter(s, args);
             let outcome = if result.error.is_empty() {
                 Outcome::Ok
@@ -135,21 +179,25 @@ pub async fn filter(State(state): State<AppState>, headers: HeaderMap, body: Bod
             (result, outcome)
         },
     )
-    .await
 }
 
 pub async fn prioritize(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let (verb, started) = ("prioritize", Instant::now());
+    let bytes = match read_body(&headers, body, state.body_limit).await {
+        Ok(b) => b,
+        Err(bad) => return reject(&state, verb, started, bad),
+    };
     // A prioritize error is dropped silently by kube-scheduler; an empty list means "no
     // opinion", so not-ready answers that rather than an error object of the wrong shape.
-    run(
-        state,
-        headers,
-        body,
-        "prioritize",
+    respond(
+        &state,
+        &headers,
+        &bytes,
+        verb,
+        started,
         |_| Vec::<HostPriority>::new(),
-        async |s, args: ExtenderArgs| (verbs::prioritize(s, &args), Outcome::Ok),
+        |s, args: ExtenderArgsRef| (verbs::prioritize(s, args), Outcome::Ok),
     )
-    .await
 }
 
 pub async fn bind(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {

@@ -7,6 +7,8 @@
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 /// A rejected request: status plus a message naming the problem.
@@ -44,12 +46,18 @@ fn is_json(headers: &HeaderMap) -> bool {
     mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
 }
 
-/// Reads and decodes a JSON body of at most `limit` bytes.
+/// Reads and decodes a JSON body of at most `limit` bytes into an owned value.
 pub async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
 ) -> Result<T, BadRequest> {
+    decode(&read_body(headers, body, limit).await?)
+}
+
+/// Reads a JSON body of at most `limit` bytes, undecoded: for requests that [`decode`] into
+/// values borrowing from it.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BadRequest> {
     if !is_json(headers) {
         let got = headers
             .get(header::CONTENT_TYPE)
@@ -61,7 +69,7 @@ pub async fn read_json<T: DeserializeOwned>(
             class: "content_type",
         });
     }
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
         let too_large = std::error::Error::source(&e)
             .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
             || e.to_string().contains("length limit");
@@ -80,12 +88,12 @@ pub async fn read_json<T: DeserializeOwned>(
                 class: "read",
             }
         }
-    })?;
-    decode(&bytes)
+    })
 }
 
-/// Decodes JSON, reporting syntax errors by line/column and shape errors by path.
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BadRequest> {
+/// Decodes JSON, reporting syntax errors by line/column and shape errors by path. `T` may borrow
+/// from `bytes`.
+pub fn decode<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, BadRequest> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let result: Result<T, _> = serde_path_to_error::deserialize(&mut de);
     let value = result.map_err(|e| {

@@ -18,12 +18,13 @@
 //! 0–100 scores (device score, CPU/NUMA score) as their mean when the pod asks for both (the
 //! CPU score only when the pod itself asks for CPU placement), then scales the best node to 10.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use super::AppState;
 use super::wire::{
-    ExtenderArgs, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
-    HostPriority, MetaPod, MetaVictims, NodeList,
+    ExtenderArgsRef, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
+    FailedNodesMap, HostPriority, MetaPod, MetaVictims, NodeList,
 };
 use crate::fit::{self, PodNeeds};
 use crate::model::ids::PodUid;
@@ -77,7 +78,8 @@ fn full_fit(
 }
 
 /// Filter: the subset of candidates that fit, and a categorical reason for every other one.
-pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult {
+/// Names mode: the answer's names are the request's, moved (they borrow from the body).
+pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFilterResult<'a> {
     let Some(pod) = args.pod.take() else {
         return ExtenderFilterResult::error("filter request has no Pod");
     };
@@ -87,15 +89,8 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
     let mut result = "pass_through";
     // Names mode: move the names into the answer instead of copying them.
     let nodes_mode = args.nodes_mode();
-    let candidates: Vec<String> = match args.node_names.take() {
-        Some(names) => names,
-        None => args
-            .candidate_names()
-            .into_iter()
-            .map(str::to_owned)
-            .collect(),
-    };
-    let passing: Vec<String> = match pod_needs(state, &pod) {
+    let candidates: Vec<Cow<'a, str>> = args.take_candidates();
+    let passing: Vec<Cow<'a, str>> = match pod_needs(state, &pod) {
         // No device or CPU needs: pass through untouched and cheaply.
         Ok(needs) if needs.is_none() => candidates,
         Err(reason) => {
@@ -142,7 +137,7 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
     record_filter(state, result, &failed, &unresolvable);
     if nodes_mode {
         let nodes = args.nodes.unwrap_or_default();
-        let passing: std::collections::HashSet<&str> = passing.iter().map(String::as_str).collect();
+        let passing: std::collections::HashSet<&str> = passing.iter().map(|n| &**n).collect();
         let items = nodes
             .items
             .into_iter()
@@ -174,8 +169,8 @@ pub fn filter(state: &AppState, mut args: ExtenderArgs) -> ExtenderFilterResult 
 fn record_filter(
     state: &AppState,
     result: &str,
-    failed: &BTreeMap<String, String>,
-    unresolvable: &BTreeMap<String, String>,
+    failed: &FailedNodesMap<'_>,
+    unresolvable: &FailedNodesMap<'_>,
 ) {
     use crate::metrics::{FILTER_REASONS, filter_reason_class};
     state
@@ -206,9 +201,10 @@ fn record_filter(
     }
 }
 
-/// Prioritize: one integer score 0..=10 per candidate node, best node 10.
-pub fn prioritize(state: &AppState, args: &ExtenderArgs) -> Vec<HostPriority> {
-    let names = args.candidate_names();
+/// Prioritize: one integer score 0..=10 per candidate node, best node 10. The answer's hosts
+/// are the request's names, moved (they borrow from the body).
+pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<HostPriority<'a>> {
+    let names = args.take_candidates();
     let needs = match args.pod.as_ref().map(|p| pod_needs(state, p)) {
         Some(Ok(needs)) if needs.devices.is_some() || needs.wants_cpu_placement() => needs,
         // No device or CPU placement needs (or an invalid request, which filter already
@@ -216,10 +212,7 @@ pub fn prioritize(state: &AppState, args: &ExtenderArgs) -> Vec<HostPriority> {
         _ => {
             return names
                 .into_iter()
-                .map(|host| HostPriority {
-                    host: host.to_owned(),
-                    score: 0,
-                })
+                .map(|host| HostPriority { host, score: 0 })
                 .collect();
         }
     };
@@ -249,10 +242,7 @@ pub fn prioritize(state: &AppState, args: &ExtenderArgs) -> Vec<HostPriority> {
     names
         .into_iter()
         .zip(normalize_scores(&raw))
-        .map(|(host, score)| HostPriority {
-            host: host.to_owned(),
-            score,
-        })
+        .map(|(host, score)| HostPriority { host, score })
         .collect()
 }
 

@@ -8,28 +8,31 @@
 //! Embedded API objects: the Pod is decoded into the slim [`Pod`]; full Nodes (nodes mode) are
 //! kept as raw JSON so the response can echo them back without re-encoding.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::model::pod::Pod;
 
-/// Generates a case-insensitive `Deserialize` for a struct of optional fields.
+/// Generates a case-insensitive `Deserialize` for a struct of optional fields (with at most
+/// one lifetime parameter, whose `Cow` fields then decode owned).
 macro_rules! case_insensitive {
-    ($ty:ident { $($field:ident : $fty:ty => $key:literal),* $(,)? }) => {
-        impl<'de> Deserialize<'de> for $ty {
+    ($ty:ident $(< $lt:lifetime >)? { $($field:ident : $fty:ty => $key:literal),* $(,)? }) => {
+        impl<'de $(: $lt, $lt)?> Deserialize<'de> for $ty $(< $lt >)? {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct V;
-                impl<'de> Visitor<'de> for V {
-                    type Value = $ty;
+                struct V $(< $lt >)? (std::marker::PhantomData<($(&$lt (),)?)>);
+                impl<'de $(: $lt, $lt)?> Visitor<'de> for V $(< $lt >)? {
+                    type Value = $ty $(< $lt >)?;
                     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                         write!(f, concat!("a ", stringify!($ty), " object"))
                     }
-                    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<$ty, A::Error> {
-                        let mut out = $ty::default();
-                        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                        let mut out = <$ty $(< $lt >)?>::default();
+                        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
                             $(
                                 if key.eq_ignore_ascii_case($key) {
                                     // Go decodes `null` into a zero value; so do we.
@@ -42,31 +45,134 @@ macro_rules! case_insensitive {
                         Ok(out)
                     }
                 }
-                d.deserialize_map(V)
+                d.deserialize_map(V(std::marker::PhantomData))
             }
         }
     };
 }
 
-/// Request of `filter` and `prioritize`.
+/// Request of `filter` and `prioritize`. `N` is how a node name is held: owned `String`s by
+/// default, or, as the service decodes it ([`ExtenderArgsRef`]), `Cow`s borrowing from the
+/// request body.
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct ExtenderArgs {
+pub struct ExtenderArgs<N = String> {
     pub pod: Option<Pod>,
     pub nodes: Option<NodeList>,
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<Vec<N>>,
 }
-case_insensitive!(ExtenderArgs {
-    pod: Option<Pod> => "Pod",
-    nodes: Option<NodeList> => "Nodes",
-    node_names: Option<Vec<String>> => "NodeNames",
-});
 
-impl ExtenderArgs {
+/// The request as the service decodes it: in names mode each of the (up to thousands of) node
+/// names is a slice of the request body, not an allocation of its own; only a name with JSON
+/// escapes, which needs unescaping, is owned.
+pub type ExtenderArgsRef<'a> = ExtenderArgs<Cow<'a, str>>;
+
+/// How a decoded node name is held: owned, or borrowed from the input (`'de`) when possible.
+pub trait NodeName<'de>: AsRef<str> {
+    /// From the name as decoded: borrowed unless it had escapes.
+    fn from_decoded(name: Cow<'de, str>) -> Self;
+}
+
+impl<'de> NodeName<'de> for String {
+    fn from_decoded(name: Cow<'de, str>) -> Self {
+        name.into_owned()
+    }
+}
+
+impl<'de: 'a, 'a> NodeName<'de> for Cow<'a, str> {
+    fn from_decoded(name: Cow<'de, str>) -> Self {
+        name
+    }
+}
+
+/// As `case_insensitive!` would generate it, except that `NodeNames` may borrow.
+impl<'de, N: NodeName<'de>> Deserialize<'de> for ExtenderArgs<N> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<N>(PhantomData<N>);
+        impl<'de, N: NodeName<'de>> Visitor<'de> for V<N> {
+            type Value = ExtenderArgs<N>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a ExtenderArgs object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = ExtenderArgs {
+                    pod: None,
+                    nodes: None,
+                    node_names: None,
+                };
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    // Go decodes `null` into a zero value; so do we.
+                    if key.eq_ignore_ascii_case("Pod") {
+                        out.pod = map.next_value::<Option<Pod>>()?;
+                    } else if key.eq_ignore_ascii_case("Nodes") {
+                        out.nodes = map.next_value::<Option<NodeList>>()?;
+                    } else if key.eq_ignore_ascii_case("NodeNames") {
+                        out.node_names = map.next_value::<Option<Names<N>>>()?.map(|n| n.0);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(V(PhantomData))
+    }
+}
+
+/// A JSON array of strings, each borrowed from the input when it has no escapes.
+struct Names<N>(Vec<N>);
+
+impl<'de, N: NodeName<'de>> Deserialize<'de> for Names<N> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<N>(PhantomData<N>);
+        impl<'de, N: NodeName<'de>> Visitor<'de> for V<N> {
+            type Value = Names<N>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                // As serde's own `Vec`: trust a size hint only so far.
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(Name(name)) = seq.next_element()? {
+                    out.push(N::from_decoded(name));
+                }
+                Ok(Names(out))
+            }
+        }
+        d.deserialize_seq(V(PhantomData))
+    }
+}
+
+/// One string, borrowed from the input when it has no escapes.
+struct Name<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Name<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Name<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<N: AsRef<str>> ExtenderArgs<N> {
     /// The candidate node names, whichever mode the scheduler uses.
     pub fn candidate_names(&self) -> Vec<&str> {
         if let Some(names) = &self.node_names {
-            names.iter().map(String::as_str).collect()
+            names.iter().map(AsRef::as_ref).collect()
         } else if let Some(nodes) = &self.nodes {
             nodes.items.iter().map(|n| n.name.as_str()).collect()
         } else {
@@ -77,6 +183,25 @@ impl ExtenderArgs {
     /// True when the scheduler sent full Node objects (`nodeCacheCapable: false`).
     pub fn nodes_mode(&self) -> bool {
         self.node_names.is_none() && self.nodes.is_some()
+    }
+}
+
+impl<'a> ExtenderArgsRef<'a> {
+    /// Takes the candidate node names out of the request, whichever mode the scheduler uses:
+    /// names mode moves them (no copy), nodes mode copies each Node's name (the Nodes stay, to
+    /// be echoed).
+    pub fn take_candidates(&mut self) -> Vec<Cow<'a, str>> {
+        if let Some(names) = self.node_names.take() {
+            names
+        } else if let Some(nodes) = &self.nodes {
+            nodes
+                .items
+                .iter()
+                .map(|n| Cow::Owned(n.name.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        }
     }
 }
 
@@ -155,28 +280,28 @@ impl Serialize for RawNode {
     }
 }
 
-/// node name -> reason.
-pub type FailedNodesMap = BTreeMap<String, String>;
+/// node name -> reason; the names borrow from the request like the candidates they were.
+pub type FailedNodesMap<'a> = BTreeMap<Cow<'a, str>, String>;
 
 /// Response of `filter`.
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct ExtenderFilterResult {
+pub struct ExtenderFilterResult<'a> {
     pub nodes: Option<NodeList>,
-    pub node_names: Option<Vec<String>>,
-    pub failed_nodes: Option<FailedNodesMap>,
-    pub failed_and_unresolvable_nodes: Option<FailedNodesMap>,
+    pub node_names: Option<Vec<Cow<'a, str>>>,
+    pub failed_nodes: Option<FailedNodesMap<'a>>,
+    pub failed_and_unresolvable_nodes: Option<FailedNodesMap<'a>>,
     pub error: String,
 }
-case_insensitive!(ExtenderFilterResult {
+case_insensitive!(ExtenderFilterResult<'a> {
     nodes: Option<NodeList> => "Nodes",
-    node_names: Option<Vec<String>> => "NodeNames",
-    failed_nodes: Option<FailedNodesMap> => "FailedNodes",
-    failed_and_unresolvable_nodes: Option<FailedNodesMap> => "FailedAndUnresolvableNodes",
+    node_names: Option<Vec<Cow<'a, str>>> => "NodeNames",
+    failed_nodes: Option<FailedNodesMap<'a>> => "FailedNodes",
+    failed_and_unresolvable_nodes: Option<FailedNodesMap<'a>> => "FailedAndUnresolvableNodes",
     error: String => "Error",
 });
 
-impl ExtenderFilterResult {
+impl ExtenderFilterResult<'_> {
     pub fn error(message: impl Into<String>) -> Self {
         ExtenderFilterResult {
             error: message.into(),
@@ -185,16 +310,17 @@ impl ExtenderFilterResult {
     }
 }
 
-/// One entry of the `prioritize` response (a bare JSON array of these).
+/// One entry of the `prioritize` response (a bare JSON array of these). The host borrows from
+/// the request: no allocation per candidate.
 #[derive(Debug, Default, Serialize, Clone, PartialEq, Eq)]
 #[serde(rename_all = "PascalCase")]
-pub struct HostPriority {
-    pub host: String,
+pub struct HostPriority<'a> {
+    pub host: Cow<'a, str>,
     /// 0..=10; kube-scheduler multiplies it by weight × 10 without clamping.
     pub score: i64,
 }
-case_insensitive!(HostPriority {
-    host: String => "Host",
+case_insensitive!(HostPriority<'a> {
+    host: Cow<'a, str> => "Host",
     score: i64 => "Score",
 });
 
@@ -377,5 +503,143 @@ mod tests {
             nulls.pod_namespace, "",
             "null decodes to the zero value as in Go"
         );
+    }
+
+    /// `ExtenderArgs` as the `case_insensitive!` macro decoded it before names borrowed: the
+    /// reference the hand-written decoder must agree with.
+    #[derive(Debug, Default, Serialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct MacroArgs {
+        pod: Option<Pod>,
+        nodes: Option<NodeList>,
+        node_names: Option<Vec<String>>,
+    }
+    case_insensitive!(MacroArgs {
+        pod: Option<Pod> => "Pod",
+        nodes: Option<NodeList> => "Nodes",
+        node_names: Option<Vec<String>> => "NodeNames",
+    });
+
+    /// Both decoders on `bytes`, through the service's `decode` (paths in errors): the same
+    /// value, or the same status and message (but for the type's name in "expected ...").
+    fn same_as_macro(bytes: &[u8]) {
+        use crate::extender::input::decode;
+        let reference = decode::<MacroArgs>(bytes).map(|a| serde_json::to_value(a).unwrap());
+        let borrowed = decode::<ExtenderArgsRef>(bytes).map(|a| serde_json::to_value(a).unwrap());
+        let owned = decode::<ExtenderArgs>(bytes).map(|a| serde_json::to_value(a).unwrap());
+        for got in [borrowed, owned] {
+            match (&reference, got) {
+                (Ok(want), Ok(got)) => assert_eq!(want, &got),
+                (Err(want), Err(got)) => {
+                    assert_eq!(want.status, got.status);
+                    assert_eq!(
+                        want.message.replace("MacroArgs", "ExtenderArgs"),
+                        got.message
+                    );
+                }
+                (want, got) => panic!("{}: {want:?} vs {got:?}", String::from_utf8_lossy(bytes)),
+            }
+        }
+    }
+
+    #[test]
+    fn names_borrow_from_the_body_unless_escaped() {
+        let body = br#"{"Pod":{},"NodeNames":["node-a","node-\u0062","n\"c"]}"#;
+        let args: ExtenderArgsRef = crate::extender::input::decode(body).unwrap();
+        let names = args.node_names.as_ref().unwrap();
+        assert!(matches!(names[0], Cow::Borrowed("node-a")), "{names:?}");
+        assert!(
+            matches!(&names[1], Cow::Owned(n) if n == "node-b"),
+            "{names:?}"
+        );
+        assert!(
+            matches!(&names[2], Cow::Owned(n) if n == "n\"c"),
+            "{names:?}"
+        );
+        for body in [
+            &br#"{"pod":{},"nodenames":["a"]}"#[..],
+            br#"{"POD":{},"NODENAMES":["a"]}"#,
+            br#"{"pOd":{},"nOdEnAmEs":["a"]}"#,
+        ] {
+            let args: ExtenderArgsRef = crate::extender::input::decode(body).unwrap();
+            assert_eq!(args.candidate_names(), ["a"]);
+            assert!(args.pod.is_some());
+        }
+        let args: ExtenderArgsRef =
+            crate::extender::input::decode(br#"{"NodeNames":null,"Nodes":null}"#).unwrap();
+        assert!(args.node_names.is_none() && args.nodes.is_none());
+    }
+
+    #[test]
+    fn decoders_agree_with_the_macro_on_fixtures_and_bad_shapes() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wire");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            same_as_macro(&std::fs::read(entry.unwrap().path()).unwrap());
+        }
+        for body in [
+            &br#"{"NodeNames": "a"}"#[..],
+            br#"{"NodeNames": [1]}"#,
+            br#"{"NodeNames": ["a", null]}"#,
+            br#"{"NodeNames": ["a"], "nodenames": ["b"]}"#,
+            br#"{"NodeNames": ["a"], "nodenames": null}"#,
+            br#"{"Pod": {"spec": {"containers": "x"}}, "NodeNames": ["a"]}"#,
+            br#"{"Nodes":{"items":[{"metadata":{}}]}}"#,
+            br#"{"Nodes":{"items":[{"metadata":{"name":"n"}}]},"NodeNames":null}"#,
+            br#"[1,2]"#,
+            br#""x""#,
+            br#"null"#,
+            br#"{"NodeNames": ["a"#,
+            br#"{"NodeNames": ["\ud800"]}"#,
+            br#"{"NodeNames": ["a"]} x"#,
+            b"",
+        ] {
+            same_as_macro(body);
+        }
+    }
+
+    #[test]
+    fn answers_borrow_and_serialize_as_before() {
+        let hosts = [
+            HostPriority {
+                host: Cow::Borrowed("a"),
+                score: 10,
+            },
+            HostPriority {
+                host: Cow::Owned("b\"".into()),
+                score: 0,
+            },
+        ];
+        assert_eq!(
+            serde_json::to_string(&hosts).unwrap(),
+            r#"[{"Host":"a","Score":10},{"Host":"b\"","Score":0}]"#
+        );
+        let r = ExtenderFilterResult {
+            node_names: Some(vec![Cow::Borrowed("a")]),
+            failed_nodes: Some(BTreeMap::from([(Cow::Borrowed("b"), "why".to_string())])),
+            failed_and_unresolvable_nodes: Some(BTreeMap::new()),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"Nodes":null,"NodeNames":["a"],"FailedNodes":{"b":"why"},"FailedAndUnresolvableNodes":{},"Error":""}"#
+        );
+        let back: ExtenderFilterResult =
+            serde_json::from_str(r#"{"nodenames":["a"],"failednodes":{"b":"why"},"error":"e"}"#)
+                .unwrap();
+        assert_eq!(back.node_names.unwrap(), ["a"]);
+        assert_eq!(back.error, "e");
+        let back: HostPriority = serde_json::from_str(r#"{"host":"a","SCORE":3}"#).unwrap();
+        assert_eq!(back.host, "a");
+        assert_eq!(back.score, 3);
+    }
+
+    proptest::proptest! {
+        /// Arbitrary documents under the request's keys, in any casing: the hand-written
+        /// decoders agree with the macro, values and errors alike.
+        #[test]
+        fn decoders_agree_with_the_macro(v in arb_json(), key in "(?i)(pod|nodes|nodenames|other)") {
+            same_as_macro(serde_json::json!({ key: v }).to_string().as_bytes());
+            same_as_macro(serde_json::json!({ "NodeNames": [v] }).to_string().as_bytes());
+        }
     }
 }

@@ -12,6 +12,7 @@
 //!
 //! This module orchestrates the verbs and reports; it never decides a placement itself.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use crate::cluster::NodeState;
 use crate::cluster::pod::{PodCpus, PodDevices};
 use crate::extender::AppState;
 use crate::extender::verbs;
-use crate::extender::wire::{ExtenderArgs, ExtenderBindingArgs};
+use crate::extender::wire::{ExtenderArgsRef, ExtenderBindingArgs};
 use crate::model::device::{GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO};
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
@@ -327,13 +328,13 @@ async fn place(state: &AppState, pod: &Pod, ns: &str, name: &str) -> Placement {
         };
         total += 1;
         match verdict {
-            Ok(()) => candidates.push(node.to_string()),
+            Ok(()) => candidates.push(Cow::Owned(node.to_string())),
             Err(reason) => *placement.reasons.entry(reason).or_default() += 1,
         }
     }
     let filter = verbs::filter(
         state,
-        ExtenderArgs {
+        ExtenderArgsRef {
             pod: Some(pod.clone()),
             nodes: None,
             node_names: Some(candidates),
@@ -359,7 +360,7 @@ async fn place(state: &AppState, pod: &Pod, ns: &str, name: &str) -> Placement {
     }
     let scores = verbs::prioritize(
         state,
-        &ExtenderArgs {
+        ExtenderArgsRef {
             pod: Some(pod.clone()),
             nodes: None,
             node_names: Some(passing),
@@ -368,8 +369,8 @@ async fn place(state: &AppState, pod: &Pod, ns: &str, name: &str) -> Placement {
     // Highest score; equal scores go to the first name (the candidates are sorted).
     let mut best: Option<(&str, i64)> = None;
     for h in &scores {
-        if best.is_none_or(|(n, s)| h.score > s || (h.score == s && h.host.as_str() < n)) {
-            best = Some((&h.host, h.score));
+        if best.is_none_or(|(n, s)| h.score > s || (h.score == s && &*h.host < n)) {
+            best = Some((&*h.host, h.score));
         }
     }
     let Some((node, score)) = best.map(|(n, s)| (n.to_string(), s)) else {

@@ -20,7 +20,7 @@ use device_numa_extender::cluster::cpus::CpuLedger;
 use device_numa_extender::cluster::devices::{DeviceLedger, NodeDevices};
 use device_numa_extender::extender::input::decode;
 use device_numa_extender::extender::wire::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs,
+    ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderPreemptionArgs,
 };
 use device_numa_extender::model::cpuset::CpuSet;
 use device_numa_extender::model::device::{Device, DeviceAllocations};
@@ -106,6 +106,8 @@ fn edits() -> impl Strategy<Value = Vec<Edit>> {
 fn decode_all(bytes: &[u8]) -> Result<(), TestCaseError> {
     for r in [
         decode::<ExtenderArgs>(bytes).map(|_| ()),
+        // What filter and prioritize decode: names borrowed from `bytes`.
+        decode::<ExtenderArgsRef>(bytes).map(|_| ()),
         decode::<ExtenderBindingArgs>(bytes).map(|_| ()),
         decode::<ExtenderPreemptionArgs>(bytes).map(|_| ()),
     ] {
