@@ -356,9 +356,6 @@ type VerbTable = Vec<(Case, &'static str, common::Summary)>;
 
 /// Per (case, verb): the client-side latencies of `VERB_ROUNDS` × `VERB_PER_ROUND` requests
 /// over `nodes` candidates, after a warm-up.
-/// Per case and verb, the service's latency summary.
-type VerbTable = Vec<(Case, &'static str, common::Summary)>;
-
 async fn per_verb(
     client: &HttpClient,
     base: &str,
