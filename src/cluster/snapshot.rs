@@ -24,6 +24,22 @@
 //! snapshot is only a read view. Since bind publishes before it answers, a filter that starts
 //! after a bind returned sees that bind.
 //!
+//! What can interleave, and the test that covers it:
+//! - a reader and a publish: the reader keeps the snapshot it loaded, at most one publish
+//!   behind (arc-swap);
+//! - two writers on one node: serialized by the node lock, published in version order
+//!   (`snapshot_converges_under_concurrent_writers_and_build`);
+//! - writers on different nodes: serialized by the publish mutex, none lost (same test);
+//! - the full build and writers: versions, the later wins (same test; it fails when the
+//!   build ignores versions);
+//! - writes before the snapshot is live, then the build
+//!   (`snapshot_equals_a_rebuild_after_any_sequence`, the build anywhere in the sequence);
+//! - a node removed (entry collected), compacted away, created again
+//!   (`removed_nodes_are_compacted_and_can_return`, and the sequence property);
+//! - a bind, then a filter (`gpu::verbs::a_filter_right_after_a_bind_sees_its_allocation`);
+//! - relists and watch gaps after bootstrap, through the real sync path
+//!   (`sync_prop::cache_after_any_history_equals_a_fresh_bootstrap` checks the snapshot too).
+//!
 //! This module owns the layout and the publish protocol. It never locks a node and never
 //! decides placement.
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::gpu::{
     Env, Fault, Faults, HeldBind, add_gpu_node, annotation_of, bind_across_pod_watch_outage,
@@ -180,7 +180,28 @@ async fn a_lagging_watch_cannot_hold_a_deleted_pods_gpu_until_the_ttl() {
         relists,
         "released by a relist, not by the probe"
     );
+    // The held events are the bind's update (which commits the GPU again for a moment) and
+    // the deletion: bind `next` only once both are applied. A sentinel pod created after them
+    // arrives after them on the same watch; once the cache holds it, they are applied.
+    let cached = env.metric("dne_cached_objects", "kind=\"pods\"").await;
     env.fake.release_watch_events(Kind::Pod);
+    let sentinel = crate::support::service::pod(
+        "ml",
+        "sentinel",
+        "uid-sentinel",
+        json!({}),
+        Some("elsewhere"),
+        None,
+    );
+    env.fake.create(Kind::Pod, sentinel).unwrap();
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while env.metric("dne_cached_objects", "kind=\"pods\"").await != cached + 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held events were never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     env.bind(&next, "n1").await.unwrap();
     env.wait_committed("n1", &uid(&next)).await;
     let ledger = env.ledger("n1").await;
