@@ -298,11 +298,51 @@ impl Chunk {
     }
 }
 
-/// Name to dense index, shared by snapshots until the node set changes.
-#[derive(Debug, Default)]
+/// Name to dense index, shared by snapshots until the node set changes. The table holds only
+/// indices (4 bytes a bucket) and the names sit in one arena, so a lookup's probes stay in a
+/// few dozen KiB of cache instead of chasing one heap key per candidate.
+#[derive(Clone, Debug, Default)]
 struct Names {
-    index: HashMap<Box<str>, u32, ahash::RandomState>,
+    hasher: ahash::RandomState,
+    table: hashbrown::HashTable<u32>,
+    arena: String,
+    /// `(offset, len)` in `arena` per index.
+    spans: Vec<(u32, u32)>,
+    /// The same names, owned (rebuilds and tombstones).
     names: Vec<Arc<str>>,
+}
+
+impl Names {
+    #[inline]
+    fn get(&self, name: &str) -> Option<u32> {
+        let hash = self.hasher.hash_one(name);
+        self.table
+            .find(hash, |&i| {
+                let (offset, len) = self.spans[i as usize];
+                &self.arena[offset as usize..(offset + len) as usize] == name
+            })
+            .copied()
+    }
+
+    fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Appends `name` (not present) at the next index.
+    fn push(&mut self, name: Arc<str>) -> u32 {
+        let i = self.names.len() as u32;
+        let offset = self.arena.len() as u32;
+        self.arena.push_str(&name);
+        self.spans.push((offset, name.len() as u32));
+        let hash = self.hasher.hash_one(&*name);
+        let (arena, spans, hasher) = (&self.arena, &self.spans, &self.hasher);
+        self.table.insert_unique(hash, i, |&j| {
+            let (offset, len) = spans[j as usize];
+            hasher.hash_one(&arena[offset as usize..(offset + len) as usize])
+        });
+        self.names.push(name);
+        i
+    }
 }
 
 /// One immutable, cluster-wide read view.
@@ -318,13 +358,13 @@ impl Snapshot {
     /// The node called `name`, if the caches know it.
     #[inline]
     pub fn node(&self, name: &str) -> Option<NodeView<'_>> {
-        let i = *self.names.index.get(name)? as usize;
+        let i = self.names.get(name)? as usize;
         self.chunks[i / CHUNK].view(i % CHUNK)
     }
 
     /// The owned facts of `name` (tests compare them with a rebuild).
     pub fn summary(&self, name: &str) -> Option<NodeSummary> {
-        let i = *self.names.index.get(name)? as usize;
+        let i = self.names.get(name)? as usize;
         self.summary_at(i)
     }
 
@@ -343,7 +383,7 @@ impl Snapshot {
 
     /// How many nodes the snapshot holds.
     pub fn len(&self) -> usize {
-        self.names.names.len() - self.removed
+        self.names.len() - self.removed
     }
 
     pub fn is_empty(&self) -> bool {
@@ -364,8 +404,8 @@ impl Snapshot {
         let mut chunks = Vec::with_capacity(nodes.len().div_ceil(CHUNK));
         let mut chunk = Chunk::new();
         for (i, (name, version, summary)) in nodes.into_iter().enumerate() {
-            names.index.insert(Box::from(&*name), i as u32);
-            names.names.push(name);
+            debug_assert_eq!(names.len(), i);
+            names.push(name);
             chunk.push(
                 version,
                 Some((
@@ -441,7 +481,7 @@ impl ReadSnapshots {
     pub fn publish(&self, name: &str, version: u64, summary: Option<NodeSummary>) {
         let _serialized = self.publish.lock();
         let cur = self.current.load_full();
-        let Some(&i) = cur.names.index.get(name) else {
+        let Some(i) = cur.names.get(name) else {
             let Some(summary) = summary else {
                 return;
             };
@@ -488,7 +528,7 @@ impl ReadSnapshots {
             removed,
         };
         // Many removed names (node churn): rebuild the name map without them.
-        let next = if next.removed > CHUNK.max(next.names.names.len() / 4) {
+        let next = if next.removed > CHUNK.max(next.names.len() / 4) {
             self.remember_removed(&next);
             Snapshot::from_nodes(next.present())
         } else {
@@ -555,13 +595,8 @@ impl ReadSnapshots {
 
 /// `cur` with `name` appended at the next index.
 fn appended(cur: &Snapshot, name: &str, version: u64, summary: NodeSummary) -> Snapshot {
-    let i = cur.names.names.len();
-    let mut names = Names {
-        index: cur.names.index.clone(),
-        names: cur.names.names.clone(),
-    };
-    names.index.insert(Box::from(name), i as u32);
-    names.names.push(Arc::from(name));
+    let mut names = (*cur.names).clone();
+    let i = names.push(Arc::from(name)) as usize;
     let mut chunks = cur.chunks.clone();
     if i.is_multiple_of(CHUNK) {
         chunks.push(Arc::new(Chunk::empty()));

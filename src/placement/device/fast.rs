@@ -302,8 +302,8 @@ fn score_dims(req: &FastRequest, request: &NeedVec, sums: &TypeSums) -> i64 {
         let requested = used + request[d].max(0);
         let s = match req.strategy {
             ScoringStrategy::LeastAllocated if requested > capacity => 0,
-            ScoringStrategy::LeastAllocated => (capacity - requested) * 100 / capacity,
-            ScoringStrategy::MostAllocated => requested.min(capacity) * 100 / capacity,
+            ScoringStrategy::LeastAllocated => div((capacity - requested) * 100, capacity),
+            ScoringStrategy::MostAllocated => div(requested.min(capacity) * 100, capacity),
         };
         sum += s * w;
         weight_sum += w;
@@ -311,7 +311,17 @@ fn score_dims(req: &FastRequest, request: &NeedVec, sums: &TypeSums) -> i64 {
     if weight_sum == 0 {
         return 0;
     }
-    (sum / weight_sum).clamp(0, 100) as i64
+    div(sum, weight_sum).clamp(0, 100) as i64
+}
+
+/// `a / b` in 64-bit hardware division whenever both fit (128-bit division is a library call,
+/// and this runs per candidate node).
+#[inline]
+fn div(a: i128, b: i128) -> i128 {
+    match (i64::try_from(a), i64::try_from(b)) {
+        (Ok(a), Ok(b)) => i128::from(a / b),
+        _ => a / b,
+    }
 }
 
 #[cfg(test)]
