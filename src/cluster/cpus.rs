@@ -306,6 +306,9 @@ pub struct CpuLedger {
     /// Filter's fixed-size summary, built on first read after a change (filter reads it for
     /// every candidate node). Every mutation resets it.
     summary: std::sync::OnceLock<Result<CpuSummary, CpuUnusable>>,
+    /// Entries changed by [`Self::record_deferred`]/[`Self::remove_deferred`] since the last
+    /// derivation: [`Self::finish_deferred`] derives before the node's lock is released.
+    stale: bool,
 }
 
 impl CpuLedger {
@@ -382,6 +385,34 @@ impl CpuLedger {
         let previous = self.entries.insert(uid, CpuEntry { allocation, state });
         self.refresh();
         previous
+    }
+
+    /// [`Self::record`] without deriving the node's usage: a batch of records derives it
+    /// once, with [`Self::finish_deferred`], before anything reads the ledger (the caller
+    /// holds the node's lock throughout).
+    pub(super) fn record_deferred(
+        &mut self,
+        uid: PodUid,
+        allocation: RecordedCpus,
+        state: EntryState,
+    ) -> Option<CpuEntry> {
+        let previous = self.entries.insert(uid, CpuEntry { allocation, state });
+        self.stale = true;
+        previous
+    }
+
+    /// [`Self::remove`] without deriving; see [`Self::record_deferred`].
+    pub(super) fn remove_deferred(&mut self, uid: &PodUid) -> Option<CpuEntry> {
+        let e = self.entries.remove(uid)?;
+        self.stale = true;
+        Some(e)
+    }
+
+    /// Derives what the deferred records changed (nothing when none did).
+    pub(super) fn finish_deferred(&mut self) {
+        if self.stale {
+            self.refresh();
+        }
     }
 
     /// Removes a pod's entry. Removing an absent pod is a no-op.
@@ -502,6 +533,7 @@ impl CpuLedger {
     }
 
     fn refresh(&mut self) {
+        self.stale = false;
         self.summary = Default::default();
         self.derived = self.derive(self.entries.values());
         self.zone_usage = self.zones_usage(&self.derived);

@@ -85,6 +85,20 @@ impl PodHandler {
     }
 }
 
+impl PodHandler {
+    fn overcommitted(&self, pod: &PodRecord, over: &[(crate::model::device::DeviceType, i32)]) {
+        if over.is_empty() {
+            return;
+        }
+        let minors: Vec<String> = over.iter().map(|(t, m)| format!("{t}/{m}")).collect();
+        tracing::warn!(pod = %pod.key, node = ?pod.node, minors = %minors.join(","), "pod annotations overcommit these devices: counted as used, nothing more is placed on them");
+        self.metrics
+            .device_problems
+            .with_label_values(&["overcommitted"])
+            .inc();
+    }
+}
+
 impl Handler for PodHandler {
     type Object = Pod;
     /// Shared with the node's pod map: one record per pod, however many maps refer to it.
@@ -117,13 +131,12 @@ impl Handler for PodHandler {
     }
     fn apply(&self, _key: &str, old: Option<&Arc<PodRecord>>, new: &Arc<PodRecord>) {
         let over = self.cluster.upsert_pod_shared(old.map(|o| &**o), new);
-        if !over.is_empty() {
-            let minors: Vec<String> = over.iter().map(|(t, m)| format!("{t}/{m}")).collect();
-            tracing::warn!(pod = %new.key, node = ?new.node, minors = %minors.join(","), "pod annotations overcommit these devices: counted as used, nothing more is placed on them");
-            self.metrics
-                .device_problems
-                .with_label_values(&["overcommitted"])
-                .inc();
+        self.overcommitted(new, &over);
+    }
+    /// The first list: grouped by node (see [`ClusterState::upsert_listed_pods`]).
+    fn apply_listed<'a>(&self, listed: impl Iterator<Item = (&'a str, &'a Arc<PodRecord>)>) {
+        for (pod, over) in self.cluster.upsert_listed_pods(listed.map(|(_, r)| r)) {
+            self.overcommitted(&pod, &over);
         }
     }
     fn remove(&self, _key: &str, old: &Arc<PodRecord>) {
