@@ -91,7 +91,8 @@ impl TopologyRecord {
 pub struct NodeState {
     /// The Node object; `None` until it arrives or after it is deleted.
     pub node: Option<NodeRecord>,
-    pub topology: Option<TopologyRecord>,
+    /// Shared with the NRT sync's store (one copy per NRT).
+    pub topology: Option<Arc<TopologyRecord>>,
     /// Device totals (from the Device object) and who holds what (by pod UID).
     #[serde(skip)]
     pub devices: DeviceLedger,
@@ -368,6 +369,11 @@ impl ClusterState {
     }
 
     pub fn set_topology(&self, name: &str, topology: Option<TopologyRecord>) {
+        self.set_topology_shared(name, topology.map(Arc::new));
+    }
+
+    /// [`Self::set_topology`] with a shared copy (the NRT sync's record).
+    pub fn set_topology_shared(&self, name: &str, topology: Option<Arc<TopologyRecord>>) {
         let removed = topology.is_none();
         self.with_node(name, |s| {
             let before = s.cpus.constrains_plain_pods();
@@ -404,14 +410,19 @@ impl ClusterState {
     /// leaves nothing allocatable but keeps what pods hold (koordinator #1186).
     /// Sets (or removes) a node's Device object; returns the minors its pods' recorded
     /// allocations now overcommit.
-    pub fn set_devices(
+    pub fn set_devices(&self, name: &str, devices: Option<NodeDevices>) -> Overcommitted {
+        self.set_devices_shared(name, devices.map(Arc::new))
+    }
+
+    /// [`Self::set_devices`] with a shared copy (the Device sync's record).
+    pub fn set_devices_shared(
         &self,
         name: &str,
-        devices: Option<NodeDevices>,
-    ) -> Vec<(crate::model::device::DeviceType, i32)> {
+        devices: Option<Arc<NodeDevices>>,
+    ) -> Overcommitted {
         let removed = devices.is_none();
         let over = self.with_node(name, |s| {
-            s.devices.set_devices(devices);
+            s.devices.set_devices_shared(devices);
             s.devices.overcommitted()
         });
         if removed {
