@@ -504,13 +504,43 @@ impl ClusterState {
         };
         // Listed after `live` is set: an entry created later publishes itself.
         let entries: Vec<_> = self.nodes.read().values().cloned().collect();
-        let nodes = entries
-            .iter()
-            .filter_map(|e| {
-                let state = e.read();
-                (!state.dead).then(|| (e.name.clone(), state.version, NodeSummary::of(&state)))
+        let summarize = |entries: &[Arc<NodeEntry>]| -> Vec<_> {
+            entries
+                .iter()
+                .filter_map(|e| {
+                    let state = e.read();
+                    (!state.dead).then(|| (e.name.clone(), state.version, NodeSummary::of(&state)))
+                })
+                .collect()
+        };
+        // Bootstrap waits for this (readiness flips after it): summarize on every core.
+        let threads = if entries.len() >= PARALLEL_SNAPSHOT_MIN {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(PARALLEL_LIST_THREADS)
+        } else {
+            1
+        };
+        let nodes = if threads <= 1 {
+            summarize(&entries)
+        } else {
+            let chunk = entries.len().div_ceil(threads);
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = entries
+                    .chunks(chunk)
+                    .skip(1)
+                    .map(|part| scope.spawn(move || summarize(part)))
+                    .collect();
+                let mut nodes = summarize(&entries[..chunk]);
+                for w in workers {
+                    match w.join() {
+                        Ok(part) => nodes.extend(part),
+                        Err(panic) => std::panic::resume_unwind(panic),
+                    }
+                }
+                nodes
             })
-            .collect();
+        };
         self.snapshots.install(nodes);
         self.snapshots.finish_build(building);
     }
@@ -673,7 +703,9 @@ impl ClusterState {
 
 /// Below this many listed pods the first list is applied on the calling thread.
 const PARALLEL_LIST_MIN: usize = 4096;
-/// At most this many threads apply a first list.
+/// Below this many nodes the read snapshot is built on the calling thread.
+const PARALLEL_SNAPSHOT_MIN: usize = 512;
+/// At most this many threads apply a first list or build the read snapshot.
 const PARALLEL_LIST_THREADS: usize = 4;
 
 /// Records one pod on its node (under the node's lock): the pod map and both ledgers; the
@@ -849,6 +881,25 @@ mod tests {
         assert_eq!(batch.snapshot(), one_by_one.snapshot());
         assert_eq!(got_over, want_over);
         assert_eq!(batch.node_count(), one_by_one.node_count());
+    }
+
+    /// A snapshot this large is summarized on several threads: it must hold every node, as
+    /// built one by one.
+    #[test]
+    fn parallel_snapshot_build_holds_every_node() {
+        let cluster = ClusterState::new();
+        for i in 0..PARALLEL_SNAPSHOT_MIN * 2 + 3 {
+            let name = format!("n{i}");
+            if i % 2 == 0 {
+                cluster.set_devices(&name, Some(devices()));
+            }
+            let mut p = pod(i);
+            p.node = Some(Arc::from(name.as_str()));
+            cluster.upsert_pod(None, &p);
+        }
+        cluster.build_snapshot();
+        assert_eq!(cluster.read_snapshot().len(), PARALLEL_SNAPSHOT_MIN * 2 + 3);
+        cluster.check_snapshot().unwrap();
     }
 
     /// Issue 9 §1.3: writers racing the node-entry GC must never land in an entry that is no
