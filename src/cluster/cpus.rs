@@ -93,6 +93,40 @@ pub struct NrtCpuInfo {
     pub problems: Vec<NrtProblem>,
 }
 
+type TopologyReading = Result<Arc<CpuTopology>, NrtProblem>;
+
+/// `node.koordinator.sh/cpu-topology` read into a topology, or the problem with it.
+fn parse_topology(v: &str) -> TopologyReading {
+    let details = koord_cpu::parse_cpu_topology(v).map_err(|e| NrtProblem::from_error(&e))?;
+    CpuTopology::new(details)
+        .map(Arc::new)
+        .map_err(|e| NrtProblem::topology(&e))
+}
+
+thread_local! {
+    /// The last cpu-topology annotation this thread read, with its reading. Node pools are
+    /// homogeneous: listing thousands of NRTs mostly repeats one annotation, and parsing it
+    /// (JSON, then the topology) was most of decoding an NRT at bootstrap.
+    static LAST_TOPOLOGY: std::cell::RefCell<Option<(String, TopologyReading)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// [`parse_topology`], reusing the previous reading when the annotation is the same text (the
+/// topology is immutable and shared; the result is the same either way).
+fn parse_topology_cached(v: &str) -> TopologyReading {
+    LAST_TOPOLOGY.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((text, reading)) = last.as_ref()
+            && text == v
+        {
+            return reading.clone();
+        }
+        let reading = parse_topology(v);
+        *last = Some((v.to_owned(), reading.clone()));
+        reading
+    })
+}
+
 impl NrtCpuInfo {
     pub fn parse(
         zones: &[Zone],
@@ -126,21 +160,16 @@ impl NrtCpuInfo {
         if let Some(v) = annotations.get(SYSTEM_QOS_RESOURCE) {
             reserved = reserved.union(&note(koord_cpu::parse_system_qos(v)));
         }
-        let topology = match annotations.get(CPU_TOPOLOGY) {
+        let topology = match annotations
+            .get(CPU_TOPOLOGY)
+            .map(|v| parse_topology_cached(v))
+        {
             None => None,
-            Some(v) => match koord_cpu::parse_cpu_topology(v) {
-                Err(e) => {
-                    problems.push(NrtProblem::from_error(&e));
-                    None
-                }
-                Ok(details) => match CpuTopology::new(details) {
-                    Ok(t) => Some(Arc::new(t)),
-                    Err(e) => {
-                        problems.push(NrtProblem::topology(&e));
-                        None
-                    }
-                },
-            },
+            Some(Ok(t)) => Some(t),
+            Some(Err(p)) => {
+                problems.push(p);
+                None
+            }
         };
 
         let mut by_id: BTreeMap<NumaId, NumaZone> = BTreeMap::new();
@@ -306,6 +335,9 @@ pub struct CpuLedger {
     /// Filter's fixed-size summary, built on first read after a change (filter reads it for
     /// every candidate node). Every mutation resets it.
     summary: std::sync::OnceLock<Result<CpuSummary, CpuUnusable>>,
+    /// Entries changed by [`Self::record_deferred`]/[`Self::remove_deferred`] since the last
+    /// derivation: [`Self::finish_deferred`] derives before the node's lock is released.
+    stale: bool,
 }
 
 impl CpuLedger {
@@ -382,6 +414,34 @@ impl CpuLedger {
         let previous = self.entries.insert(uid, CpuEntry { allocation, state });
         self.refresh();
         previous
+    }
+
+    /// [`Self::record`] without deriving the node's usage: a batch of records derives it
+    /// once, with [`Self::finish_deferred`], before anything reads the ledger (the caller
+    /// holds the node's lock throughout).
+    pub(super) fn record_deferred(
+        &mut self,
+        uid: PodUid,
+        allocation: RecordedCpus,
+        state: EntryState,
+    ) -> Option<CpuEntry> {
+        let previous = self.entries.insert(uid, CpuEntry { allocation, state });
+        self.stale = true;
+        previous
+    }
+
+    /// [`Self::remove`] without deriving; see [`Self::record_deferred`].
+    pub(super) fn remove_deferred(&mut self, uid: &PodUid) -> Option<CpuEntry> {
+        let e = self.entries.remove(uid)?;
+        self.stale = true;
+        Some(e)
+    }
+
+    /// Derives what the deferred records changed (nothing when none did).
+    pub(super) fn finish_deferred(&mut self) {
+        if self.stale {
+            self.refresh();
+        }
     }
 
     /// Removes a pod's entry. Removing an absent pod is a no-op.
@@ -502,6 +562,7 @@ impl CpuLedger {
     }
 
     fn refresh(&mut self) {
+        self.stale = false;
         self.summary = Default::default();
         self.derived = self.derive(self.entries.values());
         self.zone_usage = self.zones_usage(&self.derived);
@@ -793,6 +854,32 @@ mod tests {
             }
         }
         json!({ "detail": detail }).to_string()
+    }
+
+    /// The per-thread reuse of the last cpu-topology reading answers exactly as parsing
+    /// each annotation afresh: same topology, same problems, whatever came before.
+    #[test]
+    fn reused_topology_reading_equals_a_fresh_parse() {
+        let texts = [
+            topology_json(2, 4),
+            topology_json(2, 4),
+            "{not json".to_string(),
+            "{not json".to_string(),
+            topology_json(1, 2),
+            topology_json(2, 4),
+            r#"{"detail":[{"id":0,"core":0,"socket":0,"node":0},{"id":0,"core":1,"socket":0,"node":0}]}"#
+                .to_string(),
+            topology_json(1, 2),
+        ];
+        for t in &texts {
+            let fresh = parse_topology(t);
+            let reused = parse_topology_cached(t);
+            match (&fresh, &reused) {
+                (Ok(a), Ok(b)) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+                (Err(a), Err(b)) => assert_eq!(a, b),
+                _ => panic!("{t}: fresh {fresh:?}, reused {reused:?}"),
+            }
+        }
     }
 
     fn nrt(numas: u32, cores: u32, annotations: &[(&str, &str)]) -> TopologyRecord {

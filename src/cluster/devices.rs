@@ -7,6 +7,7 @@
 //! to the network, and never decides placement (that is `placement::device`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -47,7 +48,8 @@ pub struct LedgerEntry {
 /// One node's device accounting.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceLedger {
-    devices: Option<NodeDevices>,
+    /// Shared with the Device sync's store (one copy per Device object).
+    devices: Option<Arc<NodeDevices>>,
     entries: BTreeMap<PodUid, LedgerEntry>,
     used: UsedMap,
     malformed: usize,
@@ -81,6 +83,11 @@ impl DeviceLedger {
     /// `None` means the Device object is gone: nothing is allocatable, recorded use is kept
     /// (koordinator #1186: dropping it double-allocated once koordlet recreated the object).
     pub fn set_devices(&mut self, devices: Option<NodeDevices>) {
+        self.devices = devices.map(Arc::new);
+    }
+
+    /// [`Self::set_devices`] with a shared copy (the Device sync's record).
+    pub fn set_devices_shared(&mut self, devices: Option<Arc<NodeDevices>>) {
         self.devices = devices;
     }
 
@@ -92,7 +99,7 @@ impl DeviceLedger {
     }
 
     pub fn devices(&self) -> Option<&NodeDevices> {
-        self.devices.as_ref()
+        self.devices.as_deref()
     }
 
     /// Records (or replaces) a pod's allocation, returning the previous entry. Replacing first

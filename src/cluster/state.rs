@@ -20,6 +20,9 @@ use crate::model::node::Node;
 use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
 use crate::model::pod::ResourceList;
 
+/// Device minors a pod's allocation takes beyond their capacity.
+pub type Overcommitted = Vec<(crate::model::device::DeviceType, i32)>;
+
 /// What the caches keep of a Node object.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct NodeRecord {
@@ -88,7 +91,8 @@ impl TopologyRecord {
 pub struct NodeState {
     /// The Node object; `None` until it arrives or after it is deleted.
     pub node: Option<NodeRecord>,
-    pub topology: Option<TopologyRecord>,
+    /// Shared with the NRT sync's store (one copy per NRT).
+    pub topology: Option<Arc<TopologyRecord>>,
     /// Device totals (from the Device object) and who holds what (by pod UID).
     #[serde(skip)]
     pub devices: DeviceLedger,
@@ -365,6 +369,11 @@ impl ClusterState {
     }
 
     pub fn set_topology(&self, name: &str, topology: Option<TopologyRecord>) {
+        self.set_topology_shared(name, topology.map(Arc::new));
+    }
+
+    /// [`Self::set_topology`] with a shared copy (the NRT sync's record).
+    pub fn set_topology_shared(&self, name: &str, topology: Option<Arc<TopologyRecord>>) {
         let removed = topology.is_none();
         self.with_node(name, |s| {
             let before = s.cpus.constrains_plain_pods();
@@ -401,14 +410,19 @@ impl ClusterState {
     /// leaves nothing allocatable but keeps what pods hold (koordinator #1186).
     /// Sets (or removes) a node's Device object; returns the minors its pods' recorded
     /// allocations now overcommit.
-    pub fn set_devices(
+    pub fn set_devices(&self, name: &str, devices: Option<NodeDevices>) -> Overcommitted {
+        self.set_devices_shared(name, devices.map(Arc::new))
+    }
+
+    /// [`Self::set_devices`] with a shared copy (the Device sync's record).
+    pub fn set_devices_shared(
         &self,
         name: &str,
-        devices: Option<NodeDevices>,
-    ) -> Vec<(crate::model::device::DeviceType, i32)> {
+        devices: Option<Arc<NodeDevices>>,
+    ) -> Overcommitted {
         let removed = devices.is_none();
         let over = self.with_node(name, |s| {
-            s.devices.set_devices(devices);
+            s.devices.set_devices_shared(devices);
             s.devices.overcommitted()
         });
         if removed {
@@ -490,13 +504,43 @@ impl ClusterState {
         };
         // Listed after `live` is set: an entry created later publishes itself.
         let entries: Vec<_> = self.nodes.read().values().cloned().collect();
-        let nodes = entries
-            .iter()
-            .filter_map(|e| {
-                let state = e.read();
-                (!state.dead).then(|| (e.name.clone(), state.version, NodeSummary::of(&state)))
+        let summarize = |entries: &[Arc<NodeEntry>]| -> Vec<_> {
+            entries
+                .iter()
+                .filter_map(|e| {
+                    let state = e.read();
+                    (!state.dead).then(|| (e.name.clone(), state.version, NodeSummary::of(&state)))
+                })
+                .collect()
+        };
+        // Bootstrap waits for this (readiness flips after it): summarize on every core.
+        let threads = if entries.len() >= PARALLEL_SNAPSHOT_MIN {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(PARALLEL_LIST_THREADS)
+        } else {
+            1
+        };
+        let nodes = if threads <= 1 {
+            summarize(&entries)
+        } else {
+            let chunk = entries.len().div_ceil(threads);
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = entries
+                    .chunks(chunk)
+                    .skip(1)
+                    .map(|part| scope.spawn(move || summarize(part)))
+                    .collect();
+                let mut nodes = summarize(&entries[..chunk]);
+                for w in workers {
+                    match w.join() {
+                        Ok(part) => nodes.extend(part),
+                        Err(panic) => std::panic::resume_unwind(panic),
+                    }
+                }
+                nodes
             })
-            .collect();
+        };
         self.snapshots.install(nodes);
         self.snapshots.finish_build(building);
     }
@@ -577,55 +621,70 @@ impl ClusterState {
         let Some(node) = new.holding_node() else {
             return Vec::new();
         };
-        self.with_node(node, |s| {
-            s.pods.insert(new.uid.clone(), Arc::clone(new));
-            // The watch confirms what the pod holds: this replaces any assumed entry.
-            match &new.devices {
-                PodDevices::None => {
-                    s.devices.remove(&new.uid);
-                }
-                PodDevices::Allocated(a) => {
-                    s.devices.record(
-                        new.uid.clone(),
-                        RecordedAllocation::Allocated(a.clone()),
-                        EntryState::Committed,
-                    );
-                }
-                PodDevices::Malformed(reason) => {
-                    s.devices.record(
-                        new.uid.clone(),
-                        RecordedAllocation::Malformed {
-                            reason: reason.clone(),
-                        },
-                        EntryState::Committed,
-                    );
+        self.with_node(node, |s| record_pod(s, new, false))
+    }
+
+    /// Applies a first list of pods (nothing recorded for any of them: every one is an add,
+    /// as [`Self::upsert_pod_shared`] with no `old`). Each pod touches only its own node, so
+    /// the pods are grouped by node and each node is written once (one lookup, one lock, one
+    /// version, its CPU ledger derived once), in the listed order within the node; large lists
+    /// are spread over the available cores, node by node. The caches end up exactly as after
+    /// applying the pods one by one. Returns the pods whose allocation overcommits, with the
+    /// minors (as `upsert_pod_shared` returns them, checked in the same per-node order).
+    pub fn upsert_listed_pods<'a>(
+        &self,
+        pods: impl Iterator<Item = &'a Arc<PodRecord>>,
+    ) -> Vec<(Arc<PodRecord>, Overcommitted)> {
+        let mut by_node: HashMap<&str, Vec<&Arc<PodRecord>>, ahash::RandomState> =
+            HashMap::default();
+        let mut listed = 0usize;
+        for pod in pods {
+            if let Some(node) = pod.holding_node() {
+                by_node.entry(&**node).or_default().push(pod);
+                listed += 1;
+            }
+        }
+        let groups: Vec<(&str, Vec<&Arc<PodRecord>>)> = by_node.into_iter().collect();
+        let apply = |groups: &[(&str, Vec<&Arc<PodRecord>>)]| {
+            let mut over = Vec::new();
+            for (node, pods) in groups {
+                self.with_node(node, |s| {
+                    for pod in pods {
+                        let o = record_pod(s, pod, true);
+                        if !o.is_empty() {
+                            over.push((Arc::clone(pod), o));
+                        }
+                    }
+                    s.cpus.finish_deferred();
+                });
+            }
+            over
+        };
+        let threads = if listed >= PARALLEL_LIST_MIN {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(PARALLEL_LIST_THREADS)
+        } else {
+            1
+        };
+        if threads <= 1 || groups.len() < 2 {
+            return apply(&groups);
+        }
+        let chunk = groups.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = groups
+                .chunks(chunk)
+                .skip(1)
+                .map(|part| scope.spawn(move || apply(part)))
+                .collect();
+            let mut over = apply(&groups[..chunk]);
+            for w in workers {
+                match w.join() {
+                    Ok(o) => over.extend(o),
+                    Err(panic) => std::panic::resume_unwind(panic),
                 }
             }
-            match &new.cpus {
-                PodCpus::None => {
-                    s.cpus.remove(&new.uid);
-                }
-                PodCpus::Allocated(a) => {
-                    s.cpus.record(
-                        new.uid.clone(),
-                        RecordedCpus::Allocated((**a).clone()),
-                        EntryState::Committed,
-                    );
-                }
-                PodCpus::Malformed(reason) => {
-                    s.cpus.record(
-                        new.uid.clone(),
-                        RecordedCpus::Malformed {
-                            reason: reason.clone(),
-                        },
-                        EntryState::Committed,
-                    );
-                }
-            }
-            match &new.devices {
-                PodDevices::Allocated(a) => s.devices.overcommitted_by(a),
-                _ => Vec::new(),
-            }
+            over
         })
     }
 
@@ -639,6 +698,68 @@ impl ClusterState {
             });
             self.gc(node);
         }
+    }
+}
+
+/// Below this many listed pods the first list is applied on the calling thread.
+const PARALLEL_LIST_MIN: usize = 4096;
+/// Below this many nodes the read snapshot is built on the calling thread.
+const PARALLEL_SNAPSHOT_MIN: usize = 512;
+/// At most this many threads apply a first list or build the read snapshot.
+const PARALLEL_LIST_THREADS: usize = 4;
+
+/// Records one pod on its node (under the node's lock): the pod map and both ledgers; the
+/// watch confirms what the pod holds, which replaces any assumed entry. With `defer_cpu`,
+/// the CPU ledger's derived state is left for [`CpuLedger::finish_deferred`]. Returns the
+/// minors the pod's allocation takes beyond their capacity.
+fn record_pod(s: &mut NodeState, new: &Arc<PodRecord>, defer_cpu: bool) -> Overcommitted {
+    s.pods.insert(new.uid.clone(), Arc::clone(new));
+    match &new.devices {
+        PodDevices::None => {
+            s.devices.remove(&new.uid);
+        }
+        PodDevices::Allocated(a) => {
+            s.devices.record(
+                new.uid.clone(),
+                RecordedAllocation::Allocated(a.clone()),
+                EntryState::Committed,
+            );
+        }
+        PodDevices::Malformed(reason) => {
+            s.devices.record(
+                new.uid.clone(),
+                RecordedAllocation::Malformed {
+                    reason: reason.clone(),
+                },
+                EntryState::Committed,
+            );
+        }
+    }
+    let cpus = match &new.cpus {
+        PodCpus::None => None,
+        PodCpus::Allocated(a) => Some(RecordedCpus::Allocated((**a).clone())),
+        PodCpus::Malformed(reason) => Some(RecordedCpus::Malformed {
+            reason: reason.clone(),
+        }),
+    };
+    match (cpus, defer_cpu) {
+        (None, false) => {
+            s.cpus.remove(&new.uid);
+        }
+        (None, true) => {
+            s.cpus.remove_deferred(&new.uid);
+        }
+        (Some(c), false) => {
+            s.cpus.record(new.uid.clone(), c, EntryState::Committed);
+        }
+        (Some(c), true) => {
+            s.cpus
+                .record_deferred(new.uid.clone(), c, EntryState::Committed);
+        }
+    }
+    match &new.devices {
+        PodDevices::Allocated(a) => s.devices.overcommitted_by(a),
+        _ => Vec::new(),
     }
 }
 
@@ -698,6 +819,87 @@ mod tests {
             resource_status: None,
             cpus: Default::default(),
         }
+    }
+
+    /// A first list applied grouped by node (and, this large, on several threads) leaves the
+    /// caches exactly as applying its pods one by one in the same order: device and CPU
+    /// ledgers, malformed annotations, terminal pods, a UID listed twice on one node.
+    #[test]
+    fn listed_pods_batch_equals_one_by_one() {
+        use crate::model::koord_cpu::ResourceStatus;
+        let cpus = |i: usize| {
+            let s = ResourceStatus::parse(&format!(r#"{{"cpuset":"{}-{}"}}"#, i % 8, i % 8 + 1))
+                .unwrap();
+            PodCpus::Allocated(Box::new(super::super::cpus::CpuAllocation {
+                cpuset: s.cpuset,
+                numa: s.numa,
+                exclusive: Default::default(),
+            }))
+        };
+        let pods: Vec<Arc<PodRecord>> = (0..PARALLEL_LIST_MIN + 500)
+            .map(|i| {
+                let mut p = pod(i);
+                p.node = Some(Arc::from(format!("n{}", i % 37).as_str()));
+                if i % 3 == 0 {
+                    p.devices = PodDevices::None;
+                }
+                if i % 5 == 0 {
+                    p.cpus = cpus(i);
+                }
+                if i % 211 == 0 {
+                    p.cpus = PodCpus::Malformed("bad".into());
+                }
+                if i % 307 == 0 {
+                    p.devices = PodDevices::Malformed("bad".into());
+                }
+                if i % 401 == 0 {
+                    p.phase = Some("Succeeded".into());
+                }
+                if i > 0 && i % 503 == 0 {
+                    // Same UID as the previous pod on this node, another key.
+                    p.uid = PodUid::new(format!("uid-{}", i - 37));
+                }
+                Arc::new(p)
+            })
+            .collect();
+        let one_by_one = ClusterState::new();
+        let mut want_over = Vec::new();
+        for p in &pods {
+            let o = one_by_one.upsert_pod_shared(None, p);
+            if !o.is_empty() {
+                want_over.push((p.key.to_string(), o));
+            }
+        }
+        let batch = ClusterState::new();
+        let mut got_over: Vec<_> = batch
+            .upsert_listed_pods(pods.iter())
+            .into_iter()
+            .map(|(p, o)| (p.key.to_string(), o))
+            .collect();
+        want_over.sort();
+        got_over.sort();
+        assert_eq!(batch.snapshot(), one_by_one.snapshot());
+        assert_eq!(got_over, want_over);
+        assert_eq!(batch.node_count(), one_by_one.node_count());
+    }
+
+    /// A snapshot this large is summarized on several threads: it must hold every node, as
+    /// built one by one.
+    #[test]
+    fn parallel_snapshot_build_holds_every_node() {
+        let cluster = ClusterState::new();
+        for i in 0..PARALLEL_SNAPSHOT_MIN * 2 + 3 {
+            let name = format!("n{i}");
+            if i % 2 == 0 {
+                cluster.set_devices(&name, Some(devices()));
+            }
+            let mut p = pod(i);
+            p.node = Some(Arc::from(name.as_str()));
+            cluster.upsert_pod(None, &p);
+        }
+        cluster.build_snapshot();
+        assert_eq!(cluster.read_snapshot().len(), PARALLEL_SNAPSHOT_MIN * 2 + 3);
+        cluster.check_snapshot().unwrap();
     }
 
     /// Issue 9 §1.3: writers racing the node-entry GC must never land in an entry that is no

@@ -85,6 +85,20 @@ impl PodHandler {
     }
 }
 
+impl PodHandler {
+    fn overcommitted(&self, pod: &PodRecord, over: &[(crate::model::device::DeviceType, i32)]) {
+        if over.is_empty() {
+            return;
+        }
+        let minors: Vec<String> = over.iter().map(|(t, m)| format!("{t}/{m}")).collect();
+        tracing::warn!(pod = %pod.key, node = ?pod.node, minors = %minors.join(","), "pod annotations overcommit these devices: counted as used, nothing more is placed on them");
+        self.metrics
+            .device_problems
+            .with_label_values(&["overcommitted"])
+            .inc();
+    }
+}
+
 impl Handler for PodHandler {
     type Object = Pod;
     /// Shared with the node's pod map: one record per pod, however many maps refer to it.
@@ -117,13 +131,12 @@ impl Handler for PodHandler {
     }
     fn apply(&self, _key: &str, old: Option<&Arc<PodRecord>>, new: &Arc<PodRecord>) {
         let over = self.cluster.upsert_pod_shared(old.map(|o| &**o), new);
-        if !over.is_empty() {
-            let minors: Vec<String> = over.iter().map(|(t, m)| format!("{t}/{m}")).collect();
-            tracing::warn!(pod = %new.key, node = ?new.node, minors = %minors.join(","), "pod annotations overcommit these devices: counted as used, nothing more is placed on them");
-            self.metrics
-                .device_problems
-                .with_label_values(&["overcommitted"])
-                .inc();
+        self.overcommitted(new, &over);
+    }
+    /// The first list: grouped by node (see [`ClusterState::upsert_listed_pods`]).
+    fn apply_listed<'a>(&self, listed: impl Iterator<Item = (&'a str, &'a Arc<PodRecord>)>) {
+        for (pod, over) in self.cluster.upsert_listed_pods(listed.map(|(_, r)| r)) {
+            self.overcommitted(&pod, &over);
         }
     }
     fn remove(&self, _key: &str, old: &Arc<PodRecord>) {
@@ -174,10 +187,11 @@ impl TopologyHandler {
 
 impl Handler for TopologyHandler {
     type Object = NodeResourceTopology;
-    type Record = TopologyRecord;
+    /// Shared with the node's state: one copy per NRT.
+    type Record = Arc<TopologyRecord>;
     const KIND: Kind = Kind::NodeResourceTopologies;
 
-    fn decode(&self, nrt: &NodeResourceTopology) -> Result<Decoded<TopologyRecord>, Invalid> {
+    fn decode(&self, nrt: &NodeResourceTopology) -> Result<Decoded<Arc<TopologyRecord>>, Invalid> {
         decoded(&nrt.metadata, |name| {
             let record = TopologyRecord::from_nrt(nrt);
             for p in &record.cpu.problems {
@@ -187,14 +201,14 @@ impl Handler for TopologyHandler {
                     .with_label_values(&[p.annotation.as_str(), p.problem])
                     .inc();
             }
-            record
+            Arc::new(record)
         })
     }
-    fn apply(&self, key: &str, _old: Option<&TopologyRecord>, new: &TopologyRecord) {
-        self.cluster.set_topology(key, Some(new.clone()));
+    fn apply(&self, key: &str, _old: Option<&Arc<TopologyRecord>>, new: &Arc<TopologyRecord>) {
+        self.cluster.set_topology_shared(key, Some(Arc::clone(new)));
     }
-    fn remove(&self, key: &str, _old: &TopologyRecord) {
-        self.cluster.set_topology(key, None);
+    fn remove(&self, key: &str, _old: &Arc<TopologyRecord>) {
+        self.cluster.set_topology_shared(key, None);
     }
 }
 
@@ -232,10 +246,11 @@ impl DeviceHandler {
 
 impl Handler for DeviceHandler {
     type Object = Device;
-    type Record = NodeDevices;
+    /// Shared with the node's device ledger: one copy per Device.
+    type Record = Arc<NodeDevices>;
     const KIND: Kind = Kind::Devices;
 
-    fn decode(&self, device: &Device) -> Result<Decoded<NodeDevices>, Invalid> {
+    fn decode(&self, device: &Device) -> Result<Decoded<Arc<NodeDevices>>, Invalid> {
         decoded(&device.metadata, |name| {
             let (devices, problems) = NodeDevices::from_device(device);
             for problem in &problems {
@@ -245,11 +260,11 @@ impl Handler for DeviceHandler {
                     .with_label_values(&[problem.class()])
                     .inc();
             }
-            devices
+            Arc::new(devices)
         })
     }
-    fn apply(&self, key: &str, _old: Option<&NodeDevices>, new: &NodeDevices) {
-        let over = self.cluster.set_devices(key, Some(new.clone()));
+    fn apply(&self, key: &str, _old: Option<&Arc<NodeDevices>>, new: &Arc<NodeDevices>) {
+        let over = self.cluster.set_devices_shared(key, Some(Arc::clone(new)));
         if !over.is_empty() {
             let minors: Vec<String> = over.iter().map(|(t, m)| format!("{t}/{m}")).collect();
             tracing::warn!(node = %key, minors = %minors.join(","), "pods' annotations overcommit these devices: counted as used, nothing more is placed on them");
@@ -259,7 +274,7 @@ impl Handler for DeviceHandler {
                 .inc_by(over.len() as u64);
         }
     }
-    fn remove(&self, key: &str, _old: &NodeDevices) {
-        self.cluster.set_devices(key, None);
+    fn remove(&self, key: &str, _old: &Arc<NodeDevices>) {
+        self.cluster.set_devices_shared(key, None);
     }
 }

@@ -66,6 +66,17 @@ pub trait Handler: Send + 'static {
     fn decode(&self, object: &Self::Object) -> Result<Decoded<Self::Record>, Invalid>;
     fn apply(&self, key: &str, old: Option<&Self::Record>, new: &Self::Record);
     fn remove(&self, key: &str, old: &Self::Record);
+    /// Applies a list over an empty recorded set: every listed key is an add (`apply` with no
+    /// `old`). Handlers whose adds are independent of each other may batch them; the result
+    /// must equal applying them one by one in the iterator's order.
+    fn apply_listed<'a>(&self, listed: impl Iterator<Item = (&'a str, &'a Self::Record)>)
+    where
+        Self::Record: 'a,
+    {
+        for (key, record) in listed {
+            self.apply(key, None, record);
+        }
+    }
     /// A (re)list's `Init` arrived; the list itself is requested only after this returns.
     fn relist_started(&self) {}
     /// The (re)list's `InitDone` was applied; `listed` is every record the list held.
@@ -261,9 +272,8 @@ impl<H: Handler> KindSync<H> {
             // Nothing recorded (the first list, or everything was deleted): every listed key
             // is an add, so apply them and keep the buffer itself as the recorded set instead
             // of re-inserting each entry into another map.
-            for (key, new) in &listed {
-                self.handler.apply(key, None, &new.record);
-            }
+            self.handler
+                .apply_listed(listed.iter().map(|(k, r)| (&**k, &r.record)));
             self.counters.add.inc_by(listed.len() as u64);
             self.recorded = listed;
             return;
