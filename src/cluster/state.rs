@@ -515,32 +515,11 @@ impl ClusterState {
         };
         // Bootstrap waits for this (readiness flips after it): summarize on every core.
         let threads = if entries.len() >= PARALLEL_SNAPSHOT_MIN {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(PARALLEL_LIST_THREADS)
+            PARALLEL_LIST_THREADS
         } else {
             1
         };
-        let nodes = if threads <= 1 {
-            summarize(&entries)
-        } else {
-            let chunk = entries.len().div_ceil(threads);
-            std::thread::scope(|scope| {
-                let workers: Vec<_> = entries
-                    .chunks(chunk)
-                    .skip(1)
-                    .map(|part| scope.spawn(move || summarize(part)))
-                    .collect();
-                let mut nodes = summarize(&entries[..chunk]);
-                for w in workers {
-                    match w.join() {
-                        Ok(part) => nodes.extend(part),
-                        Err(panic) => std::panic::resume_unwind(panic),
-                    }
-                }
-                nodes
-            })
-        };
+        let nodes = on_cores(&entries, threads, summarize);
         self.snapshots.install(nodes);
         self.snapshots.finish_build(building);
     }
@@ -661,31 +640,11 @@ impl ClusterState {
             over
         };
         let threads = if listed >= PARALLEL_LIST_MIN {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(PARALLEL_LIST_THREADS)
+            PARALLEL_LIST_THREADS
         } else {
             1
         };
-        if threads <= 1 || groups.len() < 2 {
-            return apply(&groups);
-        }
-        let chunk = groups.len().div_ceil(threads);
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = groups
-                .chunks(chunk)
-                .skip(1)
-                .map(|part| scope.spawn(move || apply(part)))
-                .collect();
-            let mut over = apply(&groups[..chunk]);
-            for w in workers {
-                match w.join() {
-                    Ok(o) => over.extend(o),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-            over
-        })
+        on_cores(&groups, threads, apply)
     }
 
     /// Undoes exactly what was recorded for `old`.
@@ -699,6 +658,38 @@ impl ClusterState {
             self.gc(node);
         }
     }
+}
+
+/// `work` over `items` split into up to `threads` parts (no more than the cores), one scoped
+/// thread per part after the first, which runs here; the parts' outputs in order.
+fn on_cores<I: Sync, O: Send>(
+    items: &[I],
+    threads: usize,
+    work: impl Fn(&[I]) -> Vec<O> + Sync,
+) -> Vec<O> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(threads);
+    if threads <= 1 || items.len() < 2 {
+        return work(items);
+    }
+    let chunk = items.len().div_ceil(threads);
+    let work = &work;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = items
+            .chunks(chunk)
+            .skip(1)
+            .map(|part| scope.spawn(move || work(part)))
+            .collect();
+        let mut out = work(&items[..chunk]);
+        for w in workers {
+            match w.join() {
+                Ok(part) => out.extend(part),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        out
+    })
 }
 
 /// Below this many listed pods the first list is applied on the calling thread.
