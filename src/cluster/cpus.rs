@@ -411,7 +411,7 @@ impl CpuLedger {
         allocation: RecordedCpus,
         state: EntryState,
     ) -> Option<CpuEntry> {
-        let previous = self.entries.insert(uid, CpuEntry { allocation, state });
+        let previous = self.record_deferred(uid, allocation, state);
         self.refresh();
         previous
     }

@@ -30,8 +30,9 @@
 //! - two writers on one node: serialized by the node lock, published in version order
 //!   (`snapshot_converges_under_concurrent_writers_and_build`);
 //! - writers on different nodes: serialized by the publish mutex, none lost (same test);
-//! - the full build and writers: versions, the later wins (same test; it fails when the
-//!   build ignores versions);
+//! - the full build and writers: versions, the later wins, for changed, removed and
+//!   compacted-away nodes (`a_build_older_than_a_publish_never_overwrites_it`, deterministic:
+//!   it fails when the build ignores versions or tombstones; the concurrent test too);
 //! - writes before the snapshot is live, then the build
 //!   (`snapshot_equals_a_rebuild_after_any_sequence`, the build anywhere in the sequence);
 //! - a node removed (entry collected), compacted away, created again
@@ -368,19 +369,6 @@ impl Snapshot {
         self.summary_at(i)
     }
 
-    /// Every node's name and version, in index order (tests, debugging).
-    pub fn versions(&self) -> Vec<(Arc<str>, u64)> {
-        self.names
-            .names
-            .iter()
-            .enumerate()
-            .filter_map(|(i, name)| {
-                let slot = &self.chunks[i / CHUNK].nodes[i % CHUNK];
-                slot.devices.map(|_| (name.clone(), slot.version))
-            })
-            .collect()
-    }
-
     /// How many nodes the snapshot holds.
     pub fn len(&self) -> usize {
         self.names.len() - self.removed
@@ -451,16 +439,23 @@ impl Snapshot {
 pub struct ReadSnapshots {
     current: ArcSwap<Snapshot>,
     /// Serializes publishes (taken under a node lock; never the other way round).
-    publish: Mutex<()>,
+    publish: Mutex<Tombstones>,
     /// Writers publish once this is set (`ClusterState::build_snapshot` sets it first).
     live: AtomicBool,
     /// The first full build is installed: readers may read.
     built: AtomicBool,
     /// One full build at a time; readers that find no build wait on it.
     build: Mutex<()>,
-    /// Removed versions of names no longer present, so an older publish of a removed node
-    /// cannot resurrect it (kept until compaction drops the name).
-    tombstones: Mutex<HashMap<Arc<str>, u64, ahash::RandomState>>,
+}
+
+/// The removal versions of the names a compaction dropped, kept only until the full build is
+/// installed: that build's readings may be older than such a removal and must not bring the
+/// node back. Every other publish of a node arrives in version order (each is made under the
+/// node's lock), so after the build nothing needs them.
+#[derive(Debug, Default)]
+struct Tombstones {
+    installed: bool,
+    versions: HashMap<Arc<str>, u64, ahash::RandomState>,
 }
 
 impl ReadSnapshots {
@@ -479,21 +474,16 @@ impl ReadSnapshots {
     /// Publishes `name`'s facts at `version` (`None`: the node is gone). Dropped when the
     /// snapshot already holds a later version; no new snapshot when nothing changed.
     pub fn publish(&self, name: &str, version: u64, summary: Option<NodeSummary>) {
-        let _serialized = self.publish.lock();
+        let mut tombstones = self.publish.lock();
         let cur = self.current.load_full();
         let Some(i) = cur.names.get(name) else {
             let Some(summary) = summary else {
                 return;
             };
-            if self
-                .tombstones
-                .lock()
-                .get(name)
-                .is_some_and(|&v| v >= version)
-            {
+            if tombstones.versions.get(name).is_some_and(|&v| v >= version) {
                 return;
             }
-            self.tombstones.lock().remove(name);
+            tombstones.versions.remove(name);
             self.current
                 .store(Arc::new(appended(&cur, name, version, summary)));
             return;
@@ -529,7 +519,7 @@ impl ReadSnapshots {
         };
         // Many removed names (node churn): rebuild the name map without them.
         let next = if next.removed > CHUNK.max(next.names.len() / 4) {
-            self.remember_removed(&next);
+            tombstones.remember_removed(&next);
             Snapshot::from_nodes(next.present())
         } else {
             next
@@ -537,29 +527,19 @@ impl ReadSnapshots {
         self.current.store(Arc::new(next));
     }
 
-    /// Keeps the removal versions of the names a compaction drops.
-    fn remember_removed(&self, snap: &Snapshot) {
-        let mut tombstones = self.tombstones.lock();
-        for (i, name) in snap.names.names.iter().enumerate() {
-            let slot = &snap.chunks[i / CHUNK].nodes[i % CHUNK];
-            if slot.devices.is_none() {
-                tombstones.insert(name.clone(), slot.version);
-            }
-        }
-    }
-
     /// Installs a full build (`nodes`, read under each node's lock after `live` was set),
     /// keeping whatever writers published meanwhile with a later version.
     pub fn install(&self, nodes: Vec<(Arc<str>, u64, NodeSummary)>) {
-        let _serialized = self.publish.lock();
+        let mut tombstones = self.publish.lock();
         let cur = self.current.load_full();
         let mut merged: HashMap<Arc<str>, (u64, Option<NodeSummary>), ahash::RandomState> =
             HashMap::default();
         for (i, name) in cur.names.names.iter().enumerate() {
             merged.insert(name.clone(), (cur.version_of(i), cur.summary_at(i)));
         }
-        for (name, version) in self.tombstones.lock().iter() {
-            merged.insert(name.clone(), (*version, None));
+        tombstones.installed = true;
+        for (name, version) in tombstones.versions.drain() {
+            merged.insert(name, (version, None));
         }
         for (name, version, summary) in nodes {
             match merged.get(&name) {
@@ -593,6 +573,21 @@ impl ReadSnapshots {
     }
 }
 
+impl Tombstones {
+    /// Keeps the removal versions of the names a compaction drops (until the build).
+    fn remember_removed(&mut self, snap: &Snapshot) {
+        if self.installed {
+            return;
+        }
+        for (i, name) in snap.names.names.iter().enumerate() {
+            let slot = &snap.chunks[i / CHUNK].nodes[i % CHUNK];
+            if slot.devices.is_none() {
+                self.versions.insert(name.clone(), slot.version);
+            }
+        }
+    }
+}
+
 /// `cur` with `name` appended at the next index.
 fn appended(cur: &Snapshot, name: &str, version: u64, summary: NodeSummary) -> Snapshot {
     let mut names = (*cur.names).clone();
@@ -617,7 +612,7 @@ mod tests {
     //! snapshot equals one rebuilt from every node's locked state.
     use super::*;
     use crate::cluster::devices::{EntryState, NodeDevices, RecordedAllocation};
-    use crate::cluster::{ClusterState, NodeRecord, PodRecord, TopologyRecord};
+    use crate::cluster::{ClusterState, NodeRecord, NodeState, PodRecord, TopologyRecord};
     use crate::model::device::{Device, DeviceAllocations};
     use crate::model::ids::PodUid;
     use crate::model::node::Node;
@@ -863,6 +858,51 @@ mod tests {
             }
             assert_eq!(cluster.check_snapshot(), Ok(()), "round {round}");
         }
+    }
+
+    /// The build's race, made deterministic: the build reads a node, a writer then changes it
+    /// and publishes, and only then is the build installed. The newer publish must win, for
+    /// a changed node, a removed node, and a node compacted away meanwhile.
+    #[test]
+    fn a_build_older_than_a_publish_never_overwrites_it() {
+        let summary_with = |gpus: Option<u8>| {
+            let mut state = NodeState::default();
+            state.devices.set_devices(gpus.map(device));
+            NodeSummary::of(&state)
+        };
+        let (old, new) = (summary_with(None), summary_with(Some(2)));
+        assert_ne!(old, new);
+        let snapshots = ReadSnapshots::default();
+        let building = snapshots.start_build().expect("first build");
+        assert!(snapshots.is_live());
+        // Read by the build at version 1 ...
+        let read: Vec<_> = ["changed", "removed"]
+            .into_iter()
+            .map(|n| (Arc::from(n), 1, old.clone()))
+            .chain((0..100u8).map(|i| (Arc::from(node_name(i).as_str()), 1, old.clone())))
+            .collect();
+        // ... then written and published at version 2, before the build is installed.
+        snapshots.publish("changed", 2, Some(new.clone()));
+        snapshots.publish("removed", 2, Some(new.clone()));
+        snapshots.publish("removed", 3, None);
+        for i in 0..100u8 {
+            // Published, then removed: enough removals to compact the names away.
+            snapshots.publish(&node_name(i), 2, Some(new.clone()));
+            snapshots.publish(&node_name(i), 3, None);
+        }
+        assert!(
+            snapshots.load().names.len() < 102,
+            "the removed names were compacted before the install"
+        );
+        snapshots.install(read);
+        snapshots.finish_build(building);
+        let snapshot = snapshots.load();
+        assert_eq!(snapshot.summary("changed"), Some(new));
+        assert_eq!(snapshot.summary("removed"), None);
+        for i in 0..100u8 {
+            assert_eq!(snapshot.summary(&node_name(i)), None, "{}", node_name(i));
+        }
+        assert_eq!(snapshot.len(), 1);
     }
 
     /// Node churn: removed names are compacted away, and a name that comes back is found.
