@@ -75,7 +75,7 @@ async fn outage_keeps_filter_answering_fails_bind_cleanly_and_recovers_without_r
     let errors_before = metric_value(&metrics(&a).await, "dne_watch_errors_total", "");
 
     // ---- outage ----
-    let (fake, addr) = served.stop_for_outage().await;
+    let (fake, outage) = served.stop_for_outage().await;
     // Changes the services cannot see until the server is back: a pod holding GPU 0.
     fake.create(
         Kind::Pod,
@@ -136,7 +136,7 @@ async fn outage_keeps_filter_answering_fails_bind_cleanly_and_recovers_without_r
     assert_eq!(a.get("/readyz").await.0, 200);
 
     // ---- the server comes back on the same port ----
-    let served = fake.serve_again(addr).await;
+    let served = fake.serve_again(outage).await;
     // The staleness clock of a kind is cleared by its next event; kube's watcher does not
     // surface bookmarks, so a reconnected watch of a kind where nothing changes counts as
     // failing until 65 s (ERROR_QUIET_PERIOD) after its last error. Touch every kind, as a

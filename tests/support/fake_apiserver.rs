@@ -818,6 +818,13 @@ fn normalize_type(kind: Kind, obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A stopped server's address, held by a listener that refuses service until
+/// [`FakeApiServer::serve_again`].
+pub struct Outage {
+    pub addr: SocketAddr,
+    blocker: Option<tokio::task::JoinHandle<()>>,
+}
+
 /// The fake server. Cheap to clone: every clone shares the same state.
 #[derive(Clone)]
 pub struct FakeApiServer {
@@ -891,9 +898,16 @@ impl FakeApiServer {
         })
     }
 
-    /// Serves again on `addr` after [`ServedApi::stop_for_outage`], retrying while the port
-    /// is still held by the old listener's last connections (hang guard: 30 s).
-    pub async fn serve_again(&self, addr: SocketAddr) -> ServedApi {
+    /// Serves again on the outage's address after [`ServedApi::stop_for_outage`] (releasing
+    /// the listener that held it), retrying while the port is still held by the old
+    /// listener's last connections (hang guard: 30 s).
+    pub async fn serve_again(&self, outage: Outage) -> ServedApi {
+        let addr = outage.addr;
+        if let Some(blocker) = outage.blocker {
+            blocker.abort();
+            // Aborted, its listener is dropped once the task has finished.
+            let _ = blocker.await;
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             match self.serve_at(addr).await {
@@ -1324,13 +1338,25 @@ impl ServedApi {
         }
     }
 
-    /// An outage: stops serving (open watches end, new connections are refused) and returns
-    /// the address, to [`FakeApiServer::serve_again`] on later. State is kept.
-    pub async fn stop_for_outage(self) -> (FakeApiServer, SocketAddr) {
+    /// An outage: stops serving (open watches end, every new connection is closed at once)
+    /// and returns what [`FakeApiServer::serve_again`] needs later. State is kept. The port
+    /// stays bound during the outage, by a listener that drops every connection: otherwise
+    /// another test's server (tests run in parallel) could be given the freed port, and the
+    /// clients would reconnect to it instead of failing.
+    pub async fn stop_for_outage(self) -> (FakeApiServer, Outage) {
         let fake = self.fake.clone();
         let addr = self.addr;
         self.stop().await;
-        (fake, addr)
+        let blocker = match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => Some(tokio::spawn(async move {
+                while let Ok((conn, _)) = listener.accept().await {
+                    drop(conn);
+                }
+            })),
+            // Taken in the moment between the two: serve_again waits for it.
+            Err(_) => None,
+        };
+        (fake, Outage { addr, blocker })
     }
 
     fn shutdown_now(&mut self) {
