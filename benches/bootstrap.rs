@@ -17,6 +17,11 @@ mod support;
 
 mod common;
 
+/// The binary's allocator (`src/main.rs`), so the library allocates here as it does in
+/// production.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

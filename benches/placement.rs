@@ -18,6 +18,11 @@ mod support;
 
 mod common;
 
+/// The binary's allocator (`src/main.rs`), so the library allocates here as it does in
+/// production.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::sync::Arc;

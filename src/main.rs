@@ -6,6 +6,13 @@ use clap::Parser;
 use device_numa_extender::cli::{Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc rather than glibc malloc: a 5,000-node filter allocates a few buffers of 100 KiB
+/// and more per request, and glibc spent ~20 % of such a request consolidating free chunks and
+/// re-faulting pages it had returned (BENCHMARKS.md, issue 8). The benches that measure the
+/// service set the same allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_tracing(format: LogFormat, level: &str) -> anyhow::Result<()> {
     let filter = EnvFilter::try_new(level)
         .map_err(|e| anyhow::anyhow!("invalid --log-level {level:?}: {e}"))?;
