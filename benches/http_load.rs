@@ -13,10 +13,14 @@
 //! - filter throughput at 1,000 candidate nodes with several keep-alive connections for a fixed
 //!   time;
 //! - scaling: on a 20,000-node cluster, the per-node cost ((case − pass-through) / nodes, p50)
-//!   at 1,000, 5,000 and 20,000 candidates.
+//!   at 1,000, 5,000 and 20,000 candidates;
+//! - distinct: the per-verb table at 5,000 candidates on a cluster where no two nodes share a
+//!   state, so the per-request memo (one decision per distinct node state) cannot help.
 //!
 //! Bounded: a fixed request count (and a time cap) per phase, loopback only.
-//! Run: `cargo bench --bench http_load` (see BENCHMARKS.md).
+//! Run: `cargo bench --bench http_load` (see BENCHMARKS.md). `HTTP_LOAD_PHASES` (a comma
+//! list of `latency`, `verbs`, `throughput`, `scaling`, `distinct`; default all) runs only
+//! those phases.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -70,6 +74,15 @@ const SCALING_CASES: [Case; 4] = [
 ];
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The binary's allocator, so the service in this process allocates as it does in production.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Whether `HTTP_LOAD_PHASES` selects `phase` (every phase when unset).
+fn phase(phase: &str) -> bool {
+    std::env::var("HTTP_LOAD_PHASES").map_or(true, |v| v.split(',').any(|p| p.trim() == phase))
+}
 
 /// The baseline server's answers, keyed by the `x-bench-case` header: the very responses the
 /// service gives for that case, computed once (borrowing from the bodies, which live as long as
@@ -230,6 +243,100 @@ async fn run() {
     ];
     let client = client();
 
+    if phase("latency") {
+        latency_phase(&svc, &client, &targets, &bodies).await;
+    }
+    if phase("verbs") {
+        println!(
+            "\n-- per verb, each case against the pass-through request ({}) of this run: service, 1 connection, sequential, client-side --",
+            Case::NoDevices.label()
+        );
+        for nodes in [THROUGHPUT_NODES, NODES] {
+            for case in Case::ALL {
+                bodies
+                    .entry(format!("{}@{nodes}", case.label()))
+                    .or_insert_with(|| Bytes::from(extender_body(case, nodes)));
+            }
+            let table = per_verb(&client, &targets[0].base, &bodies, nodes, &Case::ALL).await;
+            print_per_verb(nodes, &table);
+        }
+        print_memo(&svc.state);
+    }
+    if phase("throughput") {
+        throughput_phase(&client, &targets, &bodies).await;
+    }
+    svc.shutdown().await.expect("shutdown");
+    drop(dir);
+    if phase("scaling") {
+        scaling(&client).await;
+    }
+    if phase("distinct") {
+        distinct(&client).await;
+    }
+}
+
+/// The per-verb table at `NODES` candidates on a cluster where no two nodes share a state
+/// (`common::cluster_of_distinct_holders`): the per-request memo never hits and switches
+/// itself off, so this is the cost of deciding every node.
+async fn distinct(client: &HttpClient) {
+    println!(
+        "\n-- distinct nodes: {NODES}-node cluster, no two nodes alike (the memo cannot help), per verb against the pass-through request of this run --"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.json");
+    std::fs::write(
+        &path,
+        common::cluster_of_distinct_holders(NODES).to_list_json(),
+    )
+    .expect("write cluster");
+    let args =
+        support::service::serve_args(&["--cluster-file", path.to_str().expect("utf-8 path")]);
+    let svc = Service::start(args, None).await.expect("service starts");
+    support::service::Http::new(svc.addr)
+        .wait_ready(Duration::from_secs(300))
+        .await;
+    let base = format!("http://{}", svc.addr);
+    let bodies: HashMap<String, Bytes> = Case::ALL
+        .iter()
+        .map(|case| {
+            (
+                format!("{}@{NODES}", case.label()),
+                Bytes::from(extender_body(*case, NODES)),
+            )
+        })
+        .collect();
+    let table = per_verb(client, &base, &bodies, NODES, &Case::ALL).await;
+    print_per_verb(NODES, &table);
+    print_memo(&svc.state);
+    svc.shutdown().await.expect("shutdown");
+}
+
+/// How many candidate nodes the service decided and how many its per-request memo answered
+/// (`dne_read_decisions_total`, every request so far).
+fn print_memo(state: &device_numa_extender::extender::AppState) {
+    for verb in ["filter", "prioritize"] {
+        let count = |how: &str| {
+            state
+                .metrics
+                .read_decisions
+                .with_label_values(&[verb, how])
+                .get()
+        };
+        println!(
+            "  {verb}: candidate nodes decided {}, answered by the memo {}",
+            count("decided"),
+            count("memo")
+        );
+    }
+}
+
+/// Filter+prioritize pairs per case, service against the baseline server.
+async fn latency_phase(
+    svc: &Service,
+    client: &HttpClient,
+    targets: &[Target; 2],
+    bodies: &HashMap<String, Bytes>,
+) {
     println!(
         "\n-- filter+prioritize latency, {NODES} nodes, names mode, 1 connection, sequential; client-side timing (send -> last byte, both verbs) --"
     );
@@ -248,7 +355,7 @@ async fn run() {
         let mut sizes = (0, 0);
         for _ in 0..4 {
             for (i, target) in targets.iter().enumerate() {
-                let (s, f, p) = latency(&client, target, &key, body, LATENCY_PAIRS / 4).await;
+                let (s, f, p) = latency(client, target, &key, body, LATENCY_PAIRS / 4).await;
                 samples[i].extend(s);
                 sizes = (f, p);
             }
@@ -303,21 +410,14 @@ async fn run() {
             );
         }
     }
+}
 
-    println!(
-        "\n-- per verb, each case against the pass-through request ({}) of this run: service, 1 connection, sequential, client-side --",
-        Case::NoDevices.label()
-    );
-    for nodes in [THROUGHPUT_NODES, NODES] {
-        for case in Case::ALL {
-            bodies
-                .entry(format!("{}@{nodes}", case.label()))
-                .or_insert_with(|| Bytes::from(extender_body(case, nodes)));
-        }
-        let table = per_verb(&client, &targets[0].base, &bodies, nodes, &Case::ALL).await;
-        print_per_verb(nodes, &table);
-    }
-
+/// Filter throughput at `THROUGHPUT_NODES` candidates, service against the baseline server.
+async fn throughput_phase(
+    client: &HttpClient,
+    targets: &[Target; 2],
+    bodies: &HashMap<String, Bytes>,
+) {
     println!(
         "\n-- filter throughput, {THROUGHPUT_NODES} candidate nodes, shared-GPU pod, {THROUGHPUT_CONNECTIONS} keep-alive connections, {THROUGHPUT_TIME:?} each, client in the same process --"
     );
@@ -326,7 +426,7 @@ async fn run() {
     let mut rates = [Vec::new(), Vec::new()];
     for _ in 0..2 {
         for (i, target) in targets.iter().enumerate() {
-            let r = throughput(&client, target, &key, body).await;
+            let r = throughput(client, target, &key, body).await;
             rates[i].push(r);
         }
     }
@@ -346,9 +446,6 @@ async fn run() {
     let svc_best = rates[0].iter().copied().fold(0.0, f64::max);
     let base_best = rates[1].iter().copied().fold(0.0, f64::max);
     println!("  service/baseline throughput {:.2}", svc_best / base_best);
-    svc.shutdown().await.expect("shutdown");
-    drop(dir);
-    scaling(&client).await;
 }
 
 /// Per (case, verb) latency summaries of one candidate count.

@@ -652,7 +652,7 @@ impl Binder {
                             .map_err(|e| BindError::DoesNotFit {
                                 pod: pod_key.clone(),
                                 node: args.node.clone(),
-                                reason: e.reason,
+                                reason: e.reason.into_owned(),
                             })?;
                         // One instant for every ledger: one pod UID, one assumed-entry lifecycle.
                         let at = std::time::Instant::now();
@@ -714,7 +714,7 @@ impl Binder {
                         Err(BindError::DoesNotFit {
                             pod: pod_key.clone(),
                             node: args.node.clone(),
-                            reason: e.reason,
+                            reason: e.reason.into_owned(),
                         })
                     })
             });

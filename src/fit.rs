@@ -133,7 +133,7 @@ pub fn cpu_decision(
             Err(unusable) => {
                 if needs_topology(node.cpus.bind_policy(), req) {
                     Err(FitError {
-                        reason: unusable.reason,
+                        reason: unusable.reason.into(),
                         unresolvable: unusable.unresolvable,
                     })
                 } else {
@@ -263,7 +263,7 @@ fn cpu_fast_check(
     match &cpu.summary {
         Err(unusable) => Some(if needs_topology(cpu.bind_policy, req) {
             Err(FitError {
-                reason: unusable.reason.to_string(),
+                reason: unusable.reason.to_string().into(),
                 unresolvable: unusable.unresolvable,
             })
         } else {

@@ -35,6 +35,9 @@ pub struct Metrics {
     pub filter_rejected_nodes: IntCounterVec,
     /// Filter: requests by what they found (`fits`, `fits_nowhere`, `pass_through`, `invalid_request`).
     pub filter_results: IntCounterVec,
+    /// Filter and prioritize: candidate nodes answered from the read snapshot, by `verb` and
+    /// `how` (`decided`, or `memo`: another candidate of the same request had equal facts).
+    pub read_decisions: IntCounterVec,
     pub assumed_expired: IntCounter,
     /// Assumed allocations released, by path: `relist`, `probe`, `retry`, `ttl`.
     pub assumed_released: IntCounterVec,
@@ -176,6 +179,13 @@ impl Metrics {
                 ),
                 &["result"]
             )),
+            read_decisions: reg!(IntCounterVec::new(
+                Opts::new(
+                    "read_decisions_total",
+                    "Candidate nodes filter and prioritize answered from the read snapshot, by verb and how: decided, or memo (another candidate of the same request had equal facts)."
+                ),
+                &["verb", "how"]
+            )),
             assumed_expired: reg!(IntCounter::new(
                 "assumed_expired_total",
                 "Assumed allocations dropped because no bind confirmation arrived in time."
@@ -252,6 +262,11 @@ impl Metrics {
         }
         for result in FILTER_RESULTS {
             self.filter_results.with_label_values(&[result]);
+        }
+        for verb in ["filter", "prioritize"] {
+            for how in ["decided", "memo"] {
+                self.read_decisions.with_label_values(&[verb, how]);
+            }
         }
         self.malformed_annotations
             .with_label_values(&["device-allocated"]);

@@ -182,6 +182,32 @@ pub fn cluster_of_holders(nodes: usize) -> Cluster {
     c
 }
 
+/// [`cluster_of_holders`] with every node's state its own: node `i`'s GPUs have `i` MiB more
+/// memory than 80 GiB and its NUMA nodes `i` MiB more memory than 256 GiB, so no two nodes
+/// share device or CPU facts. The worst case for the verbs' per-request memo, which decides
+/// once per distinct node state.
+pub fn cluster_of_distinct_holders(nodes: usize) -> Cluster {
+    let mut c = cluster_of_holders(nodes);
+    for (i, device) in c.devices.iter_mut().enumerate() {
+        for d in device["spec"]["devices"].as_array_mut().expect("devices") {
+            d["resources"]["koordinator.sh/gpu-memory"] = json!(format!("{}Mi", 80 * 1024 + i));
+        }
+    }
+    for (i, nrt) in c.topologies.iter_mut().enumerate() {
+        for zone in nrt["zones"].as_array_mut().expect("zones") {
+            for r in zone["resources"].as_array_mut().expect("resources") {
+                if r["name"] == "memory" {
+                    let q = json!(format!("{}Mi", 256 * 1024 + i));
+                    for field in ["capacity", "allocatable", "available"] {
+                        r[field] = q.clone();
+                    }
+                }
+            }
+        }
+    }
+    c
+}
+
 impl Cluster {
     /// One `kind: List` with every object, for `--cluster-file`.
     pub fn to_list_json(&self) -> Vec<u8> {

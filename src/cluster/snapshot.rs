@@ -59,7 +59,7 @@ use crate::placement::device::index::{DeviceIndexRef, GroupRanges, NodeSums, Slo
 pub const CHUNK: usize = 32;
 
 /// What filter and prioritize know of a node's devices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeviceFacts {
     /// No `Device` object. `held`: pods still hold device allocations here (then nothing is
     /// allocatable until it returns; otherwise device plugins own the node's devices).
@@ -71,14 +71,14 @@ pub enum DeviceFacts {
 }
 
 /// Why cpuset pods cannot land on a node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Unusable {
     pub reason: Arc<str>,
     pub unresolvable: bool,
 }
 
 /// What the read verbs know of a node's CPUs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CpuFacts {
     /// The node forces a bind policy or has a NUMA policy (plain pods are placed too).
     pub constrains_plain_pods: bool,
@@ -102,6 +102,61 @@ pub struct NodeView<'a> {
     pub cpu: &'a CpuFacts,
 }
 
+/// A node found in a snapshot: its fingerprint costs one load, its view is built on demand
+/// (the verbs' memo answers most nodes from the fingerprint alone).
+#[derive(Clone, Copy, Debug)]
+pub struct Found<'a> {
+    chunk: &'a Chunk,
+    pos: usize,
+}
+
+impl<'a> Found<'a> {
+    #[inline]
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.chunk.fingerprints[self.pos]
+    }
+
+    #[inline]
+    pub fn view(&self) -> NodeView<'a> {
+        self.chunk
+            .view(self.pos)
+            .expect("found only where the chunk holds a node")
+    }
+}
+
+/// 128-bit fingerprints of a node's device facts (with its groups and sums) and of its CPU
+/// facts, taken when the facts are published. Within one request, filter and prioritize
+/// decide once per distinct fingerprint of what the pod's decision reads
+/// (`extender::memo`), because a node's verdict is a function of its facts alone.
+///
+/// Equal facts always have equal fingerprints (derived `Hash` over every field the views
+/// expose). Unequal facts collide with probability ~2⁻¹²⁸ per pair: two independently keyed
+/// 64-bit hashes, keys drawn at random per process, so a collision cannot be engineered from
+/// outside. Even then the verbs only advise: bind decides again under the node lock against
+/// the ledgers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Fingerprint {
+    pub devices: u128,
+    pub cpu: u128,
+}
+
+impl Fingerprint {
+    fn of(devices: &DeviceFacts, slots: &[SlotGroup], sums: &NodeSums, cpu: &CpuFacts) -> Self {
+        Fingerprint {
+            devices: hash128(&(devices, slots, sums)),
+            cpu: hash128(cpu),
+        }
+    }
+}
+
+/// Two 64-bit hashes under independent random keys, fixed for the process.
+fn hash128<T: std::hash::Hash>(value: &T) -> u128 {
+    static KEYS: std::sync::OnceLock<(ahash::RandomState, ahash::RandomState)> =
+        std::sync::OnceLock::new();
+    let (a, b) = KEYS.get_or_init(|| (ahash::RandomState::new(), ahash::RandomState::new()));
+    (u128::from(a.hash_one(value)) << 64) | u128::from(b.hash_one(value))
+}
+
 /// One node's facts, owned: what a writer publishes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeSummary {
@@ -110,6 +165,8 @@ pub struct NodeSummary {
     slots: Vec<SlotGroup>,
     sums: NodeSums,
     cpu: CpuFacts,
+    /// A function of the four fields above.
+    fingerprint: Fingerprint,
 }
 
 impl NodeSummary {
@@ -144,6 +201,7 @@ impl NodeSummary {
             }),
         };
         NodeSummary {
+            fingerprint: Fingerprint::of(&devices, &slots, &sums, &cpu),
             devices,
             slots,
             sums,
@@ -196,6 +254,8 @@ struct Chunk {
     cpus: Vec<Option<CpuFacts>>,
     /// Per position (zero where absent).
     sums: Vec<NodeSums>,
+    /// Per position (zero where absent).
+    fingerprints: Vec<Fingerprint>,
     /// Every node's device groups, node after node.
     slots: Vec<SlotGroup>,
 }
@@ -206,6 +266,7 @@ impl Chunk {
             nodes: Vec::with_capacity(CHUNK),
             cpus: Vec::with_capacity(CHUNK),
             sums: Vec::with_capacity(CHUNK),
+            fingerprints: Vec::with_capacity(CHUNK),
             slots: Vec::new(),
         }
     }
@@ -241,6 +302,7 @@ impl Chunk {
             slots: self.node_slots(slot).to_vec(),
             sums: self.sums[pos],
             cpu: self.cpus[pos].clone()?,
+            fingerprint: self.fingerprints[pos],
         })
     }
 
@@ -250,17 +312,24 @@ impl Chunk {
             nodes: Vec::with_capacity(CHUNK),
             cpus: Vec::with_capacity(CHUNK),
             sums: Vec::with_capacity(CHUNK),
+            fingerprints: Vec::with_capacity(CHUNK),
             slots: Vec::with_capacity(self.slots.len() + summary.map_or(0, |s| s.slots.len())),
         };
         for (p, old) in self.nodes.iter().enumerate() {
             if p == pos {
                 out.push(
                     version,
-                    summary.map(|s| (&s.devices, &s.slots[..], &s.sums, &s.cpu)),
+                    summary.map(|s| (&s.devices, &s.slots[..], &s.sums, &s.cpu, s.fingerprint)),
                 );
             } else {
                 let facts = match (&old.devices, &self.cpus[p]) {
-                    (Some(d), Some(c)) => Some((d, self.node_slots(old), &self.sums[p], c)),
+                    (Some(d), Some(c)) => Some((
+                        d,
+                        self.node_slots(old),
+                        &self.sums[p],
+                        c,
+                        self.fingerprints[p],
+                    )),
                     _ => None,
                 };
                 out.push(old.version, facts);
@@ -272,7 +341,13 @@ impl Chunk {
     fn push(
         &mut self,
         version: u64,
-        facts: Option<(&DeviceFacts, &[SlotGroup], &NodeSums, &CpuFacts)>,
+        facts: Option<(
+            &DeviceFacts,
+            &[SlotGroup],
+            &NodeSums,
+            &CpuFacts,
+            Fingerprint,
+        )>,
     ) {
         let start = self.slots.len() as u32;
         match facts {
@@ -284,8 +359,9 @@ impl Chunk {
                 });
                 self.cpus.push(None);
                 self.sums.push(NodeSums::default());
+                self.fingerprints.push(Fingerprint::default());
             }
-            Some((d, slots, sums, c)) => {
+            Some((d, slots, sums, c, fingerprint)) => {
                 self.slots.extend_from_slice(slots);
                 self.nodes.push(Slot {
                     version,
@@ -294,6 +370,7 @@ impl Chunk {
                 });
                 self.cpus.push(Some(c.clone()));
                 self.sums.push(*sums);
+                self.fingerprints.push(fingerprint);
             }
         }
     }
@@ -359,8 +436,16 @@ impl Snapshot {
     /// The node called `name`, if the caches know it.
     #[inline]
     pub fn node(&self, name: &str) -> Option<NodeView<'_>> {
+        self.find(name).map(|found| found.view())
+    }
+
+    /// The node called `name`, if the caches know it, before its view is built.
+    #[inline]
+    pub fn find(&self, name: &str) -> Option<Found<'_>> {
         let i = self.names.get(name)? as usize;
-        self.chunks[i / CHUNK].view(i % CHUNK)
+        let (chunk, pos) = (&*self.chunks[i / CHUNK], i % CHUNK);
+        (chunk.nodes[pos].devices.is_some() && chunk.cpus[pos].is_some())
+            .then_some(Found { chunk, pos })
     }
 
     /// The owned facts of `name` (tests compare them with a rebuild).
@@ -401,6 +486,7 @@ impl Snapshot {
                     &summary.slots,
                     &summary.sums,
                     &summary.cpu,
+                    summary.fingerprint,
                 )),
             );
             if chunk.nodes.len() == CHUNK {

@@ -11,6 +11,7 @@
 
 pub mod handlers;
 pub mod input;
+pub mod memo;
 pub mod probes;
 pub mod tls;
 pub mod verbs;

@@ -22,6 +22,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use super::AppState;
+use super::memo::Memo;
 use super::wire::{
     ExtenderArgsRef, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
     FailedNodesMap, HostPriority, MetaPod, MetaVictims, NodeList,
@@ -96,7 +97,7 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
         Err(reason) => {
             result = "invalid_request";
             for name in candidates {
-                unresolvable.insert(name, reason.clone());
+                unresolvable.insert(name, Cow::Owned(reason.clone()));
             }
             Vec::new()
         }
@@ -105,27 +106,34 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
                 .devices
                 .as_ref()
                 .and_then(|req| FastRequest::new(req, &state.scoring));
-            // One snapshot for the whole request: no node lock, no allocation per node.
+            // One snapshot for the whole request: no node lock, no allocation per node; one
+            // decision per distinct node state.
             let snapshot = state.cluster.read_snapshot();
-            let verdicts: Vec<_> = candidates
-                .iter()
-                .map(|name| {
-                    fit::snapshot_fit(snapshot.node(name), &needs, fast.as_ref(), &state.scoring)
-                        .unwrap_or_else(|| full_fit(state, name, &needs, &[]))
-                })
-                .collect();
+            let mut memo = Memo::new(needs.devices.is_some(), needs.cpu.is_some());
             let mut passing = Vec::with_capacity(candidates.len());
-            for (name, verdict) in candidates.into_iter().zip(verdicts) {
+            // Rejections are collected, then sorted into the maps at once: candidate lists
+            // usually come sorted, which makes that one linear pass.
+            let (mut rejected, mut hopeless) = (Vec::new(), Vec::new());
+            let mut viewed = 0;
+            for name in candidates {
+                let decide = |view| fit::snapshot_fit(view, &needs, fast.as_ref(), &state.scoring);
+                let verdict = match snapshot.find(&name) {
+                    Some(node) => {
+                        viewed += 1;
+                        memo.get_or_decide(node.fingerprint(), || decide(Some(node.view())))
+                    }
+                    None => decide(None),
+                }
+                .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
                 match verdict {
                     Ok(()) => passing.push(name),
-                    Err(e) if e.unresolvable => {
-                        unresolvable.insert(name, e.reason);
-                    }
-                    Err(e) => {
-                        failed.insert(name, e.reason);
-                    }
+                    Err(e) if e.unresolvable => hopeless.push((name, e.reason)),
+                    Err(e) => rejected.push((name, e.reason)),
                 }
             }
+            failed = BTreeMap::from_iter(rejected);
+            unresolvable = BTreeMap::from_iter(hopeless);
+            memo.record(&state.metrics, "filter", viewed);
             result = if passing.is_empty() {
                 "fits_nowhere"
             } else {
@@ -222,16 +230,20 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
         .and_then(|req| FastRequest::new(req, &state.scoring));
     let cpu_req = needs.cpu.as_ref().filter(|_| needs.wants_cpu_placement());
     let snapshot = state.cluster.read_snapshot();
+    let mut memo = Memo::new(needs.devices.is_some(), cpu_req.is_some());
+    let mut viewed = 0;
     let raw: Vec<i64> = names
         .iter()
         .map(|name| {
-            fit::snapshot_score(
-                snapshot.node(name),
-                &needs,
-                cpu_req,
-                fast.as_ref(),
-                &state.scoring,
-            )
+            let decide =
+                |view| fit::snapshot_score(view, &needs, cpu_req, fast.as_ref(), &state.scoring);
+            match snapshot.find(name) {
+                Some(node) => {
+                    viewed += 1;
+                    memo.get_or_decide(node.fingerprint(), || decide(Some(node.view())))
+                }
+                None => decide(None),
+            }
             .unwrap_or_else(|| {
                 let entry = state.cluster.node(name);
                 let guard = entry.as_ref().map(|e| e.read());
@@ -239,6 +251,7 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
             })
         })
         .collect();
+    memo.record(&state.metrics, "prioritize", viewed);
     names
         .into_iter()
         .zip(normalize_scores(&raw))

@@ -281,7 +281,8 @@ impl Serialize for RawNode {
 }
 
 /// node name -> reason; the names borrow from the request like the candidates they were.
-pub type FailedNodesMap<'a> = BTreeMap<Cow<'a, str>, String>;
+/// Node name → reason. Reasons are mostly static text, so a rejection does not allocate.
+pub type FailedNodesMap<'a> = BTreeMap<Cow<'a, str>, Cow<'static, str>>;
 
 /// Response of `filter`.
 #[derive(Debug, Default, Serialize)]
@@ -615,7 +616,7 @@ mod tests {
         );
         let r = ExtenderFilterResult {
             node_names: Some(vec![Cow::Borrowed("a")]),
-            failed_nodes: Some(BTreeMap::from([(Cow::Borrowed("b"), "why".to_string())])),
+            failed_nodes: Some(BTreeMap::from([(Cow::Borrowed("b"), Cow::Borrowed("why"))])),
             failed_and_unresolvable_nodes: Some(BTreeMap::new()),
             ..Default::default()
         };

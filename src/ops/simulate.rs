@@ -351,7 +351,7 @@ async fn place(state: &AppState, pod: &Pod, ns: &str, name: &str) -> Placement {
         .chain(filter.failed_and_unresolvable_nodes.iter().flatten())
         .map(|(_, r)| r)
     {
-        *placement.reasons.entry(reason.clone()).or_default() += 1;
+        *placement.reasons.entry(reason.to_string()).or_default() += 1;
     }
     let passing = filter.node_names.unwrap_or_default();
     if passing.is_empty() {

@@ -14,6 +14,7 @@ mod gpu;
 mod hostile;
 mod leader;
 mod leak;
+mod memo;
 mod numa;
 mod outage;
 mod readiness;

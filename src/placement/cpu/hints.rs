@@ -39,7 +39,7 @@ use super::{CpuFitError, CpuScoring, MAX_NUMA_NODES, NodeCpuView, NumaId, NumaMa
 
 /// One NUMA node's counts, independent of any pod. CPU counts fit `u16`: a `CpuSet` holds at
 /// most 1,024 CPUs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub struct NumaStat {
     pub id: u8,
     /// Free = neither allocated nor reserved.
@@ -65,7 +65,7 @@ pub struct NumaStat {
 }
 
 /// Whole-node CPU counts (every CPU of the topology, zones or not).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub struct CoreCounts {
     pub free_cpus: u16,
     pub free_full_cpus: u16,
@@ -77,7 +77,7 @@ pub struct CoreCounts {
 }
 
 /// A node's per-NUMA table plus whole-node counts. Fixed size, `Copy`, no heap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NumaStats {
     /// Zones in use (ascending id), at most [`MAX_NUMA_NODES`].
     pub len: u8,
@@ -366,9 +366,9 @@ pub mod reason {
     pub const EXCLUSIVE: &str = "numa exclusivity: every fitting NUMA node is shared";
 }
 
-fn fail(reason: &str, unresolvable: bool) -> CpuFitError {
+fn fail(reason: &'static str, unresolvable: bool) -> CpuFitError {
     CpuFitError {
-        reason: reason.to_string(),
+        reason: reason.into(),
         unresolvable,
     }
 }

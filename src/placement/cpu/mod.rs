@@ -282,8 +282,9 @@ pub struct NumaShare {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
 pub struct CpuFitError {
-    /// Short and categorical, suitable for FailedNodes ("insufficient cpus on one NUMA node").
-    pub reason: String,
+    /// Short and categorical, suitable for FailedNodes ("insufficient cpus on one NUMA node");
+    /// static for every fixed reason, so a rejection does not allocate.
+    pub reason: std::borrow::Cow<'static, str>,
     /// True when freeing resources can never help (no topology, policy conflict, SMT
     /// misalignment, request larger than any NUMA node can hold).
     pub unresolvable: bool,

@@ -18,9 +18,9 @@ use super::{
 };
 use crate::model::cpuset::CpuSet;
 
-fn fail(reason: &str, unresolvable: bool) -> CpuFitError {
+fn fail(reason: &'static str, unresolvable: bool) -> CpuFitError {
     CpuFitError {
-        reason: reason.to_string(),
+        reason: reason.into(),
         unresolvable,
     }
 }

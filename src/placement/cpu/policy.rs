@@ -53,7 +53,7 @@ pub(crate) fn numa_name(p: NumaPolicy) -> &'static str {
     }
 }
 
-fn unresolvable(reason: impl Into<String>) -> CpuFitError {
+fn unresolvable(reason: impl Into<std::borrow::Cow<'static, str>>) -> CpuFitError {
     CpuFitError {
         reason: reason.into(),
         unresolvable: true,

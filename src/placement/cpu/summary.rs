@@ -21,7 +21,7 @@ use super::{
 };
 
 /// A node's CPU/NUMA state reduced to what feasibility needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CpuSummary {
     pub stats: NumaStats,
     pub bind_policy: NodeCpuBindPolicy,

@@ -6,6 +6,7 @@
 //! preemption victims released) and returns the allocation; recording it is the caller's job,
 //! under the node's lock. Deterministic: every tie is broken by scope ID or minor ascending.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::device::{
@@ -23,16 +24,24 @@ use super::score::ScoringConfig;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
 pub struct FitError {
-    /// Short and categorical ("insufficient gpu devices"), suitable for FailedNodes.
-    pub reason: String,
+    /// Short and categorical ("insufficient gpu devices"), suitable for FailedNodes. Static
+    /// for the common reasons, so rejecting a node (or repeating a memoized verdict) does not
+    /// allocate.
+    pub reason: Cow<'static, str>,
     /// True when freeing resources can never help (no such devices, too few in total).
     pub unresolvable: bool,
 }
 
 impl FitError {
-    fn insufficient(t: &DeviceType, unresolvable: bool) -> Self {
+    pub(crate) fn insufficient(t: &DeviceType, unresolvable: bool) -> Self {
+        let reason = match t {
+            DeviceType::Gpu => Cow::Borrowed("insufficient gpu devices"),
+            DeviceType::Rdma => Cow::Borrowed("insufficient rdma devices"),
+            DeviceType::Fpga => Cow::Borrowed("insufficient fpga devices"),
+            DeviceType::Other(_) => Cow::Owned(format!("insufficient {t} devices")),
+        };
         FitError {
-            reason: format!("insufficient {t} devices"),
+            reason,
             unresolvable,
         }
     }
@@ -170,7 +179,7 @@ pub fn fit_on_numa(
             };
             let resources = if t == DeviceType::Gpu {
                 fill_gpu_memory(&r.per_device, slot).ok_or_else(|| FitError {
-                    reason: format!("no healthy gpu device with minor {minor}"),
+                    reason: format!("no healthy gpu device with minor {minor}").into(),
                     unresolvable: false,
                 })?
             } else {

@@ -205,10 +205,7 @@ impl Capacity {
 }
 
 fn insufficient(t: &DeviceType, unresolvable: bool) -> FitError {
-    FitError {
-        reason: format!("insufficient {t} devices"),
-        unresolvable,
-    }
+    FitError::insufficient(t, unresolvable)
 }
 
 /// One pass per type counts both the devices that could hold one request unit when empty

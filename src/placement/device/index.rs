@@ -49,7 +49,7 @@ fn type_pos(t: &DeviceType) -> Option<usize> {
 /// its *free* groups, the free of healthy devices with a non-empty free, with the device's
 /// memory size (`total_mem`: a GPU request's memory is converted with it) and NUMA node.
 /// Devices that can never hold anything (unhealthy, empty) are in no group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SlotGroup {
     pub dims: DimVec,
     /// The device's total `gpu-memory` in milli-bytes (0 for other types).
@@ -63,7 +63,7 @@ pub struct SlotGroup {
 /// One device type's totals and free summed over its devices, in whole units rounded up (as
 /// `Quantity::value()`), free counted as zero on a blocked node: all prioritize's device
 /// score needs, computed once per change instead of once per request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TypeSums {
     pub total: DimVec,
     pub free: DimVec,
