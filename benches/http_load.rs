@@ -275,6 +275,21 @@ async fn run() {
     }
 }
 
+/// The service on `cluster` (a `--cluster-file` in a temporary directory, kept as long as the
+/// returned guard), once `/readyz` reports 200.
+async fn serve_cluster(cluster: &common::Cluster) -> (Service, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.json");
+    std::fs::write(&path, cluster.to_list_json()).expect("write cluster");
+    let args =
+        support::service::serve_args(&["--cluster-file", path.to_str().expect("utf-8 path")]);
+    let svc = Service::start(args, None).await.expect("service starts");
+    support::service::Http::new(svc.addr)
+        .wait_ready(Duration::from_secs(300))
+        .await;
+    (svc, dir)
+}
+
 /// The per-verb table at `NODES` candidates on a cluster where no two nodes share a state
 /// (`common::cluster_of_distinct_holders`): the per-request memo never hits and switches
 /// itself off, so this is the cost of deciding every node.
@@ -282,19 +297,7 @@ async fn distinct(client: &HttpClient) {
     println!(
         "\n-- distinct nodes: {NODES}-node cluster, no two nodes alike (the memo cannot help), per verb against the pass-through request of this run --"
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("cluster.json");
-    std::fs::write(
-        &path,
-        common::cluster_of_distinct_holders(NODES).to_list_json(),
-    )
-    .expect("write cluster");
-    let args =
-        support::service::serve_args(&["--cluster-file", path.to_str().expect("utf-8 path")]);
-    let svc = Service::start(args, None).await.expect("service starts");
-    support::service::Http::new(svc.addr)
-        .wait_ready(Duration::from_secs(300))
-        .await;
+    let (svc, _dir) = serve_cluster(&common::cluster_of_distinct_holders(NODES)).await;
     let base = format!("http://{}", svc.addr);
     let bodies: HashMap<String, Bytes> = Case::ALL
         .iter()
@@ -519,20 +522,8 @@ async fn scaling(client: &HttpClient) {
     println!(
         "\n-- scaling: {SCALING_CLUSTER}-node cluster, per-node cost = (case p50 - pass-through p50) / candidates, per verb --"
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("cluster.json");
     let t = Instant::now();
-    std::fs::write(
-        &path,
-        common::cluster_of_holders(SCALING_CLUSTER).to_list_json(),
-    )
-    .expect("write cluster");
-    let args =
-        support::service::serve_args(&["--cluster-file", path.to_str().expect("utf-8 path")]);
-    let svc = Service::start(args, None).await.expect("service starts");
-    support::service::Http::new(svc.addr)
-        .wait_ready(Duration::from_secs(300))
-        .await;
+    let (svc, _dir) = serve_cluster(&common::cluster_of_holders(SCALING_CLUSTER)).await;
     println!(
         "service ready with {SCALING_CLUSTER} nodes in {:.1?}",
         t.elapsed()
