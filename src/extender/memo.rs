@@ -19,7 +19,7 @@ use std::fmt::Debug;
 
 use hashbrown::HashTable;
 
-use crate::cluster::snapshot::Fingerprint;
+use crate::cluster::snapshot::{Fingerprint, Found, NodeView};
 
 /// Lookups before the memo judges its hit rate.
 pub const PROBATION: u32 = 1024;
@@ -32,6 +32,8 @@ pub struct Memo<V> {
     lookups: u32,
     hits: u32,
     enabled: bool,
+    /// Nodes answered from the snapshot, memo or not (the metric's total).
+    answered: u64,
 }
 
 /// The table's hash of a key: the fingerprints are already uniform, so their low bits do.
@@ -50,6 +52,23 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
             lookups: 0,
             hits: 0,
             enabled: true,
+            answered: 0,
+        }
+    }
+
+    /// The answer for a candidate: from the memo or `decide` when the snapshot holds it,
+    /// `decide(None)` (an unknown node, never memoized) when not.
+    pub fn answer<'s>(
+        &mut self,
+        node: Option<Found<'s>>,
+        decide: impl Fn(Option<NodeView<'s>>) -> V,
+    ) -> V {
+        match node {
+            Some(found) => {
+                self.answered += 1;
+                self.get_or_decide(found.fingerprint(), || decide(Some(found.view())))
+            }
+            None => decide(None),
         }
     }
 
@@ -93,18 +112,18 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
         answer
     }
 
-    /// `(lookups, hits)` so far (tests, and the memo metric).
+    /// `(lookups, hits)` so far, counting only while the memo is on.
     pub fn stats(&self) -> (u32, u32) {
         (self.lookups, self.hits)
     }
 
-    /// Adds this request's `decisions` (nodes answered from the snapshot) to
-    /// `dne_read_decisions_total{verb}`, split into decided and memo hits.
-    pub fn record(&self, metrics: &crate::metrics::Metrics, verb: &str, decisions: u64) {
+    /// Adds this request's answers from the snapshot to `dne_read_decisions_total{verb}`,
+    /// split into decided and memo hits.
+    pub fn record(&self, metrics: &crate::metrics::Metrics, verb: &str) {
         let hits = u64::from(self.hits);
         let counter = |how: &str| metrics.read_decisions.with_label_values(&[verb, how]);
         counter("memo").inc_by(hits);
-        counter("decided").inc_by(decisions.saturating_sub(hits));
+        counter("decided").inc_by(self.answered - hits);
     }
 }
 

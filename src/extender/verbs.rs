@@ -114,17 +114,12 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
             // Rejections are collected, then sorted into the maps at once: candidate lists
             // usually come sorted, which makes that one linear pass.
             let (mut rejected, mut hopeless) = (Vec::new(), Vec::new());
-            let mut viewed = 0;
             for name in candidates {
-                let decide = |view| fit::snapshot_fit(view, &needs, fast.as_ref(), &state.scoring);
-                let verdict = match snapshot.find(&name) {
-                    Some(node) => {
-                        viewed += 1;
-                        memo.get_or_decide(node.fingerprint(), || decide(Some(node.view())))
-                    }
-                    None => decide(None),
-                }
-                .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
+                let verdict = memo
+                    .answer(snapshot.find(&name), |view| {
+                        fit::snapshot_fit(view, &needs, fast.as_ref(), &state.scoring)
+                    })
+                    .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
                 match verdict {
                     Ok(()) => passing.push(name),
                     Err(e) if e.unresolvable => hopeless.push((name, e.reason)),
@@ -133,7 +128,7 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
             }
             failed = BTreeMap::from_iter(rejected);
             unresolvable = BTreeMap::from_iter(hopeless);
-            memo.record(&state.metrics, "filter", viewed);
+            memo.record(&state.metrics, "filter");
             result = if passing.is_empty() {
                 "fits_nowhere"
             } else {
@@ -231,19 +226,12 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
     let cpu_req = needs.cpu.as_ref().filter(|_| needs.wants_cpu_placement());
     let snapshot = state.cluster.read_snapshot();
     let mut memo = Memo::new(needs.devices.is_some(), cpu_req.is_some());
-    let mut viewed = 0;
     let raw: Vec<i64> = names
         .iter()
         .map(|name| {
-            let decide =
-                |view| fit::snapshot_score(view, &needs, cpu_req, fast.as_ref(), &state.scoring);
-            match snapshot.find(name) {
-                Some(node) => {
-                    viewed += 1;
-                    memo.get_or_decide(node.fingerprint(), || decide(Some(node.view())))
-                }
-                None => decide(None),
-            }
+            memo.answer(snapshot.find(name), |view| {
+                fit::snapshot_score(view, &needs, cpu_req, fast.as_ref(), &state.scoring)
+            })
             .unwrap_or_else(|| {
                 let entry = state.cluster.node(name);
                 let guard = entry.as_ref().map(|e| e.read());
@@ -251,7 +239,7 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
             })
         })
         .collect();
-    memo.record(&state.metrics, "prioritize", viewed);
+    memo.record(&state.metrics, "prioritize");
     names
         .into_iter()
         .zip(normalize_scores(&raw))
