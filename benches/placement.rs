@@ -12,6 +12,9 @@
 //! cpuset pod on one node (2 and 8 NUMA nodes, including the 255-subset worst case), the
 //! summary build, and `fast_feasible` over 5,000 summaries. Run only it with
 //! `PLACEMENT_NUMA_ONLY=1 cargo bench --bench placement -- numa`.
+//!
+//! `PLACEMENT_CLUSTER=distinct` runs everything on a cluster where no two nodes share a state
+//! (the per-request memo's worst case); `--bench none` skips criterion, leaving percentiles.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -103,7 +106,13 @@ fn pod_of(case: Case, name: &str, uid: &str) -> Pod {
 
 /// The synthetic cluster, replayed through the offline sync path, behind a ready `AppState`.
 fn state() -> AppState {
-    let c = common::cluster(NODES, true);
+    // PLACEMENT_CLUSTER=distinct: no two nodes alike (`common::cluster_of_distinct_holders`),
+    // the per-request memo's worst case.
+    let c = if std::env::var("PLACEMENT_CLUSTER").is_ok_and(|v| v == "distinct") {
+        common::cluster_of_distinct_holders(NODES)
+    } else {
+        common::cluster(NODES, true)
+    };
     fn typed<T: serde::de::DeserializeOwned>(v: Vec<serde_json::Value>) -> Vec<T> {
         v.into_iter()
             .map(|o| serde_json::from_value(o).expect("fixture decodes"))

@@ -87,6 +87,23 @@ pub struct CpuFacts {
     pub summary: Result<CpuSummary, Unusable>,
 }
 
+impl CpuFacts {
+    /// What a chunk position without a node holds: never read (`Slot::devices` says no node
+    /// is there), but present, so a node's CPU facts need no `Option` to be checked on every
+    /// lookup.
+    fn absent() -> Self {
+        static ABSENT: std::sync::LazyLock<CpuFacts> = std::sync::LazyLock::new(|| CpuFacts {
+            constrains_plain_pods: false,
+            bind_policy: NodeCpuBindPolicy::None,
+            summary: Err(Unusable {
+                reason: Arc::from("no such node"),
+                unresolvable: true,
+            }),
+        });
+        ABSENT.clone()
+    }
+}
+
 /// A node's devices as the read verbs see them.
 #[derive(Clone, Copy, Debug)]
 pub enum DeviceView<'a> {
@@ -250,8 +267,9 @@ struct Slot {
 #[derive(Clone, Debug)]
 struct Chunk {
     nodes: Vec<Slot>,
-    /// Per position; `None` where `nodes` has none.
-    cpus: Vec<Option<CpuFacts>>,
+    /// Per position; a placeholder where `nodes` has none (`Slot::devices` alone says whether
+    /// a node is there, so a lookup reads no ~1 KiB CPU entry it does not need).
+    cpus: Vec<CpuFacts>,
     /// Per position (zero where absent).
     sums: Vec<NodeSums>,
     /// Per position (zero where absent).
@@ -290,7 +308,7 @@ impl Chunk {
         let devices = slot.devices.as_ref()?;
         Some(NodeView {
             devices: device_view(devices, self.node_slots(slot), &self.sums[pos]),
-            cpu: self.cpus[pos].as_ref()?,
+            cpu: &self.cpus[pos],
         })
     }
 
@@ -301,7 +319,7 @@ impl Chunk {
             devices: slot.devices?,
             slots: self.node_slots(slot).to_vec(),
             sums: self.sums[pos],
-            cpu: self.cpus[pos].clone()?,
+            cpu: self.cpus[pos].clone(),
             fingerprint: self.fingerprints[pos],
         })
     }
@@ -323,7 +341,7 @@ impl Chunk {
                 );
             } else {
                 let facts = match (&old.devices, &self.cpus[p]) {
-                    (Some(d), Some(c)) => Some((
+                    (Some(d), c) => Some((
                         d,
                         self.node_slots(old),
                         &self.sums[p],
@@ -357,7 +375,7 @@ impl Chunk {
                     devices: None,
                     slots: (start, 0),
                 });
-                self.cpus.push(None);
+                self.cpus.push(CpuFacts::absent());
                 self.sums.push(NodeSums::default());
                 self.fingerprints.push(Fingerprint::default());
             }
@@ -368,7 +386,7 @@ impl Chunk {
                     devices: Some(*d),
                     slots: (start, slots.len() as u32),
                 });
-                self.cpus.push(Some(c.clone()));
+                self.cpus.push(c.clone());
                 self.sums.push(*sums);
                 self.fingerprints.push(fingerprint);
             }
@@ -444,7 +462,9 @@ impl Snapshot {
     pub fn find(&self, name: &str) -> Option<Found<'_>> {
         let i = self.names.get(name)? as usize;
         let (chunk, pos) = (&*self.chunks[i / CHUNK], i % CHUNK);
-        (chunk.nodes[pos].devices.is_some() && chunk.cpus[pos].is_some())
+        chunk.nodes[pos]
+            .devices
+            .is_some()
             .then_some(Found { chunk, pos })
     }
 

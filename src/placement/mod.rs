@@ -1,5 +1,6 @@
 //! Pure placement logic: request parsing, device fit, choice and scoring. No I/O, no locks, no
 //! mutation of caches; callers pass views and record results themselves.
 
+pub mod arith;
 pub mod cpu;
 pub mod device;

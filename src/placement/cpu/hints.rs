@@ -77,13 +77,18 @@ pub struct CoreCounts {
 }
 
 /// A node's per-NUMA table plus whole-node counts. Fixed size, `Copy`, no heap.
+///
+/// `repr(C)`, whole-node fields first: the table has room for [`MAX_NUMA_NODES`] zones but a
+/// node uses its first `len` (usually two), so a read touches the first few cache lines of
+/// this ~900-byte value, not also its last.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(C)]
 pub struct NumaStats {
     /// Zones in use (ascending id), at most [`MAX_NUMA_NODES`].
     pub len: u8,
-    pub zones: [NumaStat; MAX_NUMA_NODES],
-    pub node: CoreCounts,
     pub cpus_per_core: u16,
+    pub node: CoreCounts,
+    pub zones: [NumaStat; MAX_NUMA_NODES],
 }
 
 fn c16(n: usize) -> u16 {

@@ -5,6 +5,7 @@
 //! node, the NUMA nodes of a hint).
 
 use super::{CpuScoreStrategy, CpuScoring};
+use crate::placement::arith::div;
 
 /// One resource's amounts: what the scope can hold, what it already holds, what the pod adds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -25,10 +26,10 @@ fn resource_score(strategy: CpuScoreStrategy, a: Amounts) -> i64 {
             if used > alloc {
                 0
             } else {
-                (alloc - used) * 100 / alloc
+                div((alloc - used) * 100, alloc)
             }
         }
-        CpuScoreStrategy::MostAllocated => used.min(alloc) * 100 / alloc,
+        CpuScoreStrategy::MostAllocated => div(used.min(alloc) * 100, alloc),
     };
     // 0..=100 by construction.
     s as i64
@@ -55,7 +56,7 @@ pub fn score(
     if den == 0 {
         return 0;
     }
-    (num / den) as i64
+    div(num, den) as i64
 }
 
 #[cfg(test)]

@@ -20,12 +20,14 @@ use super::{
     CpuFitError, CpuScoring, NodeCpuBindPolicy, NodeCpuView, NumaMask, NumaPolicy, PodCpuRequest,
 };
 
-/// A node's CPU/NUMA state reduced to what feasibility needs.
+/// A node's CPU/NUMA state reduced to what feasibility needs. `repr(C)`, policies before the
+/// large table, for the reason [`NumaStats`] gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(C)]
 pub struct CpuSummary {
-    pub stats: NumaStats,
     pub bind_policy: NodeCpuBindPolicy,
     pub numa_policy: NumaPolicy,
+    pub stats: NumaStats,
 }
 
 impl CpuSummary {

@@ -18,6 +18,7 @@ use super::allocate::FitError;
 use super::index::{DeviceIndexRef, DimVec, INDEX_DIMS, TypeSums, dim_of};
 use super::request::PodDeviceRequest;
 use super::score::{ScoringConfig, ScoringStrategy};
+use crate::placement::arith::div;
 use crate::placement::cpu::{MAX_NUMA_NODES, NumaMask};
 
 const NDIMS: usize = INDEX_DIMS.len();
@@ -309,16 +310,6 @@ fn score_dims(req: &FastRequest, request: &NeedVec, sums: &TypeSums) -> i64 {
         return 0;
     }
     div(sum, weight_sum).clamp(0, 100) as i64
-}
-
-/// `a / b` in 64-bit hardware division whenever both fit (128-bit division is a library call,
-/// and this runs per candidate node).
-#[inline]
-fn div(a: i128, b: i128) -> i128 {
-    match (i64::try_from(a), i64::try_from(b)) {
-        (Ok(a), Ok(b)) => i128::from(a / b),
-        _ => a / b,
-    }
 }
 
 #[cfg(test)]
