@@ -59,10 +59,9 @@ const LATENCY_PAIRS: usize = 400;
 const LATENCY_CAP: Duration = Duration::from_secs(30);
 const THROUGHPUT_TIME: Duration = Duration::from_secs(5);
 const THROUGHPUT_CONNECTIONS: usize = 4;
-/// Per-verb ratios: rounds over every case (interleaved, so load drifts hit all cases alike),
-/// requests per case, verb and round.
-const VERB_ROUNDS: usize = 5;
-const VERB_PER_ROUND: usize = 40;
+/// Per-verb ratios: requests per case and verb, interleaved one request at a time over every
+/// case and verb.
+const VERB_REQUESTS: usize = 300;
 /// The scaling row's cluster and candidate counts.
 const SCALING_CLUSTER: usize = 20_000;
 const SCALING_SIZES: [usize; 3] = [1_000, 5_000, 20_000];
@@ -454,8 +453,10 @@ async fn throughput_phase(
 /// Per (case, verb) latency summaries of one candidate count.
 type VerbTable = Vec<(Case, &'static str, common::Summary)>;
 
-/// Per (case, verb): the client-side latencies of `VERB_ROUNDS` × `VERB_PER_ROUND` requests
-/// over `nodes` candidates, after a warm-up.
+/// Per (case, verb): the client-side latencies of `VERB_REQUESTS` requests
+/// over `nodes` candidates, after a warm-up. Interleaved one request at a time (every case and
+/// verb, then again), so a drift in the machine's load, which on a shared machine comes and
+/// goes within seconds, hits every case alike.
 async fn per_verb(
     client: &HttpClient,
     base: &str,
@@ -464,25 +465,35 @@ async fn per_verb(
     cases: &[Case],
 ) -> VerbTable {
     let verbs = ["filter", "prioritize"];
+    let requests: Vec<(usize, usize, String, String)> = cases
+        .iter()
+        .enumerate()
+        .flat_map(|(ci, case)| {
+            verbs.iter().enumerate().map(move |(vi, verb)| {
+                (
+                    ci,
+                    vi,
+                    format!("{}@{nodes}", case.label()),
+                    format!("{base}/{verb}"),
+                )
+            })
+        })
+        .collect();
+    // Warm the connection, allocator and caches.
+    for _ in 0..5 {
+        for (_, _, key, url) in &requests {
+            let (status, _) = post(client, url, key, &bodies[key]).await;
+            assert_eq!(status, 200, "{url} {key}");
+        }
+    }
     let mut samples: HashMap<(usize, usize), Vec<Duration>> = HashMap::new();
-    for round in 0..=VERB_ROUNDS {
-        for (ci, case) in cases.iter().enumerate() {
-            let key = format!("{}@{nodes}", case.label());
-            let body = &bodies[&key];
-            for (vi, verb) in verbs.iter().enumerate() {
-                let url = format!("{base}/{verb}");
-                let n = if round == 0 { 5 } else { VERB_PER_ROUND };
-                for _ in 0..n {
-                    let t = Instant::now();
-                    let (status, _) = post(client, &url, &key, body).await;
-                    let took = t.elapsed();
-                    assert_eq!(status, 200, "{verb} {key}");
-                    // Round 0 warms the connection, allocator and caches.
-                    if round > 0 {
-                        samples.entry((ci, vi)).or_default().push(took);
-                    }
-                }
-            }
+    for _ in 0..VERB_REQUESTS {
+        for (ci, vi, key, url) in &requests {
+            let t = Instant::now();
+            let (status, _) = post(client, url, key, &bodies[key]).await;
+            let took = t.elapsed();
+            assert_eq!(status, 200, "{url} {key}");
+            samples.entry((*ci, *vi)).or_default().push(took);
         }
     }
     let mut out = Vec::new();

@@ -57,6 +57,8 @@ use crate::placement::device::index::{DeviceIndexRef, GroupRanges, NodeSums, Slo
 
 /// Nodes per chunk: the unit a publish copies.
 pub const CHUNK: usize = 32;
+// A chunk's presence bits are one `u32`.
+const _: () = assert!(CHUNK <= u32::BITS as usize);
 
 /// What filter and prioritize know of a node's devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -266,6 +268,9 @@ struct Slot {
 /// [`CHUNK`] consecutive nodes, structure of arrays.
 #[derive(Clone, Debug)]
 struct Chunk {
+    /// Bit `pos` set: a node is at `pos` (`nodes[pos].devices` is `Some`). A lookup answered
+    /// by the verbs' memo reads this and the fingerprint, and no `Slot`.
+    present: u32,
     nodes: Vec<Slot>,
     /// Per position; a placeholder where `nodes` has none (`Slot::devices` alone says whether
     /// a node is there, so a lookup reads no ~1 KiB CPU entry it does not need).
@@ -281,6 +286,7 @@ struct Chunk {
 impl Chunk {
     fn new() -> Self {
         Chunk {
+            present: 0,
             nodes: Vec::with_capacity(CHUNK),
             cpus: Vec::with_capacity(CHUNK),
             sums: Vec::with_capacity(CHUNK),
@@ -327,6 +333,7 @@ impl Chunk {
     /// This chunk with position `pos` replaced.
     fn replaced(&self, pos: usize, version: u64, summary: Option<&NodeSummary>) -> Chunk {
         let mut out = Chunk {
+            present: 0,
             nodes: Vec::with_capacity(CHUNK),
             cpus: Vec::with_capacity(CHUNK),
             sums: Vec::with_capacity(CHUNK),
@@ -380,6 +387,7 @@ impl Chunk {
                 self.fingerprints.push(Fingerprint::default());
             }
             Some((d, slots, sums, c, fingerprint)) => {
+                self.present |= 1 << self.nodes.len();
                 self.slots.extend_from_slice(slots);
                 self.nodes.push(Slot {
                     version,
@@ -462,10 +470,7 @@ impl Snapshot {
     pub fn find(&self, name: &str) -> Option<Found<'_>> {
         let i = self.names.get(name)? as usize;
         let (chunk, pos) = (&*self.chunks[i / CHUNK], i % CHUNK);
-        chunk.nodes[pos]
-            .devices
-            .is_some()
-            .then_some(Found { chunk, pos })
+        (chunk.present & (1 << pos) != 0).then_some(Found { chunk, pos })
     }
 
     /// The owned facts of `name` (tests compare them with a rebuild).

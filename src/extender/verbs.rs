@@ -182,14 +182,26 @@ fn record_filter(
         .with_label_values(&[result])
         .inc();
     let mut tally = [0u64; FILTER_REASONS.len()];
+    let slot_of = |class: &str| FILTER_REASONS.iter().position(|c| *c == class);
+    // Rejections mostly share a few reasons, each one `'static` text: the class of the last
+    // reason seen (by address) is reused instead of matching the text again for every node.
+    let mut last: Option<(*const u8, usize, Option<usize>)> = None;
     for reason in failed.values().chain(unresolvable.values()) {
-        // An invalid request rejects every node with the request's own error text.
-        let class = if result == "invalid_request" {
-            "invalid_request"
-        } else {
-            filter_reason_class(reason)
+        let key = (reason.as_ptr(), reason.len());
+        let slot = match last {
+            Some((ptr, len, slot)) if (ptr, len) == key => slot,
+            _ => {
+                // An invalid request rejects every node with the request's own error text.
+                let slot = slot_of(if result == "invalid_request" {
+                    "invalid_request"
+                } else {
+                    filter_reason_class(reason)
+                });
+                last = Some((key.0, key.1, slot));
+                slot
+            }
         };
-        if let Some(i) = FILTER_REASONS.iter().position(|c| *c == class) {
+        if let Some(i) = slot {
             tally[i] += 1;
         }
     }
