@@ -420,6 +420,18 @@ pub fn scope_amounts(stats: &NumaStats, members: u32) -> (Amounts, Amounts) {
     (cpu, mem)
 }
 
+/// What [`choose`] must find.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Goal {
+    /// The hint the kubelet's merge picks (placement, scoring): every hint of the winning size
+    /// is scored.
+    Best,
+    /// Whether the pod fits (filter): the first preferred hint found settles it, unscored. The
+    /// answer (`Ok` or the error and its reason) is [`Goal::Best`]'s; only which preferred
+    /// mask `Ok` names may differ.
+    AnyFit,
+}
+
 /// Generates the CPU/memory hints of `d` (and the device hints through `devices`), merges
 /// them and applies `policy`. `policy` is never `None` here.
 pub fn choose(
@@ -429,6 +441,7 @@ pub fn choose(
     exclusive_required: bool,
     scoring: &CpuScoring,
     mut devices: Option<&mut dyn FnMut(NumaMask) -> bool>,
+    goal: Goal,
 ) -> Result<Choice, CpuFitError> {
     let n = stats.len as usize;
     let requested = d.cpu > 0 || d.memory > 0;
@@ -499,6 +512,10 @@ pub fn choose(
             let preferred = (!requested || size == min_by_capacity)
                 && device_min.is_none_or(|dm| dm == size)
                 && !demoted;
+            if preferred && goal == Goal::AnyFit {
+                // A preferred hint is final (larger sizes never beat it), whichever it is.
+                return ControlFlow::Break(m);
+            }
             let s = hint_score(stats, m, d, scoring);
             let better = match best {
                 None => true,
@@ -518,7 +535,12 @@ pub fn choose(
             }
             ControlFlow::Continue(())
         });
-        let _: ControlFlow<()> = flow;
+        if let ControlFlow::Break(members) = flow {
+            return Ok(Choice::Mask {
+                members,
+                preferred: true,
+            });
+        }
         // Larger masks can never beat a preferred hint of this size.
         if best.is_some_and(|b| b.preferred) {
             break;

@@ -8,7 +8,7 @@
 //! Pure and deterministic; callers lock, record and report.
 
 use super::accumulator::{Ask, eligible, take_cpus};
-use super::hints::{self, Choice, CpuUnit, Demand, NumaStats, Table, reason};
+use super::hints::{self, Choice, CpuUnit, Demand, Goal, NumaStats, Table, reason};
 use super::policy::{Resolved, resolve};
 use super::score::{self, Amounts};
 use super::split::split;
@@ -52,7 +52,7 @@ pub fn place(
     };
     let stats = NumaStats::from_view(view);
     let d = demand(&res, req, stats.cpus_per_core);
-    let decision = decide(&stats, &res, &d, devices, scoring)?;
+    let decision = decide(&stats, &res, &d, devices, scoring, Goal::Best)?;
     let score = placement_score(&stats, decision, req, scoring);
     match decision {
         Decision::NodeLevel => node_level(view, &res, score).map(Some),
@@ -75,10 +75,19 @@ pub(crate) fn decide(
     d: &Demand,
     devices: Option<&mut dyn FnMut(NumaMask) -> bool>,
     scoring: &CpuScoring,
+    goal: Goal,
 ) -> Result<Decision, CpuFitError> {
     let choice = match res.numa_policy {
         NumaPolicy::None => Choice::DontCare,
-        policy => hints::choose(stats, d, policy, res.exclusive_required, scoring, devices)?,
+        policy => hints::choose(
+            stats,
+            d,
+            policy,
+            res.exclusive_required,
+            scoring,
+            devices,
+            goal,
+        )?,
     };
     match choice {
         Choice::DontCare => node_level_fits(stats, res).map(|()| Decision::NodeLevel),

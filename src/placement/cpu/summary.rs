@@ -13,7 +13,7 @@
 //! device callback needs the device ledger), for which `fast_feasible` returns `None`. A
 //! property test holds the two equal on generated nodes.
 
-use super::hints::NumaStats;
+use super::hints::{Goal, NumaStats};
 use super::place::{Decision, decide, demand, placement_score};
 use super::policy::resolve;
 use super::{
@@ -49,6 +49,7 @@ fn summary_decision(
     has_devices: bool,
     devices: Option<&mut dyn FnMut(NumaMask) -> bool>,
     scoring: &CpuScoring,
+    goal: Goal,
 ) -> Option<Result<Option<Decision>, CpuFitError>> {
     let stats = &summary.stats;
     let res = match resolve(
@@ -68,7 +69,7 @@ fn summary_decision(
     let d = demand(&res, req, stats.cpus_per_core);
     // Scores do not change feasibility, but they rank the non-preferred hints, and the
     // failure reason names the best of those (exclusivity or not): same scoring as place.
-    Some(decide(stats, &res, &d, devices, scoring).map(Some))
+    Some(decide(stats, &res, &d, devices, scoring, goal).map(Some))
 }
 
 /// A decision's CPU score, `score_or_zero`'s way: 0 when the pod does not fit.
@@ -94,14 +95,15 @@ pub fn fast_feasible(
     has_devices: bool,
     scoring: &CpuScoring,
 ) -> Option<Result<(), CpuFitError>> {
-    summary_decision(summary, req, has_devices, None, scoring).map(|r| r.map(|_| ()))
+    summary_decision(summary, req, has_devices, None, scoring, Goal::AnyFit).map(|r| r.map(|_| ()))
 }
 
 /// The case [`fast_feasible`] leaves to `place`: a pod whose devices must be aligned.
-/// `Ok(affinity)` where `place(view, req, Some(devices), scoring)` is
-/// `Ok(p)` with `p.affinity == affinity` (`None` when no placement or no NUMA restriction
-/// applies); the same error otherwise. `devices` answers "do the pod's devices fit within this
-/// NUMA mask", as `place`'s callback does.
+/// `Ok(affinity)` where `place(view, req, Some(devices), scoring)` is `Ok(_)`: `affinity` is
+/// the mask of a preferred hint (one where `devices` answered yes; not necessarily the one
+/// `place` would pick), or `place`'s own affinity when no hint is preferred (`None` when no
+/// placement or no NUMA restriction applies); the same error otherwise. `devices` answers
+/// "do the pod's devices fit within this NUMA mask", as `place`'s callback does.
 pub fn fast_aligned(
     summary: &CpuSummary,
     req: &PodCpuRequest,
@@ -109,7 +111,8 @@ pub fn fast_aligned(
     scoring: &CpuScoring,
 ) -> Result<Option<NumaMask>, CpuFitError> {
     // With a callback the summary always answers.
-    let decision = summary_decision(summary, req, true, Some(devices), scoring).unwrap_or(Ok(None));
+    let decision = summary_decision(summary, req, true, Some(devices), scoring, Goal::AnyFit)
+        .unwrap_or(Ok(None));
     Ok(match decision? {
         None | Some(Decision::NodeLevel) => None,
         Some(Decision::Numa(members)) => Some(summary.stats.mask_of(members)),
@@ -124,7 +127,8 @@ pub fn fast_aligned_score(
     devices: &mut dyn FnMut(NumaMask) -> bool,
     scoring: &CpuScoring,
 ) -> Option<i64> {
-    let decision = summary_decision(summary, req, true, Some(devices), scoring).unwrap_or(Ok(None));
+    let decision = summary_decision(summary, req, true, Some(devices), scoring, Goal::Best)
+        .unwrap_or(Ok(None));
     score_of(summary, decision, req, scoring)
 }
 
@@ -137,6 +141,6 @@ pub fn fast_score(
     has_devices: bool,
     scoring: &CpuScoring,
 ) -> Option<Option<i64>> {
-    summary_decision(summary, req, has_devices, None, scoring)
+    summary_decision(summary, req, has_devices, None, scoring, Goal::Best)
         .map(|decision| score_of(summary, decision, req, scoring))
 }
