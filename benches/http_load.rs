@@ -9,13 +9,15 @@
 //!   `dne_http_request_duration_seconds` sum/count over the same requests);
 //! - per verb (filter, prioritize), at 1,000 and 5,000 candidate nodes, each placement case
 //!   against the pass-through request (`no_devices`: same client, same body size) of the same
-//!   run, p50 and p99;
+//!   run, p50 and p99; with a warm verdict memo (the pod shape repeats, as for the replicas of
+//!   one Job) and a cold one (emptied before every request: each is its shape's first);
 //! - filter throughput at 1,000 candidate nodes with several keep-alive connections for a fixed
 //!   time;
 //! - scaling: on a 20,000-node cluster, the per-node cost ((case − pass-through) / nodes, p50)
-//!   at 1,000, 5,000 and 20,000 candidates;
-//! - distinct: the per-verb table at 5,000 candidates on a cluster where no two nodes share a
-//!   state, so the per-request memo (one decision per distinct node state) cannot help.
+//!   at 1,000, 5,000 and 20,000 candidates, cold memo;
+//! - distinct: the per-verb tables at 5,000 candidates on a cluster where no two nodes share a
+//!   state, so the within-request memo (one decision per distinct node state) cannot help:
+//!   cold, every node is decided; warm, every node is recalled.
 //!
 //! Bounded: a fixed request count (and a time cap) per phase, loopback only.
 //! Run: `cargo bench --bench http_load` (see BENCHMARKS.md). `HTTP_LOAD_PHASES` (a comma
@@ -256,8 +258,11 @@ async fn run() {
                     .entry(format!("{}@{nodes}", case.label()))
                     .or_insert_with(|| Bytes::from(extender_body(case, nodes)));
             }
-            let table = per_verb(&client, &targets[0].base, &bodies, nodes, &Case::ALL).await;
-            print_per_verb(nodes, &table);
+            for memo in [Memo::Warm, Memo::Cold(&svc.state)] {
+                let table =
+                    per_verb(&client, &targets[0].base, &bodies, nodes, &Case::ALL, memo).await;
+                print_per_verb(nodes, memo, &table);
+            }
         }
         print_memo(&svc.state);
     }
@@ -294,7 +299,7 @@ async fn serve_cluster(cluster: &common::Cluster) -> (Service, tempfile::TempDir
 /// itself off, so this is the cost of deciding every node.
 async fn distinct(client: &HttpClient) {
     println!(
-        "\n-- distinct nodes: {NODES}-node cluster, no two nodes alike (the memo cannot help), per verb against the pass-through request of this run --"
+        "\n-- distinct nodes: {NODES}-node cluster, no two nodes alike (the within-request memo cannot help), per verb against the pass-through request of this run --"
     );
     let (svc, _dir) = serve_cluster(&common::cluster_of_distinct_holders(NODES)).await;
     let base = format!("http://{}", svc.addr);
@@ -307,8 +312,10 @@ async fn distinct(client: &HttpClient) {
             )
         })
         .collect();
-    let table = per_verb(client, &base, &bodies, NODES, &Case::ALL).await;
-    print_per_verb(NODES, &table);
+    for memo in [Memo::Warm, Memo::Cold(&svc.state)] {
+        let table = per_verb(client, &base, &bodies, NODES, &Case::ALL, memo).await;
+        print_per_verb(NODES, memo, &table);
+    }
     print_memo(&svc.state);
     svc.shutdown().await.expect("shutdown");
 }
@@ -453,6 +460,26 @@ async fn throughput_phase(
 /// Per (case, verb) latency summaries of one candidate count.
 type VerbTable = Vec<(Case, &'static str, common::Summary)>;
 
+/// What the service's verdict memo (`extender::memo`) may know when a request arrives.
+#[derive(Clone, Copy)]
+enum Memo<'a> {
+    /// What earlier requests of the same pod left (every request here repeats its case's pod,
+    /// as kube-scheduler does for the replicas of one Job or Deployment).
+    Warm,
+    /// Nothing: the caches are emptied before every request (outside its timing), so each is
+    /// its pod shape's first and only the within-request memo helps.
+    Cold(&'a device_numa_extender::extender::AppState),
+}
+
+impl Memo<'_> {
+    fn label(self) -> &'static str {
+        match self {
+            Memo::Warm => "warm memo: the same pod shape as the requests before",
+            Memo::Cold(_) => "cold memo: every request a new pod shape",
+        }
+    }
+}
+
 /// Per (case, verb): the client-side latencies of `VERB_REQUESTS` requests
 /// over `nodes` candidates, after a warm-up. Interleaved one request at a time (every case and
 /// verb, then again), so a drift in the machine's load, which on a shared machine comes and
@@ -463,6 +490,7 @@ async fn per_verb(
     bodies: &HashMap<String, Bytes>,
     nodes: usize,
     cases: &[Case],
+    memo: Memo<'_>,
 ) -> VerbTable {
     let verbs = ["filter", "prioritize"];
     let requests: Vec<(usize, usize, String, String)> = cases
@@ -489,6 +517,9 @@ async fn per_verb(
     let mut samples: HashMap<(usize, usize), Vec<Duration>> = HashMap::new();
     for _ in 0..VERB_REQUESTS {
         for (ci, vi, key, url) in &requests {
+            if let Memo::Cold(state) = memo {
+                state.memos.clear();
+            }
             let t = Instant::now();
             let (status, _) = post(client, url, key, &bodies[key]).await;
             let took = t.elapsed();
@@ -506,8 +537,8 @@ async fn per_verb(
     out
 }
 
-fn print_per_verb(nodes: usize, table: &VerbTable) {
-    println!("{nodes} nodes:");
+fn print_per_verb(nodes: usize, memo: Memo<'_>, table: &VerbTable) {
+    println!("{nodes} nodes, {}:", memo.label());
     for verb in ["filter", "prioritize"] {
         let pass = table
             .iter()
@@ -549,9 +580,10 @@ async fn scaling(client: &HttpClient) {
                 Bytes::from(extender_body(case, nodes)),
             );
         }
+        let memo = Memo::Cold(&svc.state);
         rows.push((
             nodes,
-            per_verb(client, &base, &bodies, nodes, &SCALING_CASES).await,
+            per_verb(client, &base, &bodies, nodes, &SCALING_CASES, memo).await,
         ));
     }
     for verb in ["filter", "prioritize"] {
@@ -595,7 +627,7 @@ async fn scaling(client: &HttpClient) {
         }
     }
     for (nodes, table) in &rows {
-        print_per_verb(*nodes, table);
+        print_per_verb(*nodes, Memo::Cold(&svc.state), table);
     }
     svc.shutdown().await.expect("shutdown");
 }

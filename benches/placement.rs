@@ -158,6 +158,7 @@ fn state() -> AppState {
         binder,
         scoring,
         body_limit: 16 << 20,
+        memos: Default::default(),
     }
 }
 

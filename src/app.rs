@@ -270,6 +270,7 @@ impl Service {
             metrics: metrics.clone(),
             binder,
             body_limit: args.body_limit_bytes,
+            memos: Default::default(),
         };
         let http = HttpConfig {
             path_prefix: args.path_prefix.clone(),

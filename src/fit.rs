@@ -32,7 +32,7 @@ use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::{ScoringConfig, score_node};
 
 /// What a pod asks of a node, computed once per request.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Hash)]
 pub struct PodNeeds {
     /// `None` when the pod needs no devices (or device placement is off).
     pub devices: Option<PodDeviceRequest>,

@@ -182,7 +182,7 @@ impl Metrics {
             read_decisions: reg!(IntCounterVec::new(
                 Opts::new(
                     "read_decisions_total",
-                    "Candidate nodes filter and prioritize answered from the read snapshot, by verb and how: decided, or memo (another candidate of the same request had equal facts)."
+                    "Candidate nodes filter and prioritize answered from the read snapshot, by verb and how: decided, or memo (a candidate with equal facts was decided for the same pod shape, in this request or a recent one)."
                 ),
                 &["verb", "how"]
             )),

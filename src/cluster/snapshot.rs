@@ -168,8 +168,9 @@ impl Fingerprint {
     }
 }
 
-/// Two 64-bit hashes under independent random keys, fixed for the process.
-fn hash128<T: std::hash::Hash>(value: &T) -> u128 {
+/// Two 64-bit hashes under independent random keys, fixed for the process: the fingerprints'
+/// hash (and the verbs' pod-shape key), collision-resistant in the sense [`Fingerprint`] gives.
+pub fn hash128<T: std::hash::Hash>(value: &T) -> u128 {
     static KEYS: std::sync::OnceLock<(ahash::RandomState, ahash::RandomState)> =
         std::sync::OnceLock::new();
     let (a, b) = KEYS.get_or_init(|| (ahash::RandomState::new(), ahash::RandomState::new()));

@@ -1,37 +1,51 @@
-//! The per-request memo of filter and prioritize: within one request the pod is fixed, so a
-//! node's answer from the read snapshot is a function of the node facts the decision reads,
-//! and nodes whose facts have equal fingerprints (`cluster::snapshot::Fingerprint`) share one
-//! decision. A GPU fleet is mostly alike nodes in a few occupancy states: over 5,000
-//! candidates a request then decides a few hundred times instead of 5,000.
+//! The verdict memo of filter and prioritize. For a fixed pod, a node's answer from the read
+//! snapshot is a function of the node facts the decision reads, so nodes whose facts have
+//! equal fingerprints (`cluster::snapshot::Fingerprint`) share one decision. Two levels:
+//!
+//! - **Within a request.** A GPU fleet is mostly alike nodes in a few occupancy states: over
+//!   5,000 candidates a request then decides a few hundred times instead of 5,000.
+//! - **Across requests of the same pod shape** ([`MemoCache`]). kube-scheduler places the
+//!   replicas of a Job or Deployment one after the other, each asking the same of every node,
+//!   and between two of them a bind changes one node. The memo of a shape (a 128-bit
+//!   fingerprint of the pod's [`PodNeeds`](crate::fit::PodNeeds), which is all the decision
+//!   reads of the pod) is kept for the next request of that shape, so on a fleet where no two
+//!   nodes are alike the second replica on decides only the nodes that changed. A changed
+//!   node has a new fingerprint and misses, so nothing is ever invalidated by hand.
 //!
 //! The key holds only the parts the decision reads: the device fingerprint when the pod asks
 //! for devices, the CPU fingerprint when it needs CPU placement. So a GPU pod's verdicts are
 //! shared by nodes whose CPUs differ.
 //!
-//! It gives up when the nodes are mostly distinct (fewer than one hit in eight after the
-//! first [`PROBATION`] lookups): the worst case costs those probes and inserts, then nothing.
+//! Bounds: [`SHAPES`] shapes per verb, least recently used dropped; a shape's table is
+//! emptied when it outgrows its limit (stale fingerprints of changed nodes pile up).
 //! In debug builds every hit is decided again and compared, so every test that runs filter or
 //! prioritize also checks that the key covers what the decision reads.
 //!
-//! This module owns the memo table only: no placement logic, no locks, no I/O.
+//! This module owns the memo tables only: no placement logic, no I/O; its one lock is held
+//! to take a table out and put it back, never while deciding.
 
 use std::fmt::Debug;
 
 use hashbrown::HashTable;
+use parking_lot::Mutex;
 
 use crate::cluster::snapshot::{Fingerprint, Found, NodeView};
 
-/// Lookups before the memo judges its hit rate.
-pub const PROBATION: u32 = 1024;
+/// Pod shapes whose memo a verb keeps between requests.
+pub const SHAPES: usize = 4;
+
+/// A memo table: `(device key, CPU key)` to the answer.
+type Table<V> = HashTable<((u128, u128), V)>;
 
 /// The memo of one request. `V`: the verdict (filter) or raw score (prioritize).
 pub struct Memo<V> {
+    /// The pod shape's fingerprint (the key in [`MemoCache`]).
+    shape: u128,
     reads_devices: bool,
     reads_cpu: bool,
-    table: HashTable<((u128, u128), V)>,
+    table: Table<V>,
     lookups: u32,
     hits: u32,
-    enabled: bool,
     /// Nodes answered from the snapshot, memo or not (the metric's total).
     answered: u64,
 }
@@ -42,16 +56,16 @@ fn hash_of(key: &(u128, u128)) -> u64 {
 }
 
 impl<V: Clone + PartialEq + Debug> Memo<V> {
-    /// A memo for decisions that read the node's device facts (`reads_devices`) and/or its CPU
-    /// facts (`reads_cpu`).
-    pub fn new(reads_devices: bool, reads_cpu: bool) -> Self {
+    /// An empty memo for decisions that read the node's device facts (`reads_devices`) and/or
+    /// its CPU facts (`reads_cpu`), for pods of shape `shape`.
+    pub fn new(shape: u128, reads_devices: bool, reads_cpu: bool) -> Self {
         Memo {
+            shape,
             reads_devices,
             reads_cpu,
             table: HashTable::new(),
             lookups: 0,
             hits: 0,
-            enabled: true,
             answered: 0,
         }
     }
@@ -73,11 +87,8 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
     }
 
     /// The answer for a node with fingerprint `fingerprint`: a previous node's with the same
-    /// key, or `decide()`'s.
+    /// key (in this request or an earlier one of the same shape), or `decide()`'s.
     pub fn get_or_decide(&mut self, fingerprint: Fingerprint, decide: impl FnOnce() -> V) -> V {
-        if !self.enabled {
-            return decide();
-        }
         let key = (
             if self.reads_devices {
                 fingerprint.devices
@@ -101,18 +112,12 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
             return known;
         }
         let answer = decide();
-        if self.lookups >= PROBATION && self.hits < self.lookups / 8 {
-            // Mostly distinct nodes: stop paying for probes and inserts.
-            self.enabled = false;
-            self.table = HashTable::new();
-            return answer;
-        }
         self.table
             .insert_unique(hash, (key, answer.clone()), hash_of_entry);
         answer
     }
 
-    /// `(lookups, hits)` so far, counting only while the memo is on.
+    /// `(lookups, hits)` in this request.
     pub fn stats(&self) -> (u32, u32) {
         (self.lookups, self.hits)
     }
@@ -131,6 +136,88 @@ fn hash_of_entry<V>(entry: &((u128, u128), V)) -> u64 {
     hash_of(&entry.0)
 }
 
+/// The memos one verb keeps between requests: the tables of its [`SHAPES`] most recent pod
+/// shapes. A request takes its shape's table out ([`MemoCache::take`]) and gives it back when
+/// done ([`MemoCache::give_back`]); two concurrent requests of one shape each get a table, and
+/// the larger one is kept.
+pub struct MemoCache<V> {
+    /// Most recently used last.
+    shapes: Mutex<Vec<(u128, Table<V>)>>,
+}
+
+impl<V> Default for MemoCache<V> {
+    fn default() -> Self {
+        MemoCache {
+            shapes: Mutex::new(Vec::with_capacity(SHAPES + 1)),
+        }
+    }
+}
+
+impl<V: Clone + PartialEq + Debug> MemoCache<V> {
+    /// The memo for a request of shape `shape`: the shape's kept table, or an empty one.
+    pub fn take(&self, shape: u128, reads_devices: bool, reads_cpu: bool) -> Memo<V> {
+        let mut memo = Memo::new(shape, reads_devices, reads_cpu);
+        let mut shapes = self.shapes.lock();
+        if let Some(i) = shapes.iter().position(|(s, _)| *s == shape) {
+            memo.table = shapes.remove(i).1;
+        }
+        memo
+    }
+
+    /// Keeps `memo`'s table as its shape's, the most recently used, unless it holds more than
+    /// `limit` entries (then the shape starts empty next time).
+    pub fn give_back(&self, memo: Memo<V>, limit: usize) {
+        if memo.table.len() > limit {
+            return;
+        }
+        let mut shapes = self.shapes.lock();
+        if let Some(i) = shapes.iter().position(|(s, _)| *s == memo.shape) {
+            // A concurrent request of the same shape gave its table back first.
+            let (_, other) = shapes.remove(i);
+            if other.len() > memo.table.len() {
+                shapes.push((memo.shape, other));
+                return;
+            }
+        }
+        shapes.push((memo.shape, memo.table));
+        if shapes.len() > SHAPES {
+            shapes.remove(0);
+        }
+    }
+
+    /// Shapes kept (tests).
+    pub fn shapes(&self) -> usize {
+        self.shapes.lock().len()
+    }
+
+    /// Forgets every shape (benches measure a pod shape's first request with it).
+    pub fn clear(&self) {
+        self.shapes.lock().clear();
+    }
+}
+
+/// The verbs' memo caches, shared by every request.
+#[derive(Default)]
+pub struct ReadMemos {
+    pub filter: MemoCache<Option<Result<(), crate::placement::device::allocate::FitError>>>,
+    pub prioritize: MemoCache<Option<i64>>,
+}
+
+impl ReadMemos {
+    /// Forgets every shape of both verbs.
+    pub fn clear(&self) {
+        self.filter.clear();
+        self.prioritize.clear();
+    }
+}
+
+/// How many entries a shape's table may keep over a snapshot of `nodes` nodes: every node
+/// twice over (changed nodes leave their old fingerprints behind), and some room on small
+/// clusters.
+pub fn table_limit(nodes: usize) -> usize {
+    2 * nodes + 1024
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,7 +228,7 @@ mod tests {
 
     #[test]
     fn equal_keys_share_a_decision_and_only_the_read_parts_count() {
-        let mut memo = Memo::new(true, false);
+        let mut memo = Memo::new(0, true, false);
         let mut decided = 0;
         for cpu in 0..10u128 {
             let v = memo.get_or_decide(fp(7, cpu), || {
@@ -161,7 +248,7 @@ mod tests {
 
     #[test]
     fn both_parts_are_the_key_when_both_are_read() {
-        let mut memo = Memo::new(true, true);
+        let mut memo = Memo::new(0, true, true);
         assert_eq!(memo.get_or_decide(fp(1, 2), || 1), 1);
         assert_eq!(memo.get_or_decide(fp(1, 3), || 2), 2);
         assert_eq!(memo.get_or_decide(fp(2, 2), || 3), 3);
@@ -170,21 +257,81 @@ mod tests {
     }
 
     #[test]
-    fn distinct_nodes_switch_the_memo_off_after_probation() {
-        let mut memo = Memo::new(true, true);
-        for i in 0..u128::from(PROBATION) + 10 {
-            assert_eq!(memo.get_or_decide(fp(i, i), || i), i);
+    fn a_shape_remembers_answers_across_requests_and_shapes_do_not_mix() {
+        let cache = MemoCache::default();
+        let mut first = cache.take(1, true, true);
+        for i in 0..100u128 {
+            assert_eq!(first.get_or_decide(fp(i, i), || i), i);
         }
-        // Off after PROBATION lookups: later calls are not counted, and answers stay right.
-        assert_eq!(memo.stats(), (PROBATION, 0));
-        assert_eq!(memo.get_or_decide(fp(3, 3), || 99), 99);
+        assert_eq!(first.stats(), (100, 0));
+        cache.give_back(first, table_limit(100));
+        // The same shape again: every node answered from the first request.
+        let mut again = cache.take(1, true, true);
+        for i in 0..100u128 {
+            assert_eq!(again.get_or_decide(fp(i, i), || i), i);
+        }
+        assert_eq!(again.stats(), (100, 100));
+        cache.give_back(again, table_limit(100));
+        // Another shape starts empty: its answers are its own.
+        let mut other = cache.take(2, true, true);
+        assert_eq!(other.get_or_decide(fp(1, 1), || 7), 7);
+        assert_eq!(other.stats(), (1, 0));
+    }
+
+    #[test]
+    fn the_cache_keeps_the_most_recent_shapes_and_drops_oversized_tables() {
+        let cache = MemoCache::default();
+        for shape in 0..(SHAPES as u128 + 2) {
+            let mut memo = cache.take(shape, true, false);
+            memo.get_or_decide(fp(shape, 0), || shape);
+            cache.give_back(memo, 10);
+        }
+        assert_eq!(cache.shapes(), SHAPES);
+        // The oldest shapes were dropped: shape 0 starts empty, the newest does not.
+        assert_eq!(cache.take(0, true, false).stats(), (0, 0));
+        let newest_shape = SHAPES as u128 + 1;
+        let mut newest = cache.take(newest_shape, true, false);
+        newest.get_or_decide(fp(newest_shape, 0), || newest_shape);
+        assert_eq!(newest.stats(), (1, 1));
+        // A table over the limit is not kept.
+        let mut big = cache.take(99, true, false);
+        for i in 0..11u128 {
+            big.get_or_decide(fp(i, 0), || i);
+        }
+        cache.give_back(big, 10);
+        let mut fresh = cache.take(99, true, false);
+        fresh.get_or_decide(fp(0, 0), || 0);
+        assert_eq!(fresh.stats(), (1, 0));
+    }
+
+    #[test]
+    fn of_two_concurrent_requests_of_a_shape_the_larger_table_is_kept() {
+        let cache = MemoCache::default();
+        let mut a = cache.take(5, true, false);
+        let mut b = cache.take(5, true, false);
+        for i in 0..3u128 {
+            a.get_or_decide(fp(i, 0), || i);
+        }
+        b.get_or_decide(fp(9, 0), || 9);
+        cache.give_back(a, 100);
+        cache.give_back(b, 100);
+        let mut next = cache.take(5, true, false);
+        for i in 0..3u128 {
+            next.get_or_decide(fp(i, 0), || i);
+        }
+        assert_eq!(next.stats(), (3, 3));
+        assert_eq!(
+            cache.shapes(),
+            0,
+            "the table is out while a request holds it"
+        );
     }
 
     #[test]
     #[cfg(debug_assertions)]
     #[should_panic(expected = "equal fingerprints")]
     fn debug_builds_catch_a_key_that_misses_what_the_decision_reads() {
-        let mut memo = Memo::new(true, false);
+        let mut memo = Memo::new(0, true, false);
         memo.get_or_decide(fp(1, 1), || 1);
         memo.get_or_decide(fp(1, 2), || 2);
     }

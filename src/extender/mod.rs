@@ -61,6 +61,8 @@ pub struct AppState {
     pub binder: Arc<Binder>,
     pub scoring: Arc<ScoringConfig>,
     pub body_limit: usize,
+    /// Filter's and prioritize's verdict memos, kept between requests of one pod shape.
+    pub memos: Arc<memo::ReadMemos>,
 }
 
 /// Normalises a user-supplied prefix: `gpu/` → `/gpu`, `/` → ``.

@@ -22,11 +22,12 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use super::AppState;
-use super::memo::Memo;
+use super::memo::table_limit;
 use super::wire::{
     ExtenderArgsRef, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
     FailedNodesMap, HostPriority, MetaPod, MetaVictims, NodeList,
 };
+use crate::cluster::snapshot::hash128;
 use crate::fit::{self, PodNeeds};
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
@@ -107,9 +108,14 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
                 .as_ref()
                 .and_then(|req| FastRequest::new(req, &state.scoring));
             // One snapshot for the whole request: no node lock, no allocation per node; one
-            // decision per distinct node state.
+            // decision per distinct node state that no earlier request of this pod shape
+            // decided (`memo`).
             let snapshot = state.cluster.read_snapshot();
-            let mut memo = Memo::new(needs.devices.is_some(), needs.cpu.is_some());
+            let mut memo = state.memos.filter.take(
+                hash128(&needs),
+                needs.devices.is_some(),
+                needs.cpu.is_some(),
+            );
             let mut passing = Vec::with_capacity(candidates.len());
             // Rejections are collected, then sorted into the maps at once: candidate lists
             // usually come sorted, which makes that one linear pass.
@@ -129,6 +135,10 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
             failed = BTreeMap::from_iter(rejected);
             unresolvable = BTreeMap::from_iter(hopeless);
             memo.record(&state.metrics, "filter");
+            state
+                .memos
+                .filter
+                .give_back(memo, table_limit(snapshot.len()));
             result = if passing.is_empty() {
                 "fits_nowhere"
             } else {
@@ -237,7 +247,11 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
         .and_then(|req| FastRequest::new(req, &state.scoring));
     let cpu_req = needs.cpu.as_ref().filter(|_| needs.wants_cpu_placement());
     let snapshot = state.cluster.read_snapshot();
-    let mut memo = Memo::new(needs.devices.is_some(), cpu_req.is_some());
+    let mut memo =
+        state
+            .memos
+            .prioritize
+            .take(hash128(&needs), needs.devices.is_some(), cpu_req.is_some());
     let raw: Vec<i64> = names
         .iter()
         .map(|name| {
@@ -252,6 +266,10 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
         })
         .collect();
     memo.record(&state.metrics, "prioritize");
+    state
+        .memos
+        .prioritize
+        .give_back(memo, table_limit(snapshot.len()));
     names
         .into_iter()
         .zip(normalize_scores(&raw))

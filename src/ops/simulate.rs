@@ -209,6 +209,7 @@ pub async fn simulate(
         binder,
         scoring,
         body_limit: usize::MAX,
+        memos: Default::default(),
     };
     let before = cluster_view(&state.cluster, &[]).summary;
 

@@ -1,7 +1,9 @@
 //! Property: filter and prioritize over many candidates, which decide once per distinct node
 //! state (`extender::memo`), answer every node exactly as a request naming that node alone,
-//! which decides it afresh. Clusters are drawn from a few node templates, so most nodes share
-//! a state with another and the memo is hit; a few nodes are unique.
+//! which decides it afresh (on a state whose memo caches are empty). Clusters are drawn from a
+//! few node templates, so most nodes share a state with another and the memo is hit; a few
+//! nodes are unique. The same request again is answered wholly from the memo the first one
+//! left (the pod shape's), with the same verdicts.
 //!
 //! Prioritize scores are scaled against the best candidate, so they are checked differently:
 //! every memo hit is decided again and compared inside the service in debug builds (which this
@@ -188,6 +190,7 @@ fn state_of(nodes: &[(String, Template)]) -> AppState {
         binder,
         scoring,
         body_limit: usize::MAX,
+        memos: Default::default(),
     }
 }
 
@@ -286,9 +289,15 @@ proptest! {
 
         let together = filter_verdicts(&state, &pod, &names);
         for (i, name) in names.iter().enumerate() {
-            let alone = filter_verdicts(&state, &pod, &[name]);
+            // Empty memo caches: the node is decided, not recalled from `together`.
+            let afresh = AppState { memos: Default::default(), ..state.clone() };
+            let alone = filter_verdicts(&afresh, &pod, &[name]);
             prop_assert_eq!(&together[i], &alone[0], "node {}", name);
         }
+        // The same pod again: every node recalled from the first request, same verdicts.
+        let hits_before = memo_hits(&state, "filter");
+        prop_assert_eq!(&filter_verdicts(&state, &pod, &names), &together);
+        prop_assert_eq!(memo_hits(&state, "filter") - hits_before, names.len() as u64);
         // Nodes of one template share a state, so the memo answered all but one of each.
         let templates_used: std::collections::BTreeSet<usize> =
             nodes.iter().map(|(_, _, k)| *k).collect();

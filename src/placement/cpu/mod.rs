@@ -231,7 +231,7 @@ pub struct NodeCpuView<'a> {
 }
 
 /// A pod's cpuset wish, from its QoS class and `resource-spec` (node-independent part).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CpusetWish {
     pub policy: CpuBindPolicy,
     /// `requiredCPUBindPolicy` was set: the policy is a constraint, not a preference.
@@ -240,7 +240,7 @@ pub struct CpusetWish {
 }
 
 /// A pod's CPU/NUMA request, independent of any node (the output of classification).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub struct PodCpuRequest {
     /// Effective pod cpu request in millicores (Kubernetes `PodRequests`).
     pub cpu_milli: i64,

@@ -25,7 +25,7 @@ use crate::model::quantity::Quantity;
 pub const MAX_DEVICES_PER_TYPE: i64 = 1024;
 
 /// What a pod needs of one device type.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct DeviceTypeRequest {
     /// The normalised per-pod request (koordinator's converted requests, `gpu.shared` included).
     pub total: DeviceResources,
@@ -38,13 +38,13 @@ pub struct DeviceTypeRequest {
 }
 
 /// `device-joint-allocate` `requiredScope`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum JointScope {
     /// Secondary devices must sit on exactly the primary's PCIe switches.
     SamePcie,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct JointAllocate {
     /// Requested types in annotation order; the first is the primary.
     pub device_types: Vec<DeviceType>,
@@ -53,7 +53,7 @@ pub struct JointAllocate {
 }
 
 /// A pod's device needs, per type (only types the pod requests).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PodDeviceRequest {
     pub types: BTreeMap<DeviceType, DeviceTypeRequest>,
     pub joint: Option<JointAllocate>,
