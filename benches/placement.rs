@@ -14,7 +14,8 @@
 //! `PLACEMENT_NUMA_ONLY=1 cargo bench --bench placement -- numa`.
 //!
 //! `PLACEMENT_CLUSTER=distinct` runs everything on a cluster where no two nodes share a state
-//! (the per-request memo's worst case); `--bench none` skips criterion, leaving percentiles.
+//! (the per-request memo's worst case); `--bench none` skips criterion, leaving percentiles;
+//! `PLACEMENT_CASES` (comma-separated case labels) picks the percentile cases.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -258,7 +259,11 @@ fn benches(c: &mut Criterion, state: &AppState, rt: &tokio::runtime::Runtime) {
     g.sample_size(30)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
-    for case in Case::ALL {
+    // PLACEMENT_CASES=shared_gpu,gpu_cpuset_8 picks cases (by label; default all).
+    let picked = |case: &Case| {
+        std::env::var("PLACEMENT_CASES").map_or(true, |v| v.split(',').any(|c| c == case.label()))
+    };
+    for case in Case::ALL.into_iter().filter(picked) {
         let body = extender_body(case, NODES);
         let ans = answers(state, &body);
         g.throughput(Throughput::Elements(NODES as u64));
@@ -490,7 +495,11 @@ fn percentiles(state: &AppState, rt: &tokio::runtime::Runtime) {
     println!("\n== placement percentiles, {NODES} nodes x 8 GPUs, names mode, library level ==");
     println!("{}", common::machine());
     println!("(filter+prioritize = decode + decide + serialize, both verbs, one pod)");
-    for case in Case::ALL {
+    // PLACEMENT_CASES=shared_gpu,gpu_cpuset_8 picks cases (by label; default all).
+    let picked = |case: &Case| {
+        std::env::var("PLACEMENT_CASES").map_or(true, |v| v.split(',').any(|c| c == case.label()))
+    };
+    for case in Case::ALL.into_iter().filter(picked) {
         let body = extender_body(case, NODES);
         let ans = answers(state, &body);
         let passing = ans.filter.node_names.as_ref().map_or(0, Vec::len);
