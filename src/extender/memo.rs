@@ -21,6 +21,19 @@
 //! In debug builds every hit is decided again and compared, so every test that runs filter or
 //! prioritize also checks that the key covers what the decision reads.
 //!
+//! What can interleave, and the test that covers it:
+//! - a publish (sync event, bind) between two requests of one shape: the changed node's new
+//!   fingerprint misses and is decided afresh
+//!   (`gpu::verbs::a_filter_right_after_a_bind_sees_its_allocation` repeats one pod around a
+//!   bind; every hit in a debug build is also decided again and compared, in every test);
+//! - a publish during a request: the request reads the one snapshot it loaded, whose facts and
+//!   fingerprints were published together, so what it remembers is true of those facts;
+//! - two concurrent requests of one shape: each takes its own table, the larger is kept
+//!   (`of_two_concurrent_requests_of_a_shape_the_larger_table_is_kept`);
+//! - requests of different shapes: never share a table
+//!   (`a_shape_remembers_answers_across_requests_and_shapes_do_not_mix`; a mutation that
+//!   ignores the shape fails six integration tests through the debug check).
+//!
 //! This module owns the memo tables only: no placement logic, no I/O; its one lock is held
 //! to take a table out and put it back, never while deciding.
 
