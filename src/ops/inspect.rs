@@ -131,7 +131,7 @@ pub fn select(cluster: &ClusterState, nodes: &[String]) -> Result<ClusterView, O
     }
 }
 
-/// Colour only for a terminal, and never with `NO_COLOR` set (https://no-color.org).
+/// Colour only for a terminal, and never with `NO_COLOR` set (<https://no-color.org>).
 pub fn use_color(stream_is_terminal: bool) -> bool {
     stream_is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }

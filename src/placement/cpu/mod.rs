@@ -2,7 +2,7 @@
 //! the view types placement decides on, and (in submodules) the cpuset accumulator, the NUMA
 //! split, hint generation and merge, and the NUMA policies.
 //!
-//! Entry points: [`place`] (one pod on one node: cpuset, NUMA shares, device affinity, score),
+//! Entry points: [`place()`] (one pod on one node: cpuset, NUMA shares, device affinity, score),
 //! [`score_or_zero`] for prioritize, and the filter fast path [`CpuSummary`] +
 //! [`fast_feasible`] / [`fast_score`], held equal to `place` by a property test.
 //!

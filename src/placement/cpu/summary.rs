@@ -1,5 +1,5 @@
 //! [`CpuSummary`]: a fixed-size per-node CPU summary for filter at cluster scale, and
-//! [`fast_feasible`], which answers "does this pod fit" from it exactly as [`super::place`]
+//! [`fast_feasible`], which answers "does this pod fit" from it exactly as [`super::place()`]
 //! would, without building a cpuset.
 //!
 //! The summary is the node's [`NumaStats`] (per NUMA: free CPUs, free whole-core CPUs, free
@@ -9,7 +9,7 @@
 //!
 //! Exactness rests on two facts proved in `hints` and `split`: the NUMA split succeeds exactly
 //! when a mask's availabilities cover the need, and the accumulator always fills a need from
-//! a pool that holds it. The only case left to [`super::place`] is device alignment (the
+//! a pool that holds it. The only case left to [`super::place()`] is device alignment (the
 //! device callback needs the device ledger), for which `fast_feasible` returns `None`. A
 //! property test holds the two equal on generated nodes.
 
