@@ -127,9 +127,17 @@ pub struct NodeView<'a> {
 pub struct Found<'a> {
     chunk: &'a Chunk,
     pos: usize,
+    index: usize,
 }
 
 impl<'a> Found<'a> {
+    /// The node's dense index: stable for as long as the snapshot's name map keeps its
+    /// [`Snapshot::generation`].
+    #[inline]
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
     #[inline]
     pub fn fingerprint(&self) -> Fingerprint {
         self.chunk.fingerprints[self.pos]
@@ -408,6 +416,9 @@ impl Chunk {
 /// few dozen KiB of cache instead of chasing one heap key per candidate.
 #[derive(Clone, Debug, Default)]
 struct Names {
+    /// Which name → index mapping this is: a new one for every rebuild, which may give names
+    /// other indices; kept by appends, which only add indices.
+    generation: u64,
     hasher: ahash::RandomState,
     table: hashbrown::HashTable<u32>,
     arena: String,
@@ -471,13 +482,23 @@ impl Snapshot {
     pub fn find(&self, name: &str) -> Option<Found<'_>> {
         let i = self.names.get(name)? as usize;
         let (chunk, pos) = (&*self.chunks[i / CHUNK], i % CHUNK);
-        (chunk.present & (1 << pos) != 0).then_some(Found { chunk, pos })
+        (chunk.present & (1 << pos) != 0).then_some(Found {
+            chunk,
+            pos,
+            index: i,
+        })
     }
 
     /// The owned facts of `name` (tests compare them with a rebuild).
     pub fn summary(&self, name: &str) -> Option<NodeSummary> {
         let i = self.names.get(name)? as usize;
         self.summary_at(i)
+    }
+
+    /// The name → index mapping's generation: [`Found::index`]es of two snapshots with the
+    /// same generation name the same nodes.
+    pub fn generation(&self) -> u64 {
+        self.names.generation
     }
 
     /// How many nodes the snapshot holds.
@@ -499,7 +520,11 @@ impl Snapshot {
 
     /// A snapshot of exactly `nodes` (name, version, facts), indices in the given order.
     fn from_nodes(nodes: Vec<(Arc<str>, u64, NodeSummary)>) -> Snapshot {
-        let mut names = Names::default();
+        static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let mut names = Names {
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
+            ..Names::default()
+        };
         let mut chunks = Vec::with_capacity(nodes.len().div_ceil(CHUNK));
         let mut chunk = Chunk::new();
         for (i, (name, version, summary)) in nodes.into_iter().enumerate() {
