@@ -20,8 +20,9 @@
 //! it had in the last request of the shape), then to the table of all keys. On a fleet of
 //! distinct nodes the table holds one entry per node, and probing it at random cost more than
 //! reading the slots in candidate order (library bench, warm, distinct nodes: 1.61–1.67× →
-//! 1.34–1.47× of decode+encode). Slots are indexed by the snapshot's name map and dropped
-//! when a rebuild gives it a new generation.
+//! 1.34–1.47× of decode+encode). Slots are filled only once the table outgrows
+//! [`SMALL_TABLE`] keys: a small table answers from cache as fast. Slots are indexed by the
+//! snapshot's name map and dropped when a rebuild gives it a new generation.
 //!
 //! Bounds: [`SHAPES`] shapes per verb, least recently used dropped; a shape's table is
 //! emptied when it outgrows its limit (stale fingerprints of changed nodes pile up).
@@ -53,6 +54,11 @@ use crate::cluster::snapshot::{Fingerprint, Found, NodeView};
 
 /// Pod shapes whose memo a verb keeps between requests.
 pub const SHAPES: usize = 4;
+
+/// Up to this many keys a memo answers from its table alone, without per-node slots. Debug
+/// builds (every test) always fill slots, so the slot path, the more intricate one, is what
+/// the tests' small clusters exercise and check.
+const SMALL_TABLE: usize = if cfg!(debug_assertions) { 0 } else { 256 };
 
 /// A memo table: `(device key, CPU key)` to the answer.
 type Table<V> = HashTable<((u128, u128), V)>;
@@ -130,10 +136,14 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
             return known;
         }
         let answer = self.by_key(key, || decide(Some(found.view())));
-        if self.by_index.len() <= i {
-            self.by_index.resize_with(i + 1, || None);
+        // A small table stays in cache and answers as fast as a slot: filling slots would only
+        // cost (a request over a periodic fleet would write every node's slot, every time).
+        if self.table.len() > SMALL_TABLE {
+            if self.by_index.len() <= i {
+                self.by_index.resize_with(i + 1, || None);
+            }
+            self.by_index[i] = Some((key, answer.clone()));
         }
-        self.by_index[i] = Some((key, answer.clone()));
         answer
     }
 
