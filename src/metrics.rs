@@ -36,7 +36,8 @@ pub struct Metrics {
     /// Filter: requests by what they found (`fits`, `fits_nowhere`, `pass_through`, `invalid_request`).
     pub filter_results: IntCounterVec,
     /// Filter and prioritize: candidate nodes answered from the read snapshot, by `verb` and
-    /// `how` (`decided`, or `memo`: another candidate of the same request had equal facts).
+    /// `how` (`decided`, or `memo`: a candidate with equal facts was decided for the same pod
+    /// shape, in this request or a recent one).
     pub read_decisions: IntCounterVec,
     pub assumed_expired: IntCounter,
     /// Assumed allocations released, by path: `relist`, `probe`, `retry`, `ttl`.

@@ -131,8 +131,8 @@ pub struct Found<'a> {
 }
 
 impl<'a> Found<'a> {
-    /// The node's dense index: stable for as long as the snapshot's name map keeps its
-    /// [`Snapshot::generation`].
+    /// The node's dense index in the snapshot's name map (a rebuild of the map, after node
+    /// churn, may give it to another node).
     #[inline]
     pub fn index(&self) -> usize {
         self.index
@@ -152,9 +152,10 @@ impl<'a> Found<'a> {
 }
 
 /// 128-bit fingerprints of a node's device facts (with its groups and sums) and of its CPU
-/// facts, taken when the facts are published. Within one request, filter and prioritize
-/// decide once per distinct fingerprint of what the pod's decision reads
-/// (`extender::memo`), because a node's verdict is a function of its facts alone.
+/// facts, taken when the facts are published. Filter and prioritize decide once per distinct
+/// fingerprint of what the pod's decision reads, within a request and across the requests of
+/// one pod shape (`extender::memo`), because a node's verdict is a function of its facts
+/// alone.
 ///
 /// Equal facts always have equal fingerprints (derived `Hash` over every field the views
 /// expose). Unequal facts collide with probability ~2⁻¹²⁸ per pair: two independently keyed
@@ -416,9 +417,6 @@ impl Chunk {
 /// few dozen KiB of cache instead of chasing one heap key per candidate.
 #[derive(Clone, Debug, Default)]
 struct Names {
-    /// Which name → index mapping this is: a new one for every rebuild, which may give names
-    /// other indices; kept by appends, which only add indices.
-    generation: u64,
     hasher: ahash::RandomState,
     table: hashbrown::HashTable<u32>,
     arena: String,
@@ -495,12 +493,6 @@ impl Snapshot {
         self.summary_at(i)
     }
 
-    /// The name → index mapping's generation: [`Found::index`]es of two snapshots with the
-    /// same generation name the same nodes.
-    pub fn generation(&self) -> u64 {
-        self.names.generation
-    }
-
     /// How many nodes the snapshot holds.
     pub fn len(&self) -> usize {
         self.names.len() - self.removed
@@ -520,11 +512,7 @@ impl Snapshot {
 
     /// A snapshot of exactly `nodes` (name, version, facts), indices in the given order.
     fn from_nodes(nodes: Vec<(Arc<str>, u64, NodeSummary)>) -> Snapshot {
-        static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let mut names = Names {
-            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
-            ..Names::default()
-        };
+        let mut names = Names::default();
         let mut chunks = Vec::with_capacity(nodes.len().div_ceil(CHUNK));
         let mut chunk = Chunk::new();
         for (i, (name, version, summary)) in nodes.into_iter().enumerate() {

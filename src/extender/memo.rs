@@ -21,8 +21,10 @@
 //! distinct nodes the table holds one entry per node, and probing it at random cost more than
 //! reading the slots in candidate order (library bench, warm, distinct nodes: 1.61–1.67× →
 //! 1.34–1.47× of decode+encode). Slots are filled only once the table outgrows
-//! [`SMALL_TABLE`] keys: a small table answers from cache as fast. Slots are indexed by the
-//! snapshot's name map and dropped when a rebuild gives it a new generation.
+//! [`SMALL_TABLE`] keys: a small table answers from cache as fast. A slot is only a hint of
+//! where to look: it answers only a node whose key equals the one it stores, and the answer
+//! is a function of the key, so a slot stays right even when a rebuild of the snapshot's name
+//! map gives its index to another node (that node's key differs, or its answer is the same).
 //!
 //! Bounds: [`SHAPES`] shapes per verb, least recently used dropped; a shape's table is
 //! emptied when it outgrows its limit (stale fingerprints of changed nodes pile up).
@@ -77,8 +79,6 @@ pub struct Memo<V> {
     /// shape is answered by reading its own slot (candidates mostly come in index order, so
     /// these reads are sequential), not by a random probe into a table of every node state.
     by_index: ByIndex<V>,
-    /// The name map generation (`Snapshot::generation`) `by_index` is indexed by.
-    generation: u64,
     lookups: u32,
     hits: u32,
     /// Nodes answered from the snapshot, memo or not (the metric's total).
@@ -100,7 +100,6 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
             reads_cpu,
             table: HashTable::new(),
             by_index: Vec::new(),
-            generation: 0,
             lookups: 0,
             hits: 0,
             answered: 0,
@@ -123,17 +122,8 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
         if let Some(Some((known_key, known))) = self.by_index.get(i)
             && *known_key == key
         {
-            self.lookups += 1;
-            self.hits += 1;
             let known = known.clone();
-            if cfg!(debug_assertions) {
-                assert_eq!(
-                    known,
-                    decide(Some(found.view())),
-                    "a node whose fingerprint did not change got a different answer"
-                );
-            }
-            return known;
+            return self.recalled(known, || decide(Some(found.view())));
         }
         let answer = self.by_key(key, || decide(Some(found.view())));
         // A small table stays in cache and answers as fast as a slot: filling slots would only
@@ -167,23 +157,30 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
 
     fn by_key(&mut self, key: (u128, u128), decide: impl FnOnce() -> V) -> V {
         let hash = hash_of(&key);
-        self.lookups += 1;
         if let Some((_, known)) = self.table.find(hash, |(k, _)| *k == key) {
-            self.hits += 1;
             let known = known.clone();
-            if cfg!(debug_assertions) {
-                assert_eq!(
-                    known,
-                    decide(),
-                    "nodes with equal fingerprints got different answers"
-                );
-            }
-            return known;
+            return self.recalled(known, decide);
         }
+        self.lookups += 1;
         let answer = decide();
         self.table
             .insert_unique(hash, (key, answer.clone()), hash_of_entry);
         answer
+    }
+
+    /// Counts a remembered answer, and in debug builds decides again and compares: every test
+    /// that repeats a decision checks that the key covers what the decision reads.
+    fn recalled(&mut self, known: V, decide: impl FnOnce() -> V) -> V {
+        self.lookups += 1;
+        self.hits += 1;
+        if cfg!(debug_assertions) {
+            assert_eq!(
+                known,
+                decide(),
+                "nodes with equal fingerprints got different answers"
+            );
+        }
+        known
     }
 
     /// `(lookups, hits)` in this request.
@@ -219,7 +216,6 @@ struct Kept<V> {
     shape: u128,
     table: Table<V>,
     by_index: ByIndex<V>,
-    generation: u64,
 }
 
 impl<V> Default for MemoCache<V> {
@@ -231,26 +227,17 @@ impl<V> Default for MemoCache<V> {
 }
 
 impl<V: Clone + PartialEq + Debug> MemoCache<V> {
-    /// The memo for a request of shape `shape` over a snapshot whose name map has generation
-    /// `generation`: the shape's kept memo (its per-index part only if the generation is the
-    /// same), or an empty one.
-    pub fn take(
-        &self,
-        shape: u128,
-        reads_devices: bool,
-        reads_cpu: bool,
-        generation: u64,
-    ) -> Memo<V> {
+    /// The memo for a request of shape `shape`: the shape's kept memo, or an empty one.
+    pub fn take(&self, shape: u128, reads_devices: bool, reads_cpu: bool) -> Memo<V> {
         let mut memo = Memo::new(shape, reads_devices, reads_cpu);
-        memo.generation = generation;
-        let mut shapes = self.shapes.lock();
-        if let Some(i) = shapes.iter().position(|k| k.shape == shape) {
-            let kept = shapes.remove(i);
-            drop(shapes);
+        let kept = {
+            let mut shapes = self.shapes.lock();
+            let i = shapes.iter().position(|k| k.shape == shape);
+            i.map(|i| shapes.remove(i))
+        };
+        if let Some(kept) = kept {
             memo.table = kept.table;
-            if kept.generation == generation {
-                memo.by_index = kept.by_index;
-            }
+            memo.by_index = kept.by_index;
         }
         memo
     }
@@ -265,7 +252,6 @@ impl<V: Clone + PartialEq + Debug> MemoCache<V> {
             shape: memo.shape,
             table: memo.table,
             by_index: memo.by_index,
-            generation: memo.generation,
         };
         let mut shapes = self.shapes.lock();
         if let Some(i) = shapes.iter().position(|k| k.shape == kept.shape) {
@@ -356,21 +342,21 @@ mod tests {
     #[test]
     fn a_shape_remembers_answers_across_requests_and_shapes_do_not_mix() {
         let cache = MemoCache::default();
-        let mut first = cache.take(1, true, true, 0);
+        let mut first = cache.take(1, true, true);
         for i in 0..100u128 {
             assert_eq!(first.get_or_decide(fp(i, i), || i), i);
         }
         assert_eq!(first.stats(), (100, 0));
         cache.give_back(first, table_limit(100));
         // The same shape again: every node answered from the first request.
-        let mut again = cache.take(1, true, true, 0);
+        let mut again = cache.take(1, true, true);
         for i in 0..100u128 {
             assert_eq!(again.get_or_decide(fp(i, i), || i), i);
         }
         assert_eq!(again.stats(), (100, 100));
         cache.give_back(again, table_limit(100));
         // Another shape starts empty: its answers are its own.
-        let mut other = cache.take(2, true, true, 0);
+        let mut other = cache.take(2, true, true);
         assert_eq!(other.get_or_decide(fp(1, 1), || 7), 7);
         assert_eq!(other.stats(), (1, 0));
     }
@@ -379,24 +365,24 @@ mod tests {
     fn the_cache_keeps_the_most_recent_shapes_and_drops_oversized_tables() {
         let cache = MemoCache::default();
         for shape in 0..(SHAPES as u128 + 2) {
-            let mut memo = cache.take(shape, true, false, 0);
+            let mut memo = cache.take(shape, true, false);
             memo.get_or_decide(fp(shape, 0), || shape);
             cache.give_back(memo, 10);
         }
         assert_eq!(cache.shapes(), SHAPES);
         // The oldest shapes were dropped: shape 0 starts empty, the newest does not.
-        assert_eq!(cache.take(0, true, false, 0).stats(), (0, 0));
+        assert_eq!(cache.take(0, true, false).stats(), (0, 0));
         let newest_shape = SHAPES as u128 + 1;
-        let mut newest = cache.take(newest_shape, true, false, 0);
+        let mut newest = cache.take(newest_shape, true, false);
         newest.get_or_decide(fp(newest_shape, 0), || newest_shape);
         assert_eq!(newest.stats(), (1, 1));
         // A table over the limit is not kept.
-        let mut big = cache.take(99, true, false, 0);
+        let mut big = cache.take(99, true, false);
         for i in 0..11u128 {
             big.get_or_decide(fp(i, 0), || i);
         }
         cache.give_back(big, 10);
-        let mut fresh = cache.take(99, true, false, 0);
+        let mut fresh = cache.take(99, true, false);
         fresh.get_or_decide(fp(0, 0), || 0);
         assert_eq!(fresh.stats(), (1, 0));
     }
@@ -404,15 +390,15 @@ mod tests {
     #[test]
     fn of_two_concurrent_requests_of_a_shape_the_larger_table_is_kept() {
         let cache = MemoCache::default();
-        let mut a = cache.take(5, true, false, 0);
-        let mut b = cache.take(5, true, false, 0);
+        let mut a = cache.take(5, true, false);
+        let mut b = cache.take(5, true, false);
         for i in 0..3u128 {
             a.get_or_decide(fp(i, 0), || i);
         }
         b.get_or_decide(fp(9, 0), || 9);
         cache.give_back(a, 100);
         cache.give_back(b, 100);
-        let mut next = cache.take(5, true, false, 0);
+        let mut next = cache.take(5, true, false);
         for i in 0..3u128 {
             next.get_or_decide(fp(i, 0), || i);
         }

@@ -115,7 +115,6 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
                 hash128(&needs),
                 needs.devices.is_some(),
                 needs.cpu.is_some(),
-                snapshot.generation(),
             );
             let mut passing = Vec::with_capacity(candidates.len());
             // Rejections are collected, then sorted into the maps at once: candidate lists
@@ -248,12 +247,11 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
         .and_then(|req| FastRequest::new(req, &state.scoring));
     let cpu_req = needs.cpu.as_ref().filter(|_| needs.wants_cpu_placement());
     let snapshot = state.cluster.read_snapshot();
-    let mut memo = state.memos.prioritize.take(
-        hash128(&needs),
-        needs.devices.is_some(),
-        cpu_req.is_some(),
-        snapshot.generation(),
-    );
+    let mut memo =
+        state
+            .memos
+            .prioritize
+            .take(hash128(&needs), needs.devices.is_some(), cpu_req.is_some());
     let raw: Vec<i64> = names
         .iter()
         .map(|name| {

@@ -280,8 +280,8 @@ impl Serialize for RawNode {
     }
 }
 
-/// node name -> reason; the names borrow from the request like the candidates they were.
-/// Node name → reason. Reasons are mostly static text, so a rejection does not allocate.
+/// Node name → reason. The names borrow from the request like the candidates they were;
+/// reasons are mostly static text, so a rejection does not allocate.
 pub type FailedNodesMap<'a> = BTreeMap<Cow<'a, str>, Cow<'static, str>>;
 
 /// Response of `filter`.
