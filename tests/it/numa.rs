@@ -392,7 +392,12 @@ async fn restart_rebuilds_the_same_cpu_ledger_and_a_relist_frees_a_deleted_pods_
         "r1's cpus {r1:?} free again, held now {now:?}"
     );
     assert_eq!(now.len(), 8);
-    // And a new pod can take them.
+    // And a new pod can take them, once binds are allowed again: the watch gap fenced the pod
+    // cache, and a relist begun after the latest fence must lift it. `/readyz` can already
+    // say "synced" from an earlier relist when a later watch error fenced again (seen once in
+    // CI: the bind was refused with "retry shortly", which is kube-scheduler's cue to retry).
+    let readiness = env.svc.state.readiness.clone();
+    service::eventually(WAIT, "the pod fence lifted", || readiness.pods_current()).await;
     let next = lsr_pod("r3", 4, json!({}));
     fake.create(Kind::Pod, next.clone()).unwrap();
     env.bind(&next, "n").await.expect("freed CPUs are bindable");
