@@ -282,8 +282,22 @@ impl Case {
 }
 
 /// The names-mode filter/prioritize body for `case` over the first `nodes` nodes.
+///
+/// Candidates come in the cluster's listing order, as a single-zone kube-scheduler hands them
+/// over. `BENCH_CANDIDATE_ORDER=strided` sends them in a stride permutation instead (node
+/// `i * 7919 mod n`): no candidate follows its predecessor in the listing, the worst case for
+/// the service's in-order name resolution (`cluster::snapshot::Finder`).
 pub fn extender_body(case: Case, nodes: usize) -> Vec<u8> {
-    let names: Vec<String> = (0..nodes).map(node_name).collect();
+    let strided = std::env::var("BENCH_CANDIDATE_ORDER").is_ok_and(|v| v == "strided");
+    // 7919 is prime and larger than 1, so for any `nodes` it does not divide, `i * 7919 mod
+    // nodes` visits every index once.
+    assert!(
+        !strided || !nodes.is_multiple_of(7919),
+        "stride must be coprime with {nodes}"
+    );
+    let names: Vec<String> = (0..nodes)
+        .map(|i| node_name(if strided { i * 7919 % nodes } else { i }))
+        .collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let pod = case.pending_pod("pending", "uid-pending");
     serde_json::to_vec(&service::extender_args(&pod, &names)).expect("serialize body")

@@ -431,11 +431,17 @@ impl Names {
     fn get(&self, name: &str) -> Option<u32> {
         let hash = self.hasher.hash_one(name);
         self.table
-            .find(hash, |&i| {
-                let (offset, len) = self.spans[i as usize];
-                &self.arena[offset as usize..(offset + len) as usize] == name
-            })
+            .find(hash, |&i| self.holds(i as usize, name))
             .copied()
+    }
+
+    /// Whether index `i` holds `name`: one comparison against the arena, no hash.
+    #[inline]
+    fn holds(&self, i: usize, name: &str) -> bool {
+        self.spans.get(i).is_some_and(|&(offset, len)| {
+            let stored = &self.arena.as_bytes()[offset as usize..(offset + len) as usize];
+            same_name(stored, name.as_bytes())
+        })
     }
 
     fn len(&self) -> usize {
@@ -459,6 +465,68 @@ impl Names {
     }
 }
 
+/// Resolves the candidate names of one request, in the request's order.
+///
+/// Indices follow the order in which this service first listed the nodes (the API server's:
+/// by name). kube-scheduler builds its own node list from the same listing and hands its
+/// candidates over in that list's order within a zone, in runs of consecutive nodes (its
+/// parallel filter works through chunks of the list). So while candidates come in order, each
+/// name is first compared with the name at the index after the last one resolved, and hashed
+/// only when that guess is wrong: one short comparison where the hash and probe cost a cache
+/// miss. Once two guesses in a row were wrong (zones interleaved, or any other order), it stops
+/// guessing, because a guess also makes each lookup wait for the one before it; it guesses
+/// again as soon as a hashed name turns out to be the next index. The answers are the same for
+/// any order: names are unique, so the name at the guessed index is the one the hash would
+/// find (debug builds check it).
+pub struct Finder<'s> {
+    snapshot: &'s Snapshot,
+    next: usize,
+    /// Wrong guesses in a row (in-order names reset it).
+    misses: u8,
+}
+
+impl<'s> Finder<'s> {
+    /// Wrong guesses in a row after which `find` stops guessing.
+    const GIVE_UP: u8 = 2;
+
+    /// The node called `name`, like [`Snapshot::find`].
+    #[inline]
+    pub fn find(&mut self, name: &str) -> Option<Found<'s>> {
+        let names = &self.snapshot.names;
+        let i = if self.misses < Self::GIVE_UP && names.holds(self.next, name) {
+            debug_assert_eq!(names.get(name), Some(self.next as u32));
+            self.misses = 0;
+            self.next
+        } else {
+            let i = names.get(name)? as usize;
+            self.misses = if i == self.next {
+                0
+            } else {
+                self.misses.saturating_add(1)
+            };
+            i
+        };
+        self.next = i + 1;
+        self.snapshot.found_at(i)
+    }
+}
+
+/// `a == b`, deciding most unequal node names without a `memcmp` call: names of one fleet
+/// share their prefix and length ("gpu-node-01234"), so their last 8 bytes are compared first,
+/// as one integer.
+#[inline]
+fn same_name(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    if let (Some(a_tail), Some(b_tail)) = (a.last_chunk::<8>(), b.last_chunk::<8>())
+        && a_tail != b_tail
+    {
+        return false;
+    }
+    a == b
+}
+
 /// One immutable, cluster-wide read view.
 #[derive(Debug, Default)]
 pub struct Snapshot {
@@ -478,7 +546,20 @@ impl Snapshot {
     /// The node called `name`, if the caches know it, before its view is built.
     #[inline]
     pub fn find(&self, name: &str) -> Option<Found<'_>> {
-        let i = self.names.get(name)? as usize;
+        self.found_at(self.names.get(name)? as usize)
+    }
+
+    /// A resolver for a request's candidate names, taken in the request's order.
+    pub fn finder(&self) -> Finder<'_> {
+        Finder {
+            snapshot: self,
+            next: 0,
+            misses: 0,
+        }
+    }
+
+    #[inline]
+    fn found_at(&self, i: usize) -> Option<Found<'_>> {
         let (chunk, pos) = (&*self.chunks[i / CHUNK], i % CHUNK);
         (chunk.present & (1 << pos) != 0).then_some(Found {
             chunk,
@@ -944,6 +1025,43 @@ mod tests {
             }
             prop_assert_eq!(cluster.check_snapshot(), Ok(()));
         }
+
+        /// The in-order resolver answers what a linear search of the interned names answers,
+        /// for candidates in any order: runs in listing order (its guess holds), jumps, repeats,
+        /// unknown names and names one byte longer or shorter than a known one.
+        #[test]
+        fn finder_answers_like_a_linear_search_in_any_order(
+            ops in proptest::collection::vec(op(70), 0..120),
+            runs in proptest::collection::vec((0u8..80, 1u8..12, any::<bool>()), 0..30),
+        ) {
+            let cluster = ClusterState::new();
+            cluster.build_snapshot();
+            // Listed in name order first, as a bootstrap lists them, so runs follow indices.
+            for i in 0..70u8 {
+                cluster.set_devices(&node_name(i), Some(device(2)));
+            }
+            let mut pods = BTreeMap::new();
+            for op in &ops {
+                apply(&cluster, &mut pods, op);
+            }
+            let snapshot = cluster.read_snapshot();
+            let mut queries: Vec<String> = Vec::new();
+            for (start, len, junk) in runs {
+                queries.extend((start..start.saturating_add(len)).map(node_name));
+                if junk {
+                    queries.extend(["node-00".into(), format!("{}0", node_name(start)), String::new()]);
+                }
+            }
+            let mut finder = snapshot.finder();
+            for name in &queries {
+                let linear = snapshot.names.names.iter().position(|n| **n == **name);
+                // A position holds a node when its slot has facts (not the presence bits).
+                let present = |i: usize| snapshot.chunks[i / CHUNK].nodes[i % CHUNK].devices.is_some();
+                let expected = linear.filter(|&i| present(i));
+                prop_assert_eq!(finder.find(name).map(|f| f.index()), expected, "{}", name);
+                prop_assert_eq!(snapshot.find(name).map(|f| f.index()), expected, "{}", name);
+            }
+        }
     }
 
     /// Concurrent: writers on overlapping nodes while the full build runs and after it; at
@@ -1031,6 +1149,26 @@ mod tests {
     }
 
     /// Node churn: removed names are compacted away, and a name that comes back is found.
+    #[test]
+    fn same_name_is_byte_equality() {
+        let names: [&[u8]; 9] = [
+            b"",
+            b"n",
+            b"node-1",
+            b"node-2",
+            b"gpu-node-01234",
+            b"gpu-node-01235",
+            b"xpu-node-01234",
+            b"gpu-node-0123",
+            b"gpu-node-012345",
+        ];
+        for a in names {
+            for b in names {
+                assert_eq!(same_name(a, b), a == b, "{a:?} vs {b:?}");
+            }
+        }
+    }
+
     #[test]
     fn removed_nodes_are_compacted_and_can_return() {
         let cluster = ClusterState::new();

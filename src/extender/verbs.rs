@@ -116,13 +116,14 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
                 needs.devices.is_some(),
                 needs.cpu.is_some(),
             );
+            let mut finder = snapshot.finder();
             let mut passing = Vec::with_capacity(candidates.len());
             // Rejections are collected, then sorted into the maps at once: candidate lists
             // usually come sorted, which makes that one linear pass.
             let (mut rejected, mut hopeless) = (Vec::new(), Vec::new());
             for name in candidates {
                 let verdict = memo
-                    .answer(snapshot.find(&name), |view| {
+                    .answer(finder.find(&name), |view| {
                         fit::snapshot_fit(view, &needs, fast.as_ref(), &state.scoring)
                     })
                     .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
@@ -252,10 +253,11 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
             .memos
             .prioritize
             .take(hash128(&needs), needs.devices.is_some(), cpu_req.is_some());
+    let mut finder = snapshot.finder();
     let raw: Vec<i64> = names
         .iter()
         .map(|name| {
-            memo.answer(snapshot.find(name), |view| {
+            memo.answer(finder.find(name), |view| {
                 fit::snapshot_score(view, &needs, cpu_req, fast.as_ref(), &state.scoring)
             })
             .unwrap_or_else(|| {
