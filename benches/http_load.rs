@@ -14,7 +14,8 @@
 //! - filter throughput at 1,000 candidate nodes with several keep-alive connections for a fixed
 //!   time;
 //! - scaling: on a 20,000-node cluster, the per-node cost ((case − pass-through) / nodes, p50)
-//!   at 1,000, 5,000 and 20,000 candidates, cold memo;
+//!   at 1,000, 5,000 and 20,000 candidates, cold memo (each request decides its shape's
+//!   distinct node states, then looks the rest up) and warm (the lookup alone);
 //! - distinct: the per-verb tables at 5,000 candidates on a cluster where no two nodes share a
 //!   state, so the within-request memo (one decision per distinct node state) cannot help:
 //!   cold, every node is decided; warm, every node is recalled.
@@ -572,7 +573,6 @@ async fn scaling(client: &HttpClient) {
     );
     let base = format!("http://{}", svc.addr);
     let mut bodies = HashMap::new();
-    let mut rows: Vec<(usize, VerbTable)> = Vec::new();
     for nodes in SCALING_SIZES {
         for case in SCALING_CASES {
             bodies.insert(
@@ -580,54 +580,61 @@ async fn scaling(client: &HttpClient) {
                 Bytes::from(extender_body(case, nodes)),
             );
         }
-        let memo = Memo::Cold(&svc.state);
-        rows.push((
-            nodes,
-            per_verb(client, &base, &bodies, nodes, &SCALING_CASES, memo).await,
-        ));
     }
-    for verb in ["filter", "prioritize"] {
-        for case in SCALING_CASES
-            .iter()
-            .filter(|c| !matches!(c, Case::NoDevices))
-        {
-            let per_node: Vec<f64> = rows
-                .iter()
-                .map(|(nodes, table)| {
-                    let p50 = |c: &Case| {
-                        table
-                            .iter()
-                            .find(|(k, v, _)| k.label() == c.label() && *v == verb)
-                            .map(|(_, _, s)| s.p50.as_secs_f64())
-                            .expect("measured")
-                    };
-                    (p50(case) - p50(&Case::NoDevices)) / *nodes as f64 * 1e9
-                })
-                .collect();
-            let mean = per_node.iter().sum::<f64>() / per_node.len() as f64;
-            let spread = per_node
-                .iter()
-                .map(|c| (c - mean).abs() / mean.abs().max(f64::EPSILON))
-                .fold(0.0, f64::max);
-            println!(
-                "  {verb:<10} {:<14} ns/node at {}: {}   (max deviation from their mean {:.0}%)",
-                case.label(),
-                SCALING_SIZES
-                    .iter()
-                    .map(|n| n.to_string())
-                    .collect::<Vec<_>>()
-                    .join(" / "),
-                per_node
-                    .iter()
-                    .map(|c| format!("{c:.0}"))
-                    .collect::<Vec<_>>()
-                    .join(" / "),
-                spread * 100.0
-            );
+    // Cold: each request decides its shape's distinct node states (a fixed number, whatever
+    // the candidate count); warm: every node is a memo hit, so this is the lookup alone.
+    for memo in [Memo::Cold(&svc.state), Memo::Warm] {
+        let mut rows: Vec<(usize, VerbTable)> = Vec::new();
+        for nodes in SCALING_SIZES {
+            rows.push((
+                nodes,
+                per_verb(client, &base, &bodies, nodes, &SCALING_CASES, memo).await,
+            ));
         }
-    }
-    for (nodes, table) in &rows {
-        print_per_verb(*nodes, Memo::Cold(&svc.state), table);
+        println!("{}:", memo.label());
+        for verb in ["filter", "prioritize"] {
+            for case in SCALING_CASES
+                .iter()
+                .filter(|c| !matches!(c, Case::NoDevices))
+            {
+                let per_node: Vec<f64> = rows
+                    .iter()
+                    .map(|(nodes, table)| {
+                        let p50 = |c: &Case| {
+                            table
+                                .iter()
+                                .find(|(k, v, _)| k.label() == c.label() && *v == verb)
+                                .map(|(_, _, s)| s.p50.as_secs_f64())
+                                .expect("measured")
+                        };
+                        (p50(case) - p50(&Case::NoDevices)) / *nodes as f64 * 1e9
+                    })
+                    .collect();
+                let mean = per_node.iter().sum::<f64>() / per_node.len() as f64;
+                let spread = per_node
+                    .iter()
+                    .map(|c| (c - mean).abs() / mean.abs().max(f64::EPSILON))
+                    .fold(0.0, f64::max);
+                println!(
+                    "  {verb:<10} {:<14} ns/node at {}: {}   (max deviation from their mean {:.0}%)",
+                    case.label(),
+                    SCALING_SIZES
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    per_node
+                        .iter()
+                        .map(|c| format!("{c:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    spread * 100.0
+                );
+            }
+        }
+        for (nodes, table) in &rows {
+            print_per_verb(*nodes, memo, table);
+        }
     }
     svc.shutdown().await.expect("shutdown");
 }

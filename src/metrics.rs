@@ -39,6 +39,8 @@ pub struct Metrics {
     /// `how` (`decided`, or `memo`: a candidate with equal facts was decided for the same pod
     /// shape, in this request or a recent one).
     pub read_decisions: IntCounterVec,
+    /// Bytes the verbs' memos keep between requests (`verb`), as of the last request.
+    pub read_memo_bytes: IntGaugeVec,
     pub assumed_expired: IntCounter,
     /// Assumed allocations released, by path: `relist`, `probe`, `retry`, `ttl`.
     pub assumed_released: IntCounterVec,
@@ -187,6 +189,13 @@ impl Metrics {
                 ),
                 &["verb", "how"]
             )),
+            read_memo_bytes: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "read_memo_bytes",
+                    "Bytes the verdict memos of filter and prioritize keep between requests (tables and per-node slots of the last pod shapes), by verb, as of the verb's last request."
+                ),
+                &["verb"]
+            )),
             assumed_expired: reg!(IntCounter::new(
                 "assumed_expired_total",
                 "Assumed allocations dropped because no bind confirmation arrived in time."
@@ -268,6 +277,7 @@ impl Metrics {
             for how in ["decided", "memo"] {
                 self.read_decisions.with_label_values(&[verb, how]);
             }
+            self.read_memo_bytes.with_label_values(&[verb]);
         }
         self.malformed_annotations
             .with_label_values(&["device-allocated"]);
@@ -290,6 +300,13 @@ impl Metrics {
             self.bound_elsewhere.with_label_values(&[stage]);
         }
         self
+    }
+
+    /// `dne_read_memo_bytes{verb}`: what `verb`'s memos keep now.
+    pub fn set_memo_bytes(&self, verb: &str, bytes: usize) {
+        self.read_memo_bytes
+            .with_label_values(&[verb])
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub fn encode(&self) -> String {

@@ -218,6 +218,13 @@ struct Kept<V> {
     by_index: ByIndex<V>,
 }
 
+impl<V> Kept<V> {
+    fn bytes(&self) -> usize {
+        self.table.allocation_size()
+            + self.by_index.capacity() * std::mem::size_of::<Option<((u128, u128), V)>>()
+    }
+}
+
 impl<V> Default for MemoCache<V> {
     fn default() -> Self {
         MemoCache {
@@ -243,29 +250,36 @@ impl<V: Clone + PartialEq + Debug> MemoCache<V> {
     }
 
     /// Keeps `memo` as its shape's, the most recently used, unless its table holds more than
-    /// `limit` entries (then the shape starts empty next time).
-    pub fn give_back(&self, memo: Memo<V>, limit: usize) {
-        if memo.table.len() > limit {
-            return;
-        }
-        let kept = Kept {
-            shape: memo.shape,
-            table: memo.table,
-            by_index: memo.by_index,
-        };
+    /// `limit` entries (then the shape starts empty next time). Returns the bytes the kept
+    /// memos now hold ([`MemoCache::bytes`]).
+    pub fn give_back(&self, memo: Memo<V>, limit: usize) -> usize {
         let mut shapes = self.shapes.lock();
-        if let Some(i) = shapes.iter().position(|k| k.shape == kept.shape) {
-            // A concurrent request of the same shape gave its memo back first.
-            let other = shapes.remove(i);
-            if other.table.len() > kept.table.len() {
-                shapes.push(other);
-                return;
+        if memo.table.len() <= limit {
+            let kept = Kept {
+                shape: memo.shape,
+                table: memo.table,
+                by_index: memo.by_index,
+            };
+            let other = shapes
+                .iter()
+                .position(|k| k.shape == kept.shape)
+                .map(|i| shapes.remove(i));
+            // A concurrent request of the same shape may have given its memo back first.
+            match other {
+                Some(other) if other.table.len() > kept.table.len() => shapes.push(other),
+                _ => shapes.push(kept),
+            }
+            if shapes.len() > SHAPES {
+                shapes.remove(0);
             }
         }
-        shapes.push(kept);
-        if shapes.len() > SHAPES {
-            shapes.remove(0);
-        }
+        shapes.iter().map(Kept::bytes).sum()
+    }
+
+    /// The bytes the kept memos hold: their tables' and slots' allocations (an answer's own
+    /// heap text, a rare owned rejection reason, not counted).
+    pub fn bytes(&self) -> usize {
+        self.shapes.lock().iter().map(Kept::bytes).sum()
     }
 
     /// Shapes kept (tests).
@@ -385,6 +399,37 @@ mod tests {
         let mut fresh = cache.take(99, true, false);
         fresh.get_or_decide(fp(0, 0), || 0);
         assert_eq!(fresh.stats(), (1, 0));
+    }
+
+    #[test]
+    fn the_cache_reports_the_bytes_it_keeps() {
+        let entry = std::mem::size_of::<((u128, u128), u128)>();
+        let cache = MemoCache::default();
+        assert_eq!(cache.bytes(), 0);
+        let mut memo = cache.take(1, true, false);
+        for i in 0..100u128 {
+            memo.get_or_decide(fp(i, 0), || i);
+        }
+        let kept = cache.give_back(memo, 1000);
+        assert_eq!(kept, cache.bytes());
+        // At least the 100 entries, at most what a doubling table (and its control bytes)
+        // can hold for them.
+        assert!(
+            kept >= 100 * entry,
+            "{kept} bytes for 100 entries of {entry}"
+        );
+        assert!(
+            kept <= 256 * (entry + 1) + 64,
+            "{kept} bytes for 100 entries of {entry}"
+        );
+        // A table dropped for its size is not counted.
+        let mut big = cache.take(2, true, false);
+        for i in 0..20u128 {
+            big.get_or_decide(fp(i, 0), || i);
+        }
+        assert_eq!(cache.give_back(big, 10), kept);
+        cache.clear();
+        assert_eq!(cache.bytes(), 0);
     }
 
     #[test]

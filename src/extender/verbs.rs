@@ -136,10 +136,11 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
             failed = BTreeMap::from_iter(rejected);
             unresolvable = BTreeMap::from_iter(hopeless);
             memo.record(&state.metrics, "filter");
-            state
+            let kept = state
                 .memos
                 .filter
                 .give_back(memo, table_limit(snapshot.len()));
+            state.metrics.set_memo_bytes("filter", kept);
             result = if passing.is_empty() {
                 "fits_nowhere"
             } else {
@@ -268,10 +269,11 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
         })
         .collect();
     memo.record(&state.metrics, "prioritize");
-    state
+    let kept = state
         .memos
         .prioritize
         .give_back(memo, table_limit(snapshot.len()));
+    state.metrics.set_memo_bytes("prioritize", kept);
     names
         .into_iter()
         .zip(normalize_scores(&raw))

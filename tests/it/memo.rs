@@ -298,6 +298,10 @@ proptest! {
         let hits_before = memo_hits(&state, "filter");
         prop_assert_eq!(&filter_verdicts(&state, &pod, &names), &together);
         prop_assert_eq!(memo_hits(&state, "filter") - hits_before, names.len() as u64);
+        // The gauge shows what the kept memo holds: at least one entry per node state.
+        let kept = state.metrics.read_memo_bytes.with_label_values(&["filter"]).get();
+        prop_assert_eq!(kept, state.memos.filter.bytes() as i64);
+        prop_assert!(kept > 0, "a kept memo holds {} bytes", kept);
         // Nodes of one template share a state, so the memo answered all but one of each.
         let templates_used: std::collections::BTreeSet<usize> =
             nodes.iter().map(|(_, _, k)| *k).collect();
