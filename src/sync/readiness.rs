@@ -63,6 +63,10 @@ pub struct ReadinessReport {
     pub ready: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
+    /// Binds wait (answer "retry shortly") until a fresh pod relist lands, after a leader
+    /// change or a pod watch error ([`Readiness::pods_current`]). Filter and prioritize still
+    /// serve, so this does not fail readiness; it tells an operator why binds are refused.
+    pub binds_wait_for_pod_relist: bool,
     pub kinds: BTreeMap<Kind, KindReport>,
 }
 
@@ -497,6 +501,7 @@ impl Readiness {
         ReadinessReport {
             ready: reasons.is_empty(),
             reasons,
+            binds_wait_for_pod_relist: !self.pods_current(),
             kinds: report_kinds,
         }
     }
@@ -629,6 +634,10 @@ mod tests {
         // the fence.
         r.on_error(Kind::Pods, "watch dropped".into());
         assert!(!r.pods_current());
+        assert!(
+            r.report().binds_wait_for_pod_relist,
+            "the readiness report shows the fence"
+        );
         r.on_init(Kind::Pods);
         // A list page failing inside that relist opens no new gap (the retried list is still
         // read after the fence) and must not raise it again: that restarted the list at once,
@@ -637,6 +646,7 @@ mod tests {
         assert!(!r.pods_current());
         r.on_init_done(Kind::Pods, 0, 0);
         assert!(r.pods_current(), "the relist began after the fence");
+        assert!(!r.report().binds_wait_for_pod_relist);
 
         // Becoming leader in the middle of a relist: that relist began before the fence.
         r.on_init(Kind::Pods);
