@@ -215,7 +215,10 @@ impl Service {
                         args.insisted_kinds(),
                         shutdown.clone(),
                     ));
-                    (Arc::new(KubePodApi::new(client)), None)
+                    (
+                        Arc::new(KubePodApi::new(client, args.request_timeout)),
+                        None,
+                    )
                 }
             };
 

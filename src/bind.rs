@@ -128,14 +128,43 @@ pub trait PodApi: Send + Sync {
 
 pub struct KubePodApi {
     client: kube::Client,
+    /// How long one call may wait for the API server's answer.
+    timeout: std::time::Duration,
 }
 
 impl KubePodApi {
-    pub fn new(client: kube::Client) -> Self {
-        KubePodApi { client }
+    /// Calls through `client`, each given up after `request_timeout` plus a second without an
+    /// answer. The kube client sets no read timeout (its watches are long reads), and a bind
+    /// runs detached from its request, so without this a hung API server would keep the bind,
+    /// its assumed allocation and the pod's in-flight slot forever. The extra second lets the request's own timeout answer
+    /// the scheduler first. A call given up is an error without a status, like a lost
+    /// answer: bind treats it as possibly applied.
+    pub fn new(client: kube::Client, request_timeout: std::time::Duration) -> Self {
+        KubePodApi {
+            client,
+            timeout: request_timeout + std::time::Duration::from_secs(1),
+        }
     }
+
     fn api(&self, namespace: &str) -> Api<Pod> {
         Api::namespaced(self.client.clone(), namespace)
+    }
+
+    async fn call<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ApiError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(ApiError {
+                status: None,
+                message: format!(
+                    "no answer from the API server to {what} within {:?}",
+                    self.timeout
+                ),
+            }),
+        }
     }
 }
 
@@ -145,7 +174,10 @@ impl PodApi for KubePodApi {
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Pod>, ApiError>> {
-        Box::pin(async move { Ok(self.api(namespace).get_opt(name).await?) })
+        Box::pin(async move {
+            self.call("get the pod", self.api(namespace).get_opt(name))
+                .await
+        })
     }
 
     fn patch_annotations<'a>(
@@ -164,9 +196,12 @@ impl PodApi for KubePodApi {
                 meta["resourceVersion"] = serde_json::Value::String(rv.to_string());
             }
             let patch = serde_json::json!({ "metadata": meta });
-            self.api(namespace)
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
+            let api = self.api(namespace);
+            self.call(
+                "the annotation patch",
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await?;
             Ok(())
         })
     }
@@ -185,14 +220,17 @@ impl PodApi for KubePodApi {
                 "metadata": { "name": name, "namespace": namespace, "uid": uid },
                 "target": { "apiVersion": "v1", "kind": "Node", "name": node },
             });
-            self.api(namespace)
-                .create_subresource::<_, serde_json::Value>(
+            let api = self.api(namespace);
+            self.call(
+                "the binding",
+                api.create_subresource::<_, serde_json::Value>(
                     "binding",
                     name,
                     &PostParams::default(),
                     &binding,
-                )
-                .await?;
+                ),
+            )
+            .await?;
             Ok(())
         })
     }

@@ -113,6 +113,39 @@ async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() 
     svc.shutdown().await.unwrap();
 }
 
+/// A write the API server never answers does not hold the bind's assumed GPU forever (the
+/// kube client sets no read timeout): the bind gives the call up after
+/// `--request-timeout` plus a second, rolls back, and a retry binds the pod. The hang here
+/// outlasts the guard, so without the bind's own timeout the entry would never go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_gives_up_on_an_api_write_that_never_answers() {
+    let fake = FakeApiServer::new();
+    service::add_gpu_node(&fake, "n1", 1, &[]);
+    let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    fake.create(Kind::Pod, p.clone()).unwrap();
+    let env = Env::start(&fake, &["--request-timeout", "1s"]).await;
+    fake.push_write_fault(WriteOp::PodPatch, WriteFault::AppliedThenHang(GUARD * 10));
+    let (status, body) = env
+        .http
+        .post("/bind", &service::binding_args(&p, "n1"))
+        .await;
+    assert_eq!(status, 503, "the request itself times out first: {body}");
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while !env.ledger("n1").await["entries"]["uid-p"].is_null() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the detached bind still holds its GPU: the hung patch was never given up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        fake.get(Kind::Pod, "ml", "p").unwrap()["spec"]["nodeName"].is_null(),
+        "a bind that gave up did not bind the pod"
+    );
+    env.bind(&p, "n1").await.expect("a retried bind succeeds");
+    env.svc.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bind_failure_class_is_counted() {
     let fake = FakeApiServer::new();
