@@ -263,6 +263,9 @@ async fn run() {
                 let table =
                     per_verb(&client, &targets[0].base, &bodies, nodes, &Case::ALL, memo).await;
                 print_per_verb(nodes, memo, &table);
+                if let Memo::Warm = memo {
+                    print_memo_bytes(&svc.state);
+                }
             }
         }
         print_memo(&svc.state);
@@ -296,8 +299,8 @@ async fn serve_cluster(cluster: &common::Cluster) -> (Service, tempfile::TempDir
 }
 
 /// The per-verb table at `NODES` candidates on a cluster where no two nodes share a state
-/// (`common::cluster_of_distinct_holders`): the per-request memo never hits and switches
-/// itself off, so this is the cost of deciding every node.
+/// (`common::cluster_of_distinct_holders`): cold, every node is decided; warm, every node is
+/// recalled from its per-node slot.
 async fn distinct(client: &HttpClient) {
     println!(
         "\n-- distinct nodes: {NODES}-node cluster, no two nodes alike (the within-request memo cannot help), per verb against the pass-through request of this run --"
@@ -316,6 +319,9 @@ async fn distinct(client: &HttpClient) {
     for memo in [Memo::Warm, Memo::Cold(&svc.state)] {
         let table = per_verb(client, &base, &bodies, NODES, &Case::ALL, memo).await;
         print_per_verb(NODES, memo, &table);
+        if let Memo::Warm = memo {
+            print_memo_bytes(&svc.state);
+        }
     }
     print_memo(&svc.state);
     svc.shutdown().await.expect("shutdown");
@@ -323,6 +329,16 @@ async fn distinct(client: &HttpClient) {
 
 /// How many candidate nodes the service decided and how many its per-request memo answered
 /// (`dne_read_decisions_total`, every request so far).
+/// What the verbs' memos keep between requests (`dne_read_memo_bytes`), after a warm table:
+/// one memo per placement case's pod shape.
+fn print_memo_bytes(state: &device_numa_extender::extender::AppState) {
+    println!(
+        "  memos kept after the warm table: filter {:.1} KiB, prioritize {:.1} KiB",
+        state.memos.filter.bytes() as f64 / 1024.0,
+        state.memos.prioritize.bytes() as f64 / 1024.0
+    );
+}
+
 fn print_memo(state: &device_numa_extender::extender::AppState) {
     for verb in ["filter", "prioritize"] {
         let count = |how: &str| {
