@@ -209,27 +209,37 @@ pub async fn bind(State(state): State<AppState>, headers: HeaderMap, body: Body)
         "bind",
         |error| ExtenderBindingResult { error },
         async |s, args: ExtenderBindingArgs| {
-            let started = Instant::now();
             // Run the bind as its own task: if the request times out or the client goes away,
             // the bind still either completes or rolls back instead of stopping halfway with
-            // an assumed entry or a patched annotation left behind.
-            let binder = s.binder.clone();
-            let task_args = args.clone();
-            let result = match tokio::spawn(async move { binder.bind(&task_args).await }).await {
+            // an assumed entry or a patched annotation left behind. The task counts its own
+            // outcome, so a bind that outlives its request is still in the metrics.
+            let (binder, metrics, task_args) = (s.binder.clone(), s.metrics.clone(), args.clone());
+            let task = tokio::spawn(async move {
+                let started = Instant::now();
+                let result = binder.bind(&task_args).await;
+                metrics.bind_duration.observe(started.elapsed().as_secs_f64());
+                let outcome = match &result {
+                    Ok(outcome) => outcome.as_str(),
+                    Err(e) => {
+                        tracing::warn!(pod = %format!("{}/{}", task_args.pod_namespace, task_args.pod_name), node = %task_args.node, error = %e, "bind failed");
+                        e.class()
+                    }
+                };
+                metrics.binds.with_label_values(&[outcome]).inc();
+                result
+            });
+            let result = match task.await {
                 Ok(result) => result,
-                Err(join) => Err(crate::bind::BindError::Internal(join.to_string())),
-            };
-            s.metrics.bind_duration.observe(started.elapsed().as_secs_f64());
-            match result {
-                Ok(outcome) => {
-                    s.metrics.binds.with_label_values(&[outcome.as_str()]).inc();
-                    (ExtenderBindingResult::default(), Outcome::Ok)
-                }
-                Err(e) => {
+                // The task panicked: it counted nothing.
+                Err(join) => {
+                    let e = crate::bind::BindError::Internal(join.to_string());
                     s.metrics.binds.with_label_values(&[e.class()]).inc();
-                    tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, error = %e, "bind failed");
-                    (ExtenderBindingResult { error: e.to_string() }, Outcome::Error)
+                    Err(e)
                 }
+            };
+            match result {
+                Ok(_) => (ExtenderBindingResult::default(), Outcome::Ok),
+                Err(e) => (ExtenderBindingResult { error: e.to_string() }, Outcome::Error),
             }
         },
     )

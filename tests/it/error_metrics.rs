@@ -80,14 +80,17 @@ async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() 
     assert_eq!(status, 503, "{body}");
     assert!(body.to_string().contains("timed out"), "{body}");
     assert_eq!(requests(&env.http, "bind", "timeout").await, 1.0);
-    // The detached bind still ends once the hung answer arrives: the patch "failed", so its
-    // assumed entry is rolled back. (Its outcome is in no metric: dne_binds_total is counted
-    // by the request handler, which the timeout dropped. Reported in RELIABILITY.md.)
+    // The detached bind still ends: the patch "failed" (given up, or its late 504), so its
+    // assumed entry is rolled back, and the bind task counts its outcome although the timeout
+    // dropped the request handler.
     let deadline = tokio::time::Instant::now() + GUARD;
-    while fake.hanging_answers() > 0 || !env.ledger("n1").await["entries"]["uid-p"].is_null() {
+    while fake.hanging_answers() > 0
+        || !env.ledger("n1").await["entries"]["uid-p"].is_null()
+        || metric(&env.http, "dne_binds_total", "outcome=\"api_patch_error\"").await != 1.0
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the detached bind never ended"
+            "the detached bind never ended, or its outcome was never counted"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
