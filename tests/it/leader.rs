@@ -216,6 +216,20 @@ async fn exactly_one_replica_is_ready_and_binds_while_standby_stays_synced() {
         .post("/bind", &service::binding_args(&pods[0], "n1"))
         .await;
     assert_eq!((status, &ok["Error"]), (200, &json!("")), "{ok}");
+    // Becoming leader fenced the leader's pod cache once; the bind above went through, so the
+    // relist lifted it, and /readyz says so. The standby never became leader.
+    let became_leader = |svc: &Service| {
+        svc.state
+            .metrics
+            .pod_fences
+            .with_label_values(&["became_leader"])
+            .get()
+    };
+    let (leader_svc, standby_svc) = if leader == 0 { (&a, &b) } else { (&b, &a) };
+    assert_eq!(became_leader(leader_svc), 1);
+    assert_eq!(became_leader(standby_svc), 0);
+    let (_, report) = lh.get("/readyz").await;
+    assert_eq!(report["binds_wait_for_pod_relist"], false, "{report}");
 
     // Both caches see the bind through their watches and agree.
     let (ca, cb) = (a.state.cluster.clone(), b.state.cluster.clone());
