@@ -136,9 +136,9 @@ impl KubePodApi {
     /// Calls through `client`, each given up after `request_timeout` plus a second without an
     /// answer. The kube client sets no read timeout (its watches are long reads), and a bind
     /// runs detached from its request, so without this a hung API server would keep the bind,
-    /// its assumed allocation and the pod's in-flight slot forever. The extra second lets the request's own timeout answer
-    /// the scheduler first. A call given up is an error without a status, like a lost
-    /// answer: bind treats it as possibly applied.
+    /// its assumed allocation and the pod's in-flight slot forever. The extra second lets the
+    /// request's own timeout answer the scheduler first. A call given up is an error without a
+    /// status, like a lost answer: bind treats it as possibly applied.
     pub fn new(client: kube::Client, request_timeout: std::time::Duration) -> Self {
         KubePodApi {
             client,

@@ -33,13 +33,20 @@ async fn requests(http: &Http, verb: &str, outcome: &str) -> f64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() {
+/// A 1-GPU node `n1`, a pending pod `p` asking for it, and the service with a 1 s
+/// `--request-timeout`.
+async fn one_gpu_and_a_pending_pod() -> (FakeApiServer, serde_json::Value, Env) {
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 1, &[]);
     let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
     fake.create(Kind::Pod, p.clone()).unwrap();
     let env = Env::start(&fake, &["--request-timeout", "1s"]).await;
+    (fake, p, env)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() {
+    let (fake, p, env) = one_gpu_and_a_pending_pod().await;
 
     // bad_request: not JSON.
     let (status, _) = env
@@ -122,11 +129,7 @@ async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() 
 /// outlasts the guard, so without the bind's own timeout the entry would never go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bind_gives_up_on_an_api_write_that_never_answers() {
-    let fake = FakeApiServer::new();
-    service::add_gpu_node(&fake, "n1", 1, &[]);
-    let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
-    fake.create(Kind::Pod, p.clone()).unwrap();
-    let env = Env::start(&fake, &["--request-timeout", "1s"]).await;
+    let (fake, p, env) = one_gpu_and_a_pending_pod().await;
     fake.push_write_fault(WriteOp::PodPatch, WriteFault::AppliedThenHang(GUARD * 10));
     let (status, body) = env
         .http
