@@ -499,8 +499,9 @@ impl Memo<'_> {
 
 /// Per (case, verb): the client-side latencies of `VERB_REQUESTS` requests
 /// over `nodes` candidates, after a warm-up. Interleaved one request at a time (every case and
-/// verb, then again), so a drift in the machine's load, which on a shared machine comes and
-/// goes within seconds, hits every case alike.
+/// verb, then again, each round rotated by one), so a drift in the machine's load, which on a
+/// shared machine comes and goes within seconds, hits every case alike, and no case always
+/// follows the same one.
 async fn per_verb(
     client: &HttpClient,
     base: &str,
@@ -532,8 +533,13 @@ async fn per_verb(
         }
     }
     let mut samples: HashMap<(usize, usize), Vec<Duration>> = HashMap::new();
-    for _ in 0..VERB_REQUESTS {
-        for (ci, vi, key, url) in &requests {
+    for round in 0..VERB_REQUESTS {
+        // Each round starts one request further on, so every request follows every other
+        // equally often: what a request leaves behind (its answer's buffers, the allocator's
+        // free lists, the caches) weighs on the next, and a fixed order gave each case a fixed
+        // predecessor (a case's ratio moved by up to 0.1 with its place in the order).
+        for k in 0..requests.len() {
+            let (ci, vi, key, url) = &requests[(round + k) % requests.len()];
             if let Memo::Cold(state) = memo {
                 state.memos.clear();
             }
