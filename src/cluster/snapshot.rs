@@ -119,6 +119,8 @@ pub enum DeviceView<'a> {
 pub struct NodeView<'a> {
     pub devices: DeviceView<'a>,
     pub cpu: &'a CpuFacts,
+    /// Of `devices` and `cpu`: decisions that share parts between nodes key them by it.
+    pub fingerprint: Fingerprint,
 }
 
 /// A node found in a snapshot: its fingerprint costs one load, its view is built on demand
@@ -243,6 +245,7 @@ impl NodeSummary {
         NodeView {
             devices: device_view(&self.devices, &self.slots, &self.sums),
             cpu: &self.cpu,
+            fingerprint: self.fingerprint,
         }
     }
 }
@@ -325,6 +328,7 @@ impl Chunk {
         Some(NodeView {
             devices: device_view(devices, self.node_slots(slot), &self.sums[pos]),
             cpu: &self.cpus[pos],
+            fingerprint: self.fingerprints[pos],
         })
     }
 

@@ -12,6 +12,9 @@
 //!   nodes are alike the second replica on decides only the nodes that changed. A changed
 //!   node has a new fingerprint and misses, so nothing is ever invalidated by hand.
 //!
+//! Below both, a decision for a new key of a pod whose devices must be NUMA-aligned with its
+//! CPUs reuses the halves it shares with earlier nodes of the request (`fit::shared`).
+//!
 //! The key holds only the parts the decision reads: the device fingerprint when the pod asks
 //! for devices, the CPU fingerprint when it needs CPU placement. So a GPU pod's verdicts are
 //! shared by nodes whose CPUs differ.

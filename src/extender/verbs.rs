@@ -19,6 +19,7 @@
 //! CPU score only when the pod itself asks for CPU placement), then scales the best node to 10.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use super::AppState;
@@ -117,6 +118,9 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
                 needs.cpu.is_some(),
             );
             let mut finder = snapshot.finder();
+            // What this request's aligned decisions share between nodes (`fit::shared`); a
+            // cell, since the memo may run a decision twice (debug builds check a hit).
+            let aligned = RefCell::new(fit::FitMemo::default());
             let mut passing = Vec::with_capacity(candidates.len());
             // Rejections are collected, then sorted into the maps at once: candidate lists
             // usually come sorted, which makes that one linear pass.
@@ -124,7 +128,8 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
             for name in candidates {
                 let verdict = memo
                     .answer(finder.find(&name), |view| {
-                        fit::snapshot_fit(view, &needs, fast.as_ref(), &state.scoring)
+                        let aligned = &mut aligned.borrow_mut();
+                        fit::snapshot_fit(view, &needs, fast.as_ref(), &state.scoring, aligned)
                     })
                     .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
                 match verdict {
@@ -255,11 +260,20 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
             .prioritize
             .take(hash128(&needs), needs.devices.is_some(), cpu_req.is_some());
     let mut finder = snapshot.finder();
+    let aligned = RefCell::new(fit::ScoreMemo::default());
     let raw: Vec<i64> = names
         .iter()
         .map(|name| {
             memo.answer(finder.find(name), |view| {
-                fit::snapshot_score(view, &needs, cpu_req, fast.as_ref(), &state.scoring)
+                let aligned = &mut aligned.borrow_mut();
+                fit::snapshot_score(
+                    view,
+                    &needs,
+                    cpu_req,
+                    fast.as_ref(),
+                    &state.scoring,
+                    aligned,
+                )
             })
             .unwrap_or_else(|| {
                 let entry = state.cluster.node(name);

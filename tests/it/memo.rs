@@ -71,6 +71,18 @@ impl Template {
             cores: self.cores,
         }
     }
+
+    /// The same cores held, and every GPU: the same CPU state as this template, with devices
+    /// that answer every NUMA mask "no", so a GPU + CPU pod's aligned decision on this CPU
+    /// state gets other answers than on the template (`fit::shared` must not replay it).
+    fn gpus_all_held(&self) -> Template {
+        Template {
+            gpus: self.gpus,
+            whole: (0..self.gpus).collect(),
+            shared: None,
+            cores: self.cores,
+        }
+    }
 }
 
 /// 2 NUMA nodes × 4 cores × 2 threads; NUMA `n` holds CPUs `8n .. 8n+7`.
@@ -264,11 +276,13 @@ proptest! {
         picks in prop::collection::vec(any::<prop::sample::Index>(), 8..24),
         case in 0usize..6,
     ) {
-        // Templates, then their mirrors: pairs of states with equal sums.
+        // Templates, then their mirrors (pairs of states with equal sums), then their CPU
+        // twins with every GPU held.
         let drawn: Vec<Template> = templates
             .iter()
             .cloned()
             .chain(templates.iter().map(Template::mirrored))
+            .chain(templates.iter().map(Template::gpus_all_held))
             .collect();
         let mut nodes: Vec<(String, Template, usize)> = picks
             .iter()

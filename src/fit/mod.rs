@@ -10,7 +10,10 @@
 //! summaries cannot answer), and the read verbs' answers from a node's snapshot
 //! [`NodeView`] (`snapshot_fit`, `snapshot_score`), which equal the full decision's wherever
 //! they answer (property tests below). Never mutates anything (bind records the result
-//! itself) and never talks to the network.
+//! itself) and never talks to the network. What aligned decisions share between the nodes
+//! of one request is kept in [`shared::AlignedMemo`].
+
+pub mod shared;
 
 use crate::cluster::NodeState;
 use crate::cluster::cpus::CpuAllocation;
@@ -30,6 +33,12 @@ use crate::placement::device::allocate::{FitError, fit_on_numa};
 use crate::placement::device::fast::{self as fast_device, FastRequest};
 use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::{ScoringConfig, score_node};
+use shared::AlignedMemo;
+
+/// Filter's memo of aligned decisions: the CPU side's affinity or error.
+pub type FitMemo = AlignedMemo<Result<Option<NumaMask>, crate::placement::cpu::CpuFitError>>;
+/// Prioritize's memo of aligned decisions: the CPU score.
+pub type ScoreMemo = AlignedMemo<Option<i64>>;
 
 /// What a pod asks of a node, computed once per request.
 #[derive(Clone, Debug, Default, Hash)]
@@ -204,18 +213,20 @@ fn allocate_devices(
 /// Filter's verdict from a node's snapshot view (`None`: the caches know no such node):
 /// `Some` exactly as `decide(node, needs, &[], ..)` answers, `None` when only the full
 /// decision can (a joint device request, devices the index cannot carry, and the few aligned
-/// cases where the summaries cannot name the reason).
+/// cases where the summaries cannot name the reason). `shared`: one per request and pod, over
+/// every node of the request.
 pub fn snapshot_fit(
     node: Option<NodeView<'_>>,
     needs: &PodNeeds,
     fast: Option<&FastRequest>,
     scoring: &ScoringConfig,
+    shared: &mut FitMemo,
 ) -> Option<Result<(), FitError>> {
     if let Some(req) = &needs.cpu {
         match cpu_fast_check(node.map(|n| n.cpu), req, needs.devices.is_some(), scoring) {
             Some(Err(e)) => return Some(Err(e)),
             Some(Ok(())) => {}
-            None => return aligned_check(node?, needs, fast?, scoring),
+            None => return aligned_check(node?, needs, fast?, scoring, shared),
         }
     }
     match (&needs.devices, node) {
@@ -284,15 +295,18 @@ fn aligned_check(
     needs: &PodNeeds,
     fast: &FastRequest,
     scoring: &ScoringConfig,
+    shared: &mut FitMemo,
 ) -> Option<Result<(), FitError>> {
     let req = needs.cpu.as_ref()?;
     let (DeviceView::Indexed(index), Ok(summary)) = (node.devices, &node.cpu.summary) else {
         return None;
     };
-    // Every NUMA hint asks the devices once: one pass over them answers every mask.
-    let capacity = fast_device::capacity(index, fast);
-    let mut aligned = |mask: NumaMask| capacity.within(fast, Some(mask)).is_ok();
-    match fast_aligned(summary, req, &mut aligned, &scoring.cpu) {
+    // Every NUMA hint asks the devices once: one pass over them (per device state, `shared`)
+    // answers every mask.
+    let (chosen, capacity) = shared.decide(node.fingerprint, index, fast, |aligned| {
+        fast_aligned(summary, req, aligned, &scoring.cpu)
+    });
+    match chosen {
         Ok(affinity) if capacity.within(fast, affinity).is_ok() => Some(Ok(())),
         Ok(_) => None,
         // As `cpu_decision`: "not aligned" only when the devices fit the node at all.
@@ -308,13 +322,15 @@ fn aligned_check(
 
 /// Prioritize's raw 0..=100 score from a node's snapshot view: the device score, the CPU
 /// score (`cpu`: the pod asks for CPU placement), or their mean. `None` where only
-/// [`full_score`] can answer; equal to it wherever it answers.
+/// [`full_score`] can answer; equal to it wherever it answers. `shared`: one per request and
+/// pod, over every node of the request.
 pub fn snapshot_score(
     node: Option<NodeView<'_>>,
     needs: &PodNeeds,
     cpu: Option<&PodCpuRequest>,
     fast: Option<&FastRequest>,
     scoring: &ScoringConfig,
+    shared: &mut ScoreMemo,
 ) -> Option<i64> {
     let Some(node) = node else {
         return Some(0);
@@ -327,7 +343,7 @@ pub fn snapshot_score(
     };
     let cpu = match cpu {
         None => None,
-        Some(req) => snapshot_cpu_score(node, req, needs.devices.is_some(), fast, scoring)?,
+        Some(req) => snapshot_cpu_score(node, req, needs.devices.is_some(), fast, scoring, shared)?,
     };
     Some(combine(device, cpu))
 }
@@ -340,6 +356,7 @@ fn snapshot_cpu_score(
     has_devices: bool,
     fast: Option<&FastRequest>,
     scoring: &ScoringConfig,
+    shared: &mut ScoreMemo,
 ) -> Option<Option<i64>> {
     let aligns = has_devices && !matches!(node.devices, DeviceView::Missing { .. });
     let Ok(summary) = &node.cpu.summary else {
@@ -350,9 +367,10 @@ fn snapshot_cpu_score(
         return Some(score);
     }
     if let (true, Some(fr), DeviceView::Indexed(index)) = (aligns, fast, node.devices) {
-        let capacity = fast_device::capacity(index, fr);
-        let mut aligned = |mask: NumaMask| capacity.within(fr, Some(mask)).is_ok();
-        return Some(fast_aligned_score(summary, req, &mut aligned, &scoring.cpu));
+        let (score, _) = shared.decide(node.fingerprint, index, fr, |aligned| {
+            fast_aligned_score(summary, req, aligned, &scoring.cpu)
+        });
+        return Some(score);
     }
     None
 }
@@ -703,7 +721,13 @@ mod aligned_tests {
             let full = decide(Some(&state), &needs, &[], &scoring).map(|_| ());
             // Filter's answer from the node's snapshot view.
             let summary = NodeSummary::of(&state);
-            let got = snapshot_fit(Some(summary.view()), &needs, fast.as_ref(), &scoring);
+            let got = snapshot_fit(
+                Some(summary.view()),
+                &needs,
+                fast.as_ref(),
+                &scoring,
+                &mut FitMemo::default(),
+            );
             if full.is_ok() {
                 prop_assert!(got.is_some(), "a node that fits is answered from the snapshot");
             }
@@ -720,9 +744,108 @@ mod aligned_tests {
                 score_or_zero(&view, req, Some(&mut aligned), &scoring.cpu)
             });
             prop_assert_eq!(
-                snapshot_cpu_score(summary.view(), req, true, fast.as_ref(), &scoring),
+                snapshot_cpu_score(
+                    summary.view(),
+                    req,
+                    true,
+                    fast.as_ref(),
+                    &scoring,
+                    &mut ScoreMemo::default()
+                ),
                 Some(full_score)
             );
         }
+
+        /// One request's shared memo over a fleet (nodes drawn from a few device states and
+        /// a few CPU states, so both halves repeat in new pairs) answers every node as the
+        /// node's own full decision does, and its CPU score as a fresh memo does.
+        #[test]
+        fn a_shared_aligned_memo_answers_each_node_as_its_own_decision(
+            device_states in proptest::collection::vec(
+                (0i32..=8, proptest::collection::vec((1u16..=3, prop_oneof![Just(100u8), Just(50)]), 0..8)),
+                1..4,
+            ),
+            cpu_states in proptest::collection::vec(
+                proptest::collection::vec((0u16..32, 0u16..8), 0..6),
+                1..4,
+            ),
+            fleet in proptest::collection::vec((0usize..4, 0usize..4), 1..16),
+            want_gpus in 1u32..=4,
+            want_cpus in 1u32..=20,
+            policy in prop_oneof![Just("BestEffort"), Just("Restricted"), Just("SingleNUMANode")],
+        ) {
+            let scoring = ScoringConfig::default();
+            let pod = pod(
+                &json!({"nvidia.com/gpu": want_gpus.to_string(), "cpu": want_cpus.to_string(), "memory": "1Gi"}),
+                Some(policy),
+            );
+            let devices = pod_device_request(&pod).expect("valid").expect("devices");
+            let cpu = cpu_needs(&pod, true, &scoring).expect("valid");
+            let needs = PodNeeds { devices: Some(devices.clone()), cpu };
+            let req = needs.cpu.as_ref().expect("cpu needs");
+            let fast = FastRequest::new(&devices, &scoring);
+            let (mut fits, mut scores) = (FitMemo::default(), ScoreMemo::default());
+            for (d, c) in fleet {
+                let (gpus, holders) = &device_states[d % device_states.len()];
+                let state = node(*gpus, holders, &cpu_states[c % cpu_states.len()]);
+                let summary = NodeSummary::of(&state);
+                let full = decide(Some(&state), &needs, &[], &scoring).map(|_| ());
+                let got = snapshot_fit(Some(summary.view()), &needs, fast.as_ref(), &scoring, &mut fits);
+                if let Some(got) = got {
+                    prop_assert_eq!(got, full);
+                }
+                let own = snapshot_cpu_score(
+                    summary.view(), req, true, fast.as_ref(), &scoring, &mut ScoreMemo::default(),
+                );
+                prop_assert_eq!(
+                    snapshot_cpu_score(summary.view(), req, true, fast.as_ref(), &scoring, &mut scores),
+                    own
+                );
+            }
+        }
+    }
+
+    /// Nodes whose devices differ but whose CPUs are alike replay the first one's CPU-side
+    /// decision where the devices answer alike, and decide again where they do not.
+    #[test]
+    fn alike_cpus_replay_a_decision_only_for_devices_that_answer_alike() {
+        let scoring = ScoringConfig::default();
+        let pod = pod(
+            &json!({"nvidia.com/gpu": "1", "cpu": "4", "memory": "1Gi"}),
+            Some("SingleNUMANode"),
+        );
+        let devices = pod_device_request(&pod).expect("valid").expect("devices");
+        let cpu = cpu_needs(&pod, true, &scoring).expect("valid");
+        let needs = PodNeeds {
+            devices: Some(devices.clone()),
+            cpu,
+        };
+        let fast = FastRequest::new(&devices, &scoring);
+        let mut fits = FitMemo::default();
+        let mut answer = |state: &NodeState| {
+            let summary = NodeSummary::of(state);
+            snapshot_fit(
+                Some(summary.view()),
+                &needs,
+                fast.as_ref(),
+                &scoring,
+                &mut fits,
+            )
+        };
+        // 4 GPUs, 2 per NUMA node. Free on both NUMA nodes; then NUMA 0's two held
+        // (ratio 100 on mask 1); then all four held: the same CPUs every time.
+        let free = node(4, &[], &[]);
+        let numa0_held = node(4, &[(1, 100), (1, 100)], &[]);
+        let numa0_held_again = node(4, &[(1, 100), (1, 100)], &[]);
+        let all_held = node(4, &[(1, 100), (1, 100), (2, 100), (2, 100)], &[]);
+        assert_eq!(answer(&free), Some(Ok(())));
+        assert_eq!(answer(&numa0_held), Some(Ok(())));
+        assert_eq!(answer(&numa0_held_again), Some(Ok(())));
+        let full = decide(Some(&all_held), &needs, &[], &scoring).map(|_| ());
+        assert!(full.is_err(), "no free GPU: {full:?}");
+        assert_eq!(answer(&all_held), Some(full));
+        // `free` asked mask {0} (yes) and stopped; `numa0_held` answers no there, so it
+        // was decided in full (asking {0}, no; {1}, yes); its twin replays that.
+        assert_eq!(fits.replayed(), 1);
     }
 }
