@@ -15,7 +15,8 @@
 //!   time;
 //! - scaling: on a 20,000-node cluster, the per-node cost ((case − pass-through) / nodes, p50)
 //!   at 1,000, 5,000 and 20,000 candidates, cold memo (each request decides its shape's
-//!   distinct node states, then looks the rest up) and warm (the lookup alone);
+//!   distinct node states, then looks the rest up) and warm (the lookup alone); and the same
+//!   excess split into the cost per node added between sizes and a fixed part per request;
 //! - distinct: the per-verb tables at 5,000 candidates on a cluster where no two nodes share a
 //!   state, so the within-request memo (one decision per distinct node state) cannot help:
 //!   cold, every node is decided; warm, every node is recalled.
@@ -651,6 +652,34 @@ async fn scaling(client: &HttpClient) {
                         .collect::<Vec<_>>()
                         .join(" / "),
                     spread * 100.0
+                );
+                // The same excess split into a per-request part and a per-node part: the
+                // cost per node added between two sizes, and what it leaves at 1,000 nodes.
+                // A request's fixed work (its decisions) weighs on the average above at
+                // small sizes; a superlinear term would show here as a rising slope.
+                let excess: Vec<(f64, f64)> = SCALING_SIZES
+                    .iter()
+                    .zip(&per_node)
+                    .map(|(n, c)| (*n as f64, c * *n as f64))
+                    .collect();
+                let slopes: Vec<f64> = excess
+                    .windows(2)
+                    .map(|w| (w[1].1 - w[0].1) / (w[1].0 - w[0].0))
+                    .collect();
+                let fixed_us = (excess[0].1 - slopes[0] * excess[0].0) / 1e3;
+                println!(
+                    "  {:<25} marginal ns/node {}: {}   (fixed per request ~{fixed_us:.0} us)",
+                    "",
+                    SCALING_SIZES
+                        .windows(2)
+                        .map(|w| format!("{}->{}", w[0], w[1]))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    slopes
+                        .iter()
+                        .map(|c| format!("{c:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
                 );
             }
         }
