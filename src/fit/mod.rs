@@ -805,6 +805,32 @@ mod aligned_tests {
         }
     }
 
+    /// Past its bounds (a fleet of distinct nodes) the memo keeps nothing more and every
+    /// answer is still the node's own decision.
+    #[test]
+    fn the_shared_memo_stays_bounded_and_still_decides_past_its_bounds() {
+        use crate::cluster::snapshot::Fingerprint;
+        let scoring = ScoringConfig::default();
+        let pod = pod(&json!({"nvidia.com/gpu": "1"}), None);
+        let devices = pod_device_request(&pod).expect("valid").expect("devices");
+        let fast = FastRequest::new(&devices, &scoring).expect("indexable");
+        let summary = NodeSummary::of(&node(4, &[], &[]));
+        let DeviceView::Indexed(index) = summary.view().devices else {
+            panic!("an indexed node");
+        };
+        let mut memo = AlignedMemo::<u32>::default();
+        for i in 0..200u32 {
+            let fingerprint = Fingerprint {
+                devices: u128::from(i),
+                cpu: u128::from(i),
+            };
+            let (answer, _) = memo.decide(fingerprint, index, &fast, |_| i);
+            assert_eq!(answer, i);
+        }
+        assert_eq!(memo.kept(), (64, 64));
+        assert_eq!(memo.replayed(), 0);
+    }
+
     /// Nodes whose devices differ but whose CPUs are alike replay the first one's CPU-side
     /// decision where the devices answer alike, and decide again where they do not.
     #[test]

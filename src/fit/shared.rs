@@ -105,6 +105,14 @@ impl<R: Clone + PartialEq + Debug> AlignedMemo<R> {
             }
             return (result, capacity);
         }
+        let keep = match &known {
+            Some((_, transcripts)) => transcripts.len() < MAX_TRANSCRIPTS,
+            None => room,
+        };
+        if !keep {
+            // Nowhere to keep it (a fleet of distinct nodes): decide without recording.
+            return (cpu_side(&mut answer), capacity);
+        }
         let mut asked = Vec::new();
         let result = cpu_side(&mut |mask| {
             let yes = answer(mask);
@@ -116,18 +124,14 @@ impl<R: Clone + PartialEq + Debug> AlignedMemo<R> {
             result: result.clone(),
         };
         match known {
-            Some((_, transcripts)) if transcripts.len() < MAX_TRANSCRIPTS => {
-                transcripts.push(transcript);
-            }
-            Some(_) => {}
-            None if room => {
+            Some((_, transcripts)) => transcripts.push(transcript),
+            None => {
                 self.transcripts.insert_unique(
                     hash,
                     (fingerprint.cpu, vec![transcript]),
                     |(k, _)| *k as u64,
                 );
             }
-            None => {}
         }
         (result, capacity)
     }
@@ -150,5 +154,10 @@ impl<R: Clone + PartialEq + Debug> AlignedMemo<R> {
     /// Decisions answered by replaying a transcript.
     pub fn replayed(&self) -> u32 {
         self.replayed
+    }
+
+    /// Device and CPU fingerprints kept (tests).
+    pub fn kept(&self) -> (usize, usize) {
+        (self.capacity.len(), self.transcripts.len())
     }
 }
