@@ -641,16 +641,8 @@ async fn scaling(client: &HttpClient) {
                 println!(
                     "  {verb:<10} {:<14} ns/node at {}: {}   (max deviation from their mean {:.0}%)",
                     case.label(),
-                    SCALING_SIZES
-                        .iter()
-                        .map(|n| n.to_string())
-                        .collect::<Vec<_>>()
-                        .join(" / "),
-                    per_node
-                        .iter()
-                        .map(|c| format!("{c:.0}"))
-                        .collect::<Vec<_>>()
-                        .join(" / "),
+                    slashed(SCALING_SIZES.iter().map(|n| n.to_string())),
+                    slashed(per_node.iter().map(|c| format!("{c:.0}"))),
                     spread * 100.0
                 );
                 // The same excess split into a per-request part and a per-node part: the
@@ -670,16 +662,12 @@ async fn scaling(client: &HttpClient) {
                 println!(
                     "  {:<25} marginal ns/node {}: {}   (fixed per request ~{fixed_us:.0} us)",
                     "",
-                    SCALING_SIZES
-                        .windows(2)
-                        .map(|w| format!("{}->{}", w[0], w[1]))
-                        .collect::<Vec<_>>()
-                        .join(" / "),
-                    slopes
-                        .iter()
-                        .map(|c| format!("{c:.0}"))
-                        .collect::<Vec<_>>()
-                        .join(" / "),
+                    slashed(
+                        SCALING_SIZES
+                            .windows(2)
+                            .map(|w| format!("{}->{}", w[0], w[1]))
+                    ),
+                    slashed(slopes.iter().map(|c| format!("{c:.0}"))),
                 );
             }
         }
@@ -688,6 +676,11 @@ async fn scaling(client: &HttpClient) {
         }
     }
     svc.shutdown().await.expect("shutdown");
+}
+
+/// `a / b / c`.
+fn slashed(items: impl Iterator<Item = String>) -> String {
+    items.collect::<Vec<_>>().join(" / ")
 }
 
 /// One pod at a time over one keep-alive connection: filter, then prioritize. `key` names the

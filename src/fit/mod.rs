@@ -696,6 +696,28 @@ mod aligned_tests {
         serde_json::from_value(p).expect("pod")
     }
 
+    /// An LSR pod asking for `gpus` GPUs and `cpus` CPUs under NUMA policy `policy`: its
+    /// device request, its needs, and the device request's fast form.
+    fn gpu_cpu_pod(
+        gpus: u32,
+        cpus: u32,
+        policy: &str,
+    ) -> (PodDeviceRequest, PodNeeds, Option<FastRequest>) {
+        let scoring = ScoringConfig::default();
+        let pod = pod(
+            &json!({"nvidia.com/gpu": gpus.to_string(), "cpu": cpus.to_string(), "memory": "1Gi"}),
+            Some(policy),
+        );
+        let devices = pod_device_request(&pod).expect("valid").expect("devices");
+        let cpu = cpu_needs(&pod, true, &scoring).expect("valid");
+        let fast = FastRequest::new(&devices, &scoring);
+        let needs = PodNeeds {
+            devices: Some(devices.clone()),
+            cpu,
+        };
+        (devices, needs, fast)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(400))]
 
@@ -710,14 +732,7 @@ mod aligned_tests {
         ) {
             let state = node(gpus, &gpu_holders, &cpusets);
             let scoring = ScoringConfig::default();
-            let pod = pod(
-                &json!({"nvidia.com/gpu": want_gpus.to_string(), "cpu": want_cpus.to_string(), "memory": "1Gi"}),
-                Some(policy),
-            );
-            let devices = pod_device_request(&pod).expect("valid").expect("devices");
-            let cpu = cpu_needs(&pod, true, &scoring).expect("valid");
-            let needs = PodNeeds { devices: Some(devices.clone()), cpu };
-            let fast = FastRequest::new(&devices, &scoring);
+            let (devices, needs, fast) = gpu_cpu_pod(want_gpus, want_cpus, policy);
             let full = decide(Some(&state), &needs, &[], &scoring).map(|_| ());
             // Filter's answer from the node's snapshot view.
             let summary = NodeSummary::of(&state);
@@ -775,15 +790,8 @@ mod aligned_tests {
             policy in prop_oneof![Just("BestEffort"), Just("Restricted"), Just("SingleNUMANode")],
         ) {
             let scoring = ScoringConfig::default();
-            let pod = pod(
-                &json!({"nvidia.com/gpu": want_gpus.to_string(), "cpu": want_cpus.to_string(), "memory": "1Gi"}),
-                Some(policy),
-            );
-            let devices = pod_device_request(&pod).expect("valid").expect("devices");
-            let cpu = cpu_needs(&pod, true, &scoring).expect("valid");
-            let needs = PodNeeds { devices: Some(devices.clone()), cpu };
+            let (_, needs, fast) = gpu_cpu_pod(want_gpus, want_cpus, policy);
             let req = needs.cpu.as_ref().expect("cpu needs");
-            let fast = FastRequest::new(&devices, &scoring);
             let (mut fits, mut scores) = (FitMemo::default(), ScoreMemo::default());
             for (d, c) in fleet {
                 let (gpus, holders) = &device_states[d % device_states.len()];
@@ -836,17 +844,7 @@ mod aligned_tests {
     #[test]
     fn alike_cpus_replay_a_decision_only_for_devices_that_answer_alike() {
         let scoring = ScoringConfig::default();
-        let pod = pod(
-            &json!({"nvidia.com/gpu": "1", "cpu": "4", "memory": "1Gi"}),
-            Some("SingleNUMANode"),
-        );
-        let devices = pod_device_request(&pod).expect("valid").expect("devices");
-        let cpu = cpu_needs(&pod, true, &scoring).expect("valid");
-        let needs = PodNeeds {
-            devices: Some(devices.clone()),
-            cpu,
-        };
-        let fast = FastRequest::new(&devices, &scoring);
+        let (_, needs, fast) = gpu_cpu_pod(1, 4, "SingleNUMANode");
         let mut fits = FitMemo::default();
         let mut answer = |state: &NodeState| {
             let summary = NodeSummary::of(state);
