@@ -1,7 +1,9 @@
 //! Every error-path metric is asserted somewhere (issue 9 §3); the ones no other test covers are
 //! asserted here, each by provoking its failure through the HTTP API or the fake API server's
-//! fault knobs and reading `/metrics` as an operator would. RELIABILITY.md maps every metric to
-//! the test that asserts it.
+//! fault knobs and reading `/metrics` as an operator would; `not_leader` by calling the bind
+//! handler over an in-memory pod API that takes leadership away on the bind's pod read (the
+//! fake server has no hook at that point). RELIABILITY.md maps every metric to the test that
+//! asserts it.
 
 use std::time::Duration;
 
@@ -351,4 +353,144 @@ async fn unusable_objects_are_counted_and_skipped() {
     fake.create(Kind::Pod, p.clone()).unwrap();
     env.bind(&p, "n1").await.unwrap();
     env.svc.shutdown().await.unwrap();
+}
+
+/// A `PodApi` that serves the stored pods and, on the bind's read of its pod, takes this
+/// replica's leadership away: as if the lease were lost between the request's arrival and
+/// the decision. Counts the writes it gets.
+struct LosesLeadershipOnRead {
+    inner: device_numa_extender::bind::OfflinePodApi,
+    readiness: std::sync::Arc<device_numa_extender::sync::Readiness>,
+    writes: std::sync::atomic::AtomicUsize,
+}
+
+impl device_numa_extender::bind::PodApi for LosesLeadershipOnRead {
+    fn get_pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<Option<device_numa_extender::model::pod::Pod>, device_numa_extender::bind::ApiError>,
+    > {
+        self.readiness.set_leader(false);
+        self.inner.get_pod(namespace, name)
+    }
+    fn patch_annotations<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        resource_version: Option<&'a str>,
+        annotations: &'a std::collections::BTreeMap<String, Option<String>>,
+    ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::bind::ApiError>> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner
+            .patch_annotations(namespace, name, uid, resource_version, annotations)
+    }
+    fn create_binding<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        node: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::bind::ApiError>> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.create_binding(namespace, name, uid, node)
+    }
+    fn confirmed_by_watch(&self) -> bool {
+        false
+    }
+}
+
+/// A bind whose replica loses leadership after the request was admitted writes nothing,
+/// gives back the GPU its decision assumed, and counts `dne_binds_total{outcome="not_leader"}`.
+/// (Over HTTP a standby answers "not ready" before bind runs, so only this interleaving
+/// reaches that outcome.)
+#[tokio::test]
+async fn a_bind_that_loses_leadership_midway_writes_nothing_and_counts_not_leader() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use device_numa_extender::bind::{Binder, OfflinePodApi};
+    use device_numa_extender::extender::input::decode;
+    use device_numa_extender::extender::wire::ExtenderArgsRef;
+    use device_numa_extender::extender::{AppState, handlers, verbs};
+    use device_numa_extender::ops::inspect::load_cluster_file;
+    use device_numa_extender::placement::device::score::ScoringConfig;
+    use device_numa_extender::sync::file_source::ClusterFile;
+
+    // Node `n1` with 2 GPUs; the pending pod asks for one.
+    let pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    let loaded = load_cluster_file(ClusterFile {
+        nodes: vec![serde_json::from_value(service::node("n1")).unwrap()],
+        pods: Vec::new(),
+        devices: vec![service::gpu_device("n1", 2, 1, &[])],
+        topologies: Vec::new(),
+        ignored: 0,
+    });
+    assert!(
+        loaded.readiness.is_ready(),
+        "{:?}",
+        loaded.readiness.not_ready_reason()
+    );
+    let api = Arc::new(LosesLeadershipOnRead {
+        inner: OfflinePodApi::new([serde_json::from_value(pod.clone()).unwrap()]),
+        readiness: loaded.readiness.clone(),
+        writes: AtomicUsize::new(0),
+    });
+    let scoring = Arc::new(ScoringConfig::default());
+    let binder = Arc::new(Binder::new(
+        api.clone(),
+        loaded.cluster.clone(),
+        loaded.readiness.clone(),
+        scoring.clone(),
+        loaded.metrics.clone(),
+    ));
+    let state = AppState {
+        cluster: loaded.cluster,
+        readiness: loaded.readiness,
+        metrics: loaded.metrics,
+        binder,
+        scoring,
+        body_limit: 1 << 20,
+        memos: Default::default(),
+    };
+
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    let body = axum::body::Body::from(service::binding_args(&pod, "n1").to_string());
+    let answer = handlers::bind(axum::extract::State(state.clone()), headers, body).await;
+    let answer: serde_json::Value = serde_json::from_slice(
+        &axum::body::to_bytes(answer.into_body(), 1 << 20)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let error = answer["Error"].as_str().unwrap_or_default();
+    assert!(error.contains("not the leader"), "answer: {answer}");
+    assert_eq!(
+        api.writes.load(Ordering::SeqCst),
+        0,
+        "a replica that is not the leader wrote"
+    );
+    let counted = |outcome: &str| state.metrics.binds.with_label_values(&[outcome]).get();
+    assert_eq!(counted("not_leader"), 1);
+    assert_eq!(counted("bound"), 0);
+
+    // Nothing stays assumed: a pod asking for both GPUs still fits `n1`.
+    let both = service::pending("q", json!({"nvidia.com/gpu": "2"}));
+    let body = serde_json::to_vec(&service::extender_args(&both, &["n1"])).unwrap();
+    let result = verbs::filter(&state, decode::<ExtenderArgsRef>(&body).unwrap());
+    assert_eq!(
+        result.node_names.unwrap_or_default(),
+        vec!["n1"],
+        "failed: {:?}",
+        result.failed_nodes
+    );
 }
