@@ -477,11 +477,12 @@ impl Names {
 /// order within a zone, in runs of consecutive nodes (its parallel filter works through
 /// chunks of the list). So while candidates come in order, each name is first compared with
 /// the name at the index after the last one resolved, and hashed only when that guess is
-/// wrong: one short comparison where the hash and probe cost a cache miss. Once two guesses in a row were wrong (zones interleaved, or any other order), it stops
-/// guessing, because a guess also makes each lookup wait for the one before it; it guesses
-/// again as soon as a hashed name turns out to be the next index. The answers are the same for
-/// any order: names are unique, so the name at the guessed index is the one the hash would
-/// find (debug builds check it).
+/// wrong: one short comparison where the hash and probe cost a cache miss. Once two guesses in
+/// a row were wrong (zones interleaved, or any other order), it stops guessing, because a
+/// guess also makes each lookup wait for the one before it; it guesses again as soon as a
+/// hashed name turns out to be the next index. The answers are the same for any order: names
+/// are unique, so the name at the guessed index is the one the hash would find (debug builds
+/// check it).
 pub struct Finder<'s> {
     snapshot: &'s Snapshot,
     next: usize,

@@ -14,8 +14,11 @@ use super::OpsError;
 use super::args::{InspectArgs, InspectFormat};
 use super::render;
 use super::view::{ClusterView, cluster_view};
+use crate::bind::{Binder, PodApi};
 use crate::cluster::ClusterState;
+use crate::extender::AppState;
 use crate::metrics::Metrics;
+use crate::placement::device::score::ScoringConfig;
 use crate::sync::file_source::ClusterFile;
 use crate::sync::{self, Readiness, SyncContext};
 
@@ -41,6 +44,33 @@ impl Loaded {
             cluster: self.cluster.clone(),
             readiness: self.readiness.clone(),
             metrics: self.metrics.clone(),
+        }
+    }
+
+    /// The verbs' state over these caches, binding through `api` (`simulate`, and tests that
+    /// drive the verbs without a server).
+    pub fn into_app_state(
+        self,
+        api: Arc<dyn PodApi>,
+        scoring: ScoringConfig,
+        body_limit: usize,
+    ) -> AppState {
+        let scoring = Arc::new(scoring);
+        let binder = Arc::new(Binder::new(
+            api,
+            self.cluster.clone(),
+            self.readiness.clone(),
+            scoring.clone(),
+            self.metrics.clone(),
+        ));
+        AppState {
+            cluster: self.cluster,
+            readiness: self.readiness,
+            metrics: self.metrics,
+            binder,
+            scoring,
+            body_limit,
+            memos: Default::default(),
         }
     }
 }

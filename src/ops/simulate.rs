@@ -22,10 +22,10 @@ use serde_json::Value;
 
 use super::OpsError;
 use super::args::{SimulateArgs, SimulateFormat};
-use super::inspect::{Loaded, load_cluster_file};
+use super::inspect::load_cluster_file;
 use super::render;
 use super::view::{ClusterView, Summary, cluster_view};
-use crate::bind::{Binder, OfflinePodApi, PodApi};
+use crate::bind::{OfflinePodApi, PodApi};
 use crate::cluster::NodeState;
 use crate::cluster::pod::{PodCpus, PodDevices};
 use crate::extender::AppState;
@@ -193,24 +193,7 @@ pub async fn simulate(
             .cloned()
             .chain(pending.iter().map(|(p, _)| p.clone())),
     ));
-    let loaded: Loaded = load_cluster_file(file);
-    let scoring = Arc::new(scoring);
-    let binder = Arc::new(Binder::new(
-        api.clone(),
-        loaded.cluster.clone(),
-        loaded.readiness.clone(),
-        scoring.clone(),
-        loaded.metrics.clone(),
-    ));
-    let state = AppState {
-        cluster: loaded.cluster.clone(),
-        readiness: loaded.readiness.clone(),
-        metrics: loaded.metrics.clone(),
-        binder,
-        scoring,
-        body_limit: usize::MAX,
-        memos: Default::default(),
-    };
+    let state = load_cluster_file(file).into_app_state(api.clone(), scoring, usize::MAX);
     let before = cluster_view(&state.cluster, &[]).summary;
 
     let mut placements = Vec::new();

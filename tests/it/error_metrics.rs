@@ -414,10 +414,10 @@ async fn a_bind_that_loses_leadership_midway_writes_nothing_and_counts_not_leade
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use device_numa_extender::bind::{Binder, OfflinePodApi};
+    use device_numa_extender::bind::OfflinePodApi;
     use device_numa_extender::extender::input::decode;
     use device_numa_extender::extender::wire::ExtenderArgsRef;
-    use device_numa_extender::extender::{AppState, handlers, verbs};
+    use device_numa_extender::extender::{handlers, verbs};
     use device_numa_extender::ops::inspect::load_cluster_file;
     use device_numa_extender::placement::device::score::ScoringConfig;
     use device_numa_extender::sync::file_source::ClusterFile;
@@ -441,23 +441,7 @@ async fn a_bind_that_loses_leadership_midway_writes_nothing_and_counts_not_leade
         readiness: loaded.readiness.clone(),
         writes: AtomicUsize::new(0),
     });
-    let scoring = Arc::new(ScoringConfig::default());
-    let binder = Arc::new(Binder::new(
-        api.clone(),
-        loaded.cluster.clone(),
-        loaded.readiness.clone(),
-        scoring.clone(),
-        loaded.metrics.clone(),
-    ));
-    let state = AppState {
-        cluster: loaded.cluster,
-        readiness: loaded.readiness,
-        metrics: loaded.metrics,
-        binder,
-        scoring,
-        body_limit: 1 << 20,
-        memos: Default::default(),
-    };
+    let state = loaded.into_app_state(api.clone(), ScoringConfig::default(), 1 << 20);
 
     let mut headers = axum::http::HeaderMap::new();
     headers.insert(

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use device_numa_extender::bind::{Binder, OfflinePodApi};
+use device_numa_extender::bind::OfflinePodApi;
 use device_numa_extender::extender::AppState;
 use device_numa_extender::extender::input::decode;
 use device_numa_extender::extender::verbs;
@@ -187,23 +187,11 @@ fn state_of(nodes: &[(String, Template)]) -> AppState {
         ignored: 0,
     });
     assert!(loaded.readiness.is_ready());
-    let scoring = Arc::new(ScoringConfig::default());
-    let binder = Arc::new(Binder::new(
+    loaded.into_app_state(
         Arc::new(OfflinePodApi::new(Vec::new())),
-        loaded.cluster.clone(),
-        loaded.readiness.clone(),
-        scoring.clone(),
-        loaded.metrics.clone(),
-    ));
-    AppState {
-        cluster: loaded.cluster,
-        readiness: loaded.readiness,
-        metrics: loaded.metrics,
-        binder,
-        scoring,
-        body_limit: usize::MAX,
-        memos: Default::default(),
-    }
+        ScoringConfig::default(),
+        usize::MAX,
+    )
 }
 
 /// The pending pods the property schedules.
