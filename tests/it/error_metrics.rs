@@ -1,8 +1,8 @@
 //! Every error-path metric is asserted somewhere (issue 9 §3); the ones no other test covers are
 //! asserted here, each by provoking its failure through the HTTP API or the fake API server's
-//! fault knobs and reading `/metrics` as an operator would; `not_leader` by calling the bind
-//! handler over an in-memory pod API that takes leadership away on the bind's pod read (the
-//! fake server has no hook at that point). RELIABILITY.md maps every metric to the test that
+//! fault knobs and reading `/metrics` as an operator would; `not_leader` and `internal` by
+//! calling the bind handler over an in-memory pod API that takes leadership away on the bind's
+//! pod read, or panics in the binding call (the fake server has no hook at those points). RELIABILITY.md maps every metric to the test that
 //! asserts it.
 
 use std::time::Duration;
@@ -355,16 +355,25 @@ async fn unusable_objects_are_counted_and_skipped() {
     env.svc.shutdown().await.unwrap();
 }
 
-/// A `PodApi` that serves the stored pods and, on the bind's read of its pod, takes this
-/// replica's leadership away: as if the lease were lost between the request's arrival and
-/// the decision. Counts the writes it gets.
-struct LosesLeadershipOnRead {
+/// What [`FaultyPodApi`] does wrong.
+enum Fault {
+    /// On the bind's read of its pod, takes this replica's leadership away: as if the lease
+    /// were lost between the request's arrival and the decision.
+    LosesLeadershipOnRead(std::sync::Arc<device_numa_extender::sync::Readiness>),
+    /// Panics in the binding call, after the annotations were written: a bug in the bind
+    /// task, the one way to reach `dne_binds_total{outcome="internal"}`.
+    PanicsOnBinding,
+}
+
+/// A `PodApi` that serves and writes the stored pods (offline) with one [`Fault`], and counts
+/// the writes it gets. The fake API server has no hook at these points.
+struct FaultyPodApi {
     inner: device_numa_extender::bind::OfflinePodApi,
-    readiness: std::sync::Arc<device_numa_extender::sync::Readiness>,
+    fault: Fault,
     writes: std::sync::atomic::AtomicUsize,
 }
 
-impl device_numa_extender::bind::PodApi for LosesLeadershipOnRead {
+impl device_numa_extender::bind::PodApi for FaultyPodApi {
     fn get_pod<'a>(
         &'a self,
         namespace: &'a str,
@@ -373,7 +382,9 @@ impl device_numa_extender::bind::PodApi for LosesLeadershipOnRead {
         'a,
         Result<Option<device_numa_extender::model::pod::Pod>, device_numa_extender::bind::ApiError>,
     > {
-        self.readiness.set_leader(false);
+        if let Fault::LosesLeadershipOnRead(readiness) = &self.fault {
+            readiness.set_leader(false);
+        }
         self.inner.get_pod(namespace, name)
     }
     fn patch_annotations<'a>(
@@ -396,6 +407,9 @@ impl device_numa_extender::bind::PodApi for LosesLeadershipOnRead {
         uid: &'a str,
         node: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::bind::ApiError>> {
+        if let Fault::PanicsOnBinding = self.fault {
+            panic!("injected: a bug in the bind task");
+        }
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.create_binding(namespace, name, uid, node)
@@ -405,25 +419,20 @@ impl device_numa_extender::bind::PodApi for LosesLeadershipOnRead {
     }
 }
 
-/// A bind whose replica loses leadership after the request was admitted writes nothing,
-/// gives back the GPU its decision assumed, and counts `dne_binds_total{outcome="not_leader"}`.
-/// (Over HTTP a standby answers "not ready" before bind runs, so only this interleaving
-/// reaches that outcome.)
-#[tokio::test]
-async fn a_bind_that_loses_leadership_midway_writes_nothing_and_counts_not_leader() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
+/// A service state over one node `n1` with 2 GPUs, no pods on it, whose pod API is a
+/// [`FaultyPodApi`] storing `pod` with the fault `fault(readiness)`.
+fn two_gpus_over_a_faulty_api(
+    pod: &serde_json::Value,
+    fault: impl FnOnce(std::sync::Arc<device_numa_extender::sync::Readiness>) -> Fault,
+) -> (
+    device_numa_extender::extender::AppState,
+    std::sync::Arc<FaultyPodApi>,
+) {
     use device_numa_extender::bind::OfflinePodApi;
-    use device_numa_extender::extender::input::decode;
-    use device_numa_extender::extender::wire::ExtenderArgsRef;
-    use device_numa_extender::extender::{handlers, verbs};
     use device_numa_extender::ops::inspect::load_cluster_file;
     use device_numa_extender::placement::device::score::ScoringConfig;
     use device_numa_extender::sync::file_source::ClusterFile;
 
-    // Node `n1` with 2 GPUs; the pending pod asks for one.
-    let pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
     let loaded = load_cluster_file(ClusterFile {
         nodes: vec![serde_json::from_value(service::node("n1")).unwrap()],
         pods: Vec::new(),
@@ -436,45 +445,105 @@ async fn a_bind_that_loses_leadership_midway_writes_nothing_and_counts_not_leade
         "{:?}",
         loaded.readiness.not_ready_reason()
     );
-    let api = Arc::new(LosesLeadershipOnRead {
+    let api = std::sync::Arc::new(FaultyPodApi {
         inner: OfflinePodApi::new([serde_json::from_value(pod.clone()).unwrap()]),
-        readiness: loaded.readiness.clone(),
-        writes: AtomicUsize::new(0),
+        fault: fault(loaded.readiness.clone()),
+        writes: std::sync::atomic::AtomicUsize::new(0),
     });
     let state = loaded.into_app_state(api.clone(), ScoringConfig::default(), 1 << 20);
+    (state, api)
+}
 
+/// Binds `pod` to `node` through the bind handler (as the HTTP route does, without HTTP);
+/// the answer's `Error`.
+async fn bind_through_the_handler(
+    state: &device_numa_extender::extender::AppState,
+    pod: &serde_json::Value,
+    node: &str,
+) -> String {
     let mut headers = axum::http::HeaderMap::new();
     headers.insert(
         axum::http::header::CONTENT_TYPE,
         axum::http::HeaderValue::from_static("application/json"),
     );
-    let body = axum::body::Body::from(service::binding_args(&pod, "n1").to_string());
-    let answer = handlers::bind(axum::extract::State(state.clone()), headers, body).await;
+    let body = axum::body::Body::from(service::binding_args(pod, node).to_string());
+    let answer = device_numa_extender::extender::handlers::bind(
+        axum::extract::State(state.clone()),
+        headers,
+        body,
+    )
+    .await;
     let answer: serde_json::Value = serde_json::from_slice(
         &axum::body::to_bytes(answer.into_body(), 1 << 20)
             .await
             .unwrap(),
     )
     .unwrap();
-    let error = answer["Error"].as_str().unwrap_or_default();
-    assert!(error.contains("not the leader"), "answer: {answer}");
+    answer["Error"].as_str().unwrap_or_default().to_string()
+}
+
+/// Filter's passing nodes for a pod asking for both of `n1`'s GPUs.
+fn passing_for_both_gpus(state: &device_numa_extender::extender::AppState) -> Vec<String> {
+    use device_numa_extender::extender::input::decode;
+    use device_numa_extender::extender::verbs;
+    use device_numa_extender::extender::wire::ExtenderArgsRef;
+
+    let both = service::pending("q", json!({"nvidia.com/gpu": "2"}));
+    let body = serde_json::to_vec(&service::extender_args(&both, &["n1"])).unwrap();
+    let result = verbs::filter(state, decode::<ExtenderArgsRef>(&body).unwrap());
+    result
+        .node_names
+        .unwrap_or_default()
+        .into_iter()
+        .map(|n| n.into_owned())
+        .collect()
+}
+
+fn binds_counted(state: &device_numa_extender::extender::AppState, outcome: &str) -> u64 {
+    state.metrics.binds.with_label_values(&[outcome]).get()
+}
+
+/// A bind whose replica loses leadership after the request was admitted writes nothing,
+/// gives back the GPU its decision assumed, and counts `dne_binds_total{outcome="not_leader"}`.
+/// (Over HTTP a standby answers "not ready" before bind runs, so only this interleaving
+/// reaches that outcome.)
+#[tokio::test]
+async fn a_bind_that_loses_leadership_midway_writes_nothing_and_counts_not_leader() {
+    use std::sync::atomic::Ordering;
+
+    // The pending pod asks for one of n1's two GPUs.
+    let pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    let (state, api) = two_gpus_over_a_faulty_api(&pod, Fault::LosesLeadershipOnRead);
+    let error = bind_through_the_handler(&state, &pod, "n1").await;
+    assert!(error.contains("not the leader"), "answer's error: {error}");
     assert_eq!(
         api.writes.load(Ordering::SeqCst),
         0,
         "a replica that is not the leader wrote"
     );
-    let counted = |outcome: &str| state.metrics.binds.with_label_values(&[outcome]).get();
-    assert_eq!(counted("not_leader"), 1);
-    assert_eq!(counted("bound"), 0);
-
+    assert_eq!(binds_counted(&state, "not_leader"), 1);
+    assert_eq!(binds_counted(&state, "bound"), 0);
     // Nothing stays assumed: a pod asking for both GPUs still fits `n1`.
-    let both = service::pending("q", json!({"nvidia.com/gpu": "2"}));
-    let body = serde_json::to_vec(&service::extender_args(&both, &["n1"])).unwrap();
-    let result = verbs::filter(&state, decode::<ExtenderArgsRef>(&body).unwrap());
-    assert_eq!(
-        result.node_names.unwrap_or_default(),
-        vec!["n1"],
-        "failed: {:?}",
-        result.failed_nodes
+    assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
+}
+
+/// A bind task that panics after writing the pod's annotations answers an error naming an
+/// internal error and counts `dne_binds_total{outcome="internal"}`. Its outcome is unknown,
+/// so the GPU it assumed stays held (never handed out twice) until the expiry reads the pod,
+/// finds it unbound, and releases it: the panic leaks nothing for good.
+#[tokio::test]
+async fn a_bind_task_that_panics_counts_internal_and_holds_its_gpu_until_expiry() {
+    let pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    let (state, _api) = two_gpus_over_a_faulty_api(&pod, |_| Fault::PanicsOnBinding);
+    let error = bind_through_the_handler(&state, &pod, "n1").await;
+    assert!(error.contains("internal error"), "answer's error: {error}");
+    assert_eq!(binds_counted(&state, "internal"), 1);
+    assert_eq!(binds_counted(&state, "bound"), 0);
+    assert!(
+        passing_for_both_gpus(&state).is_empty(),
+        "the panicked bind's GPU was handed out again while its outcome is unknown"
     );
+    // Expiry (any age) asks the API: the pod is not bound, so the GPU comes back.
+    assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 1);
+    assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
 }
