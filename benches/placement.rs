@@ -16,6 +16,12 @@
 //! `PLACEMENT_CLUSTER=distinct` runs everything on a cluster where no two nodes share a state
 //! (the per-request memo's worst case); `--bench none` skips criterion, leaving percentiles;
 //! `PLACEMENT_CASES` (comma-separated case labels) picks the percentile cases.
+//!
+//! `PLACEMENT_SCALING=1` instead times the verbs alone (decode and encode untimed) at 1,000,
+//! 5,000 and 20,000 candidates of a 20,000-node cluster, warm and cold memo, and splits each
+//! case's excess over the pass-through into a cost per node and a fixed part per request.
+//! `PLACEMENT_LOOP=warm|cold` runs filter alone for one case in a steady loop, to profile:
+//! `PLACEMENT_LOOP=cold perf record target/release/deps/placement-* --bench none`.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -106,13 +112,13 @@ fn pod_of(case: Case, name: &str, uid: &str) -> Pod {
 }
 
 /// The synthetic cluster, replayed through the offline sync path, behind a ready `AppState`.
-fn state() -> AppState {
+fn state(nodes: usize) -> AppState {
     // PLACEMENT_CLUSTER=distinct: no two nodes alike (`common::cluster_of_distinct_holders`),
     // the per-request memo's worst case.
     let c = if std::env::var("PLACEMENT_CLUSTER").is_ok_and(|v| v == "distinct") {
-        common::cluster_of_distinct_holders(NODES)
+        common::cluster_of_distinct_holders(nodes)
     } else {
-        common::cluster(NODES, true)
+        common::cluster(nodes, true)
     };
     fn typed<T: serde::de::DeserializeOwned>(v: Vec<serde_json::Value>) -> Vec<T> {
         v.into_iter()
@@ -581,21 +587,180 @@ fn main() {
         c.final_summary();
         return;
     }
+    // PLACEMENT_SCALING=1: the verbs alone at 1,000 / 5,000 / 20,000 candidates, then stop.
+    if std::env::var("PLACEMENT_SCALING").is_ok_and(|v| v == "1") {
+        let state = std::thread::spawn(|| state(SCALING_NODES))
+            .join()
+            .expect("build the cluster");
+        verb_scaling(&state);
+        return;
+    }
     let started = Instant::now();
     // Build the caches on another thread, as the service's sync tasks do: glibc gives each
     // thread its own malloc arena, and measuring on the arena fragmented by building 150,000
     // pod records made every allocation (baseline included) several times slower than in the
     // service, where requests mostly run on other arenas (see BENCHMARKS.md).
-    let state = std::thread::spawn(state).join().expect("build the cluster");
+    let state = std::thread::spawn(|| state(NODES))
+        .join()
+        .expect("build the cluster");
     eprintln!("cluster of {NODES} nodes built in {:?}", started.elapsed());
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
+    if std::env::var("PLACEMENT_LOOP").is_ok() {
+        profile_loop(&state);
+        return;
+    }
     benches(&mut c, &state, &rt);
     c.final_summary();
     // PLACEMENT_PERCENTILES=0 skips the percentile pass (e.g. when filtering criterion benches).
     let percentiles_on = std::env::var("PLACEMENT_PERCENTILES").map_or(true, |v| v != "0");
     if !quick && percentiles_on {
         percentiles(&state, &rt);
+    }
+}
+
+// ---- the verbs alone: scaling and a loop to profile -----------------------------------------
+
+/// The cluster of the scaling section, and its candidate counts.
+const SCALING_NODES: usize = 20_000;
+const SCALING_SIZES: [usize; 3] = [1_000, 5_000, SCALING_NODES];
+
+/// The percentile cases `PLACEMENT_CASES` picks (by label; default `default`).
+fn picked_cases(default: &[Case]) -> Vec<Case> {
+    match std::env::var("PLACEMENT_CASES") {
+        Ok(v) => Case::ALL
+            .into_iter()
+            .filter(|c| v.split(',').any(|l| l == c.label()))
+            .collect(),
+        Err(_) => default.to_vec(),
+    }
+}
+
+/// The time of `verb` alone on `body` (decode before, drop after: untimed), after emptying
+/// the verb's memo when `cold`.
+fn time_verb(state: &AppState, body: &[u8], filter: bool, cold: bool) -> Duration {
+    let args: ExtenderArgsRef = decode(body).expect("valid body");
+    match (cold, filter) {
+        (true, true) => state.memos.filter.clear(),
+        (true, false) => state.memos.prioritize.clear(),
+        (false, _) => {}
+    }
+    // The answer is dropped after the clock stops.
+    let t = Instant::now();
+    let (took, filtered, prioritized);
+    if filter {
+        filtered = Some(black_box(verbs::filter(state, args)));
+        took = t.elapsed();
+        prioritized = None;
+    } else {
+        prioritized = Some(black_box(verbs::prioritize(state, args)));
+        took = t.elapsed();
+        filtered = None;
+    }
+    drop((filtered, prioritized));
+    took
+}
+
+/// The verbs alone (no decode, no encode, no HTTP) at 1,000, 5,000 and 20,000 candidates of
+/// a 20,000-node cluster, warm and cold memo: the per-node cost ((case − pass-through) / n,
+/// p50), the cost added per node between sizes, and the fixed part per request. Over HTTP
+/// the same split is noisier (`http_load`'s scaling phase); here it says what the decisions
+/// themselves cost. Cases interleave request by request, so drifts hit all alike.
+fn verb_scaling(state: &AppState) {
+    println!("\n== the verbs alone, {SCALING_NODES}-node cluster, names mode, p50 ==");
+    println!("{}", common::machine());
+    let cases = picked_cases(&[Case::NoDevices, Case::SharedGpu, Case::GpuCpuset]);
+    let rounds = 200;
+    for filter in [true, false] {
+        let verb = if filter { "filter" } else { "prioritize" };
+        for cold in [false, true] {
+            // p50 per case and size.
+            let mut p50 = vec![[Duration::ZERO; SCALING_SIZES.len()]; cases.len()];
+            for (s, &n) in SCALING_SIZES.iter().enumerate() {
+                let bodies: Vec<Vec<u8>> = cases.iter().map(|c| extender_body(*c, n)).collect();
+                let mut samples = vec![Vec::with_capacity(rounds); cases.len()];
+                for round in 0..rounds + rounds / 10 {
+                    for (c, body) in bodies.iter().enumerate() {
+                        let took = time_verb(state, body, filter, cold);
+                        if round >= rounds / 10 {
+                            samples[c].push(took);
+                        }
+                    }
+                }
+                for (c, samples) in samples.iter_mut().enumerate() {
+                    p50[c][s] = summarize(samples).p50;
+                }
+            }
+            let memo = if cold { "cold" } else { "warm" };
+            println!("{verb}, {memo} memo (p50 at {SCALING_SIZES:?} candidates)");
+            let base = cases.iter().position(|c| *c == Case::NoDevices);
+            for (c, case) in cases.iter().enumerate() {
+                let us = |d: Duration| d.as_secs_f64() * 1e6;
+                let times: Vec<String> = p50[c].iter().map(|d| format!("{:.1}", us(*d))).collect();
+                let mut line = format!("  {:<13} {} us", case.label(), times.join(" / "));
+                if let (Some(b), false) = (base, *case == Case::NoDevices) {
+                    // Excess over the pass-through, in ns.
+                    let excess: Vec<f64> = (0..SCALING_SIZES.len())
+                        .map(|s| (us(p50[c][s]) - us(p50[b][s])) * 1e3)
+                        .collect();
+                    let per_node: Vec<f64> = excess
+                        .iter()
+                        .zip(SCALING_SIZES)
+                        .map(|(e, n)| e / n as f64)
+                        .collect();
+                    let mean = per_node.iter().sum::<f64>() / per_node.len() as f64;
+                    let spread = per_node
+                        .iter()
+                        .map(|p| (p - mean).abs() / mean)
+                        .fold(0.0, f64::max);
+                    let added: Vec<f64> = (1..SCALING_SIZES.len())
+                        .map(|s| {
+                            (excess[s] - excess[s - 1])
+                                / (SCALING_SIZES[s] - SCALING_SIZES[s - 1]) as f64
+                        })
+                        .collect();
+                    let fixed_us = (excess[0] - added[0] * SCALING_SIZES[0] as f64) / 1e3;
+                    line += &format!(
+                        "  per node {} ns (±{:.0} %)  added per node {} ns  fixed ~{fixed_us:.1} us",
+                        per_node
+                            .iter()
+                            .map(|p| format!("{p:.1}"))
+                            .collect::<Vec<_>>()
+                            .join(" / "),
+                        spread * 100.0,
+                        added
+                            .iter()
+                            .map(|p| format!("{p:.1}"))
+                            .collect::<Vec<_>>()
+                            .join(" / "),
+                    );
+                }
+                println!("{line}");
+            }
+        }
+    }
+}
+
+/// `PLACEMENT_LOOP=warm|cold`: filter alone (decode untimed but run), for the picked cases
+/// (default GPU + CPUs) at 1,000 candidates, `PLACEMENT_LOOP_ITERS` times (default 40,000):
+/// a steady loop to record with `perf record` and compare warm against cold.
+fn profile_loop(state: &AppState) {
+    let cold = std::env::var("PLACEMENT_LOOP").is_ok_and(|v| v == "cold");
+    let iters: u32 = std::env::var("PLACEMENT_LOOP_ITERS").map_or(40_000, |v| {
+        v.parse().expect("PLACEMENT_LOOP_ITERS is a count")
+    });
+    for case in picked_cases(&[Case::GpuCpuset]) {
+        let body = extender_body(case, 1_000);
+        let t = Instant::now();
+        for _ in 0..iters {
+            black_box(time_verb(state, &body, true, cold));
+        }
+        println!(
+            "{} {}: {:?} per request (decode included)",
+            case.label(),
+            if cold { "cold" } else { "warm" },
+            t.elapsed() / iters
+        );
     }
 }

@@ -224,7 +224,7 @@ impl Cluster {
 }
 
 /// The pods the benches schedule: pending, unassigned.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Case {
     /// Half a GPU (gpu-core 50, gpu-memory-ratio 50).
     SharedGpu,
