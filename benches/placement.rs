@@ -626,7 +626,7 @@ fn main() {
 const SCALING_NODES: usize = 20_000;
 const SCALING_SIZES: [usize; 3] = [1_000, 5_000, SCALING_NODES];
 
-/// The percentile cases `PLACEMENT_CASES` picks (by label; default `default`).
+/// The cases `PLACEMENT_CASES` picks (comma-separated labels), `default` without it.
 fn picked_cases(default: &[Case]) -> Vec<Case> {
     match std::env::var("PLACEMENT_CASES") {
         Ok(v) => Case::ALL
@@ -637,8 +637,8 @@ fn picked_cases(default: &[Case]) -> Vec<Case> {
     }
 }
 
-/// The time of `verb` alone on `body` (decode before, drop after: untimed), after emptying
-/// the verb's memo when `cold`.
+/// The time of filter (`filter`) or prioritize alone on `body` (decode before, drop after:
+/// untimed), after emptying that verb's memo when `cold`.
 fn time_verb(state: &AppState, body: &[u8], filter: bool, cold: bool) -> Duration {
     let args: ExtenderArgsRef = decode(body).expect("valid body");
     match (cold, filter) {
