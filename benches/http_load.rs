@@ -49,7 +49,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use common::{Case, extender_body, ms, summarize};
+use common::{Case, PerNodeSplit, extender_body, ms, slashed, summarize};
 use device_numa_extender::app::Service;
 use device_numa_extender::extender::input::{decode, read_body};
 use device_numa_extender::extender::verbs;
@@ -620,9 +620,10 @@ async fn scaling(client: &HttpClient) {
                 .iter()
                 .filter(|c| !matches!(c, Case::NoDevices))
             {
-                let per_node: Vec<f64> = rows
+                // Case p50 − pass-through p50 at each size, in ns.
+                let excess_ns: Vec<f64> = rows
                     .iter()
-                    .map(|(nodes, table)| {
+                    .map(|(_, table)| {
                         let p50 = |c: &Case| {
                             table
                                 .iter()
@@ -630,44 +631,31 @@ async fn scaling(client: &HttpClient) {
                                 .map(|(_, _, s)| s.p50.as_secs_f64())
                                 .expect("measured")
                         };
-                        (p50(case) - p50(&Case::NoDevices)) / *nodes as f64 * 1e9
+                        (p50(case) - p50(&Case::NoDevices)) * 1e9
                     })
                     .collect();
-                let mean = per_node.iter().sum::<f64>() / per_node.len() as f64;
-                let spread = per_node
-                    .iter()
-                    .map(|c| (c - mean).abs() / mean.abs().max(f64::EPSILON))
-                    .fold(0.0, f64::max);
+                let split = PerNodeSplit::new(&SCALING_SIZES, &excess_ns);
                 println!(
                     "  {verb:<10} {:<14} ns/node at {}: {}   (max deviation from their mean {:.0}%)",
                     case.label(),
                     slashed(SCALING_SIZES.iter().map(|n| n.to_string())),
-                    slashed(per_node.iter().map(|c| format!("{c:.0}"))),
-                    spread * 100.0
+                    slashed(split.per_node.iter().map(|c| format!("{c:.0}"))),
+                    split.spread * 100.0
                 );
                 // The same excess split into a per-request part and a per-node part: the
                 // cost per node added between two sizes, and what it leaves at 1,000 nodes.
                 // A request's fixed work (its decisions) weighs on the average above at
                 // small sizes; a superlinear term would show here as a rising slope.
-                let excess: Vec<(f64, f64)> = SCALING_SIZES
-                    .iter()
-                    .zip(&per_node)
-                    .map(|(n, c)| (*n as f64, c * *n as f64))
-                    .collect();
-                let slopes: Vec<f64> = excess
-                    .windows(2)
-                    .map(|w| (w[1].1 - w[0].1) / (w[1].0 - w[0].0))
-                    .collect();
-                let fixed_us = (excess[0].1 - slopes[0] * excess[0].0) / 1e3;
                 println!(
-                    "  {:<25} marginal ns/node {}: {}   (fixed per request ~{fixed_us:.0} us)",
+                    "  {:<25} marginal ns/node {}: {}   (fixed per request ~{:.0} us)",
                     "",
                     slashed(
                         SCALING_SIZES
                             .windows(2)
                             .map(|w| format!("{}->{}", w[0], w[1]))
                     ),
-                    slashed(slopes.iter().map(|c| format!("{c:.0}"))),
+                    slashed(split.added.iter().map(|c| format!("{c:.0}"))),
+                    split.fixed_us,
                 );
             }
         }
@@ -676,11 +664,6 @@ async fn scaling(client: &HttpClient) {
         }
     }
     svc.shutdown().await.expect("shutdown");
-}
-
-/// `a / b / c`.
-fn slashed(items: impl Iterator<Item = String>) -> String {
-    items.collect::<Vec<_>>().join(" / ")
 }
 
 /// One pod at a time over one keep-alive connection: filter, then prioritize. `key` names the

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use futures::future::BoxFuture;
 
-use common::{Case, extender_body, summarize};
+use common::{Case, PerNodeSplit, extender_body, slashed, summarize};
 use device_numa_extender::bind::{ApiError, Binder, PodApi, allocate_on};
 use device_numa_extender::cluster::ClusterState;
 use device_numa_extender::cluster::devices::{EntryState, RecordedAllocation};
@@ -646,19 +646,19 @@ fn time_verb(state: &AppState, body: &[u8], filter: bool, cold: bool) -> Duratio
         (true, false) => state.memos.prioritize.clear(),
         (false, _) => {}
     }
-    // The answer is dropped after the clock stops.
-    let t = Instant::now();
-    let (took, filtered, prioritized);
     if filter {
-        filtered = Some(black_box(verbs::filter(state, args)));
-        took = t.elapsed();
-        prioritized = None;
+        timed(|| verbs::filter(state, args))
     } else {
-        prioritized = Some(black_box(verbs::prioritize(state, args)));
-        took = t.elapsed();
-        filtered = None;
+        timed(|| verbs::prioritize(state, args))
     }
-    drop((filtered, prioritized));
+}
+
+/// How long `f` takes; its answer is dropped after the clock stops.
+fn timed<T>(f: impl FnOnce() -> T) -> Duration {
+    let t = Instant::now();
+    let answer = black_box(f());
+    let took = t.elapsed();
+    drop(answer);
     took
 }
 
@@ -697,43 +697,20 @@ fn verb_scaling(state: &AppState) {
             let base = cases.iter().position(|c| *c == Case::NoDevices);
             for (c, case) in cases.iter().enumerate() {
                 let us = |d: Duration| d.as_secs_f64() * 1e6;
-                let times: Vec<String> = p50[c].iter().map(|d| format!("{:.1}", us(*d))).collect();
-                let mut line = format!("  {:<13} {} us", case.label(), times.join(" / "));
+                let times = slashed(p50[c].iter().map(|d| format!("{:.1}", us(*d))));
+                let mut line = format!("  {:<13} {times} us", case.label());
                 if let (Some(b), false) = (base, *case == Case::NoDevices) {
-                    // Excess over the pass-through, in ns.
-                    let excess: Vec<f64> = (0..SCALING_SIZES.len())
+                    let excess_ns: Vec<f64> = (0..SCALING_SIZES.len())
                         .map(|s| (us(p50[c][s]) - us(p50[b][s])) * 1e3)
                         .collect();
-                    let per_node: Vec<f64> = excess
-                        .iter()
-                        .zip(SCALING_SIZES)
-                        .map(|(e, n)| e / n as f64)
-                        .collect();
-                    let mean = per_node.iter().sum::<f64>() / per_node.len() as f64;
-                    let spread = per_node
-                        .iter()
-                        .map(|p| (p - mean).abs() / mean)
-                        .fold(0.0, f64::max);
-                    let added: Vec<f64> = (1..SCALING_SIZES.len())
-                        .map(|s| {
-                            (excess[s] - excess[s - 1])
-                                / (SCALING_SIZES[s] - SCALING_SIZES[s - 1]) as f64
-                        })
-                        .collect();
-                    let fixed_us = (excess[0] - added[0] * SCALING_SIZES[0] as f64) / 1e3;
+                    let split = PerNodeSplit::new(&SCALING_SIZES, &excess_ns);
+                    let ns = |v: &[f64]| slashed(v.iter().map(|p| format!("{p:.1}")));
                     line += &format!(
-                        "  per node {} ns (±{:.0} %)  added per node {} ns  fixed ~{fixed_us:.1} us",
-                        per_node
-                            .iter()
-                            .map(|p| format!("{p:.1}"))
-                            .collect::<Vec<_>>()
-                            .join(" / "),
-                        spread * 100.0,
-                        added
-                            .iter()
-                            .map(|p| format!("{p:.1}"))
-                            .collect::<Vec<_>>()
-                            .join(" / "),
+                        "  per node {} ns (±{:.0} %)  added per node {} ns  fixed ~{:.1} us",
+                        ns(&split.per_node),
+                        split.spread * 100.0,
+                        ns(&split.added),
+                        split.fixed_us,
                     );
                 }
                 println!("{line}");

@@ -319,6 +319,52 @@ pub fn extender_body(case: Case, nodes: usize) -> Vec<u8> {
 /// An annotation no decision reads, padding every case's body to the same length.
 pub const PAD_ANNOTATION: &str = "bench.example.com/pad";
 
+/// A placement case's excess over the pass-through request at several candidate counts,
+/// split the way the scaling rows of `http_load` and `placement` report it.
+pub struct PerNodeSplit {
+    /// The per-node cost at each size: excess / candidates, in ns.
+    pub per_node: Vec<f64>,
+    /// The largest deviation of `per_node` from its mean, as a fraction of the mean.
+    pub spread: f64,
+    /// The cost per node added between two consecutive sizes, in ns: flat when there is no
+    /// superlinear term.
+    pub added: Vec<f64>,
+    /// What the first slope leaves at the smallest size: the fixed part per request, in µs.
+    pub fixed_us: f64,
+}
+
+impl PerNodeSplit {
+    /// `excess_ns[i]`: case p50 − pass-through p50 at `sizes[i]` candidates, in ns (at least
+    /// two sizes, ascending).
+    pub fn new(sizes: &[usize], excess_ns: &[f64]) -> Self {
+        let per_node: Vec<f64> = excess_ns
+            .iter()
+            .zip(sizes)
+            .map(|(e, n)| e / *n as f64)
+            .collect();
+        let mean = per_node.iter().sum::<f64>() / per_node.len() as f64;
+        let spread = per_node
+            .iter()
+            .map(|c| (c - mean).abs() / mean.abs().max(f64::EPSILON))
+            .fold(0.0, f64::max);
+        let added: Vec<f64> = (1..sizes.len())
+            .map(|i| (excess_ns[i] - excess_ns[i - 1]) / (sizes[i] - sizes[i - 1]) as f64)
+            .collect();
+        let fixed_us = (excess_ns[0] - added[0] * sizes[0] as f64) / 1e3;
+        PerNodeSplit {
+            per_node,
+            spread,
+            added,
+            fixed_us,
+        }
+    }
+}
+
+/// `a / b / c`.
+pub fn slashed(items: impl Iterator<Item = String>) -> String {
+    items.collect::<Vec<_>>().join(" / ")
+}
+
 /// Percentiles of a sample, nearest-rank.
 pub struct Summary {
     pub n: usize,

@@ -2,8 +2,8 @@
 //! asserted here, each by provoking its failure through the HTTP API or the fake API server's
 //! fault knobs and reading `/metrics` as an operator would; `not_leader` and `internal` by
 //! calling the bind handler over an in-memory pod API that takes leadership away on the bind's
-//! pod read, or panics in the binding call (the fake server has no hook at those points). RELIABILITY.md maps every metric to the test that
-//! asserts it.
+//! pod read, or panics in the binding call (the fake server has no hook at those points).
+//! RELIABILITY.md maps every metric to the test that asserts it.
 
 use std::time::Duration;
 
