@@ -11,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 use crate::bind::{Binder, KubePodApi, OfflinePodApi, PodApi};
 use crate::cli::ServeArgs;
 use crate::cluster::ClusterState;
-use crate::extender::tls::{self, TlsError, TlsReloader};
+use crate::extender::listener::{self, Listener};
+use crate::extender::tls::{TlsError, TlsReloader};
 use crate::extender::{self, AppState, HttpConfig};
 use crate::metrics::Metrics;
 use crate::placement::device::score::ScoringConfig;
@@ -39,6 +40,8 @@ pub enum ServeError {
     CpuScoring(#[from] crate::fit::CpuScoringError),
     #[error("invalid leader election flags: {0}")]
     LeaderElection(String),
+    #[error("invalid listener limits: {0}")]
+    Limits(String),
     #[error("invalid TLS files: {0}")]
     Tls(#[from] TlsError),
     #[error("HTTP server failed: {0}")]
@@ -149,6 +152,14 @@ impl Service {
         if let Some(crate::leader::LeaderMode::Elect(config)) = args.leader_mode() {
             config.validate().map_err(ServeError::LeaderElection)?;
         }
+        // Listener and body limits: a bad flag fails the start, before anything listens.
+        let verb_limits = args.connection_limits(false);
+        let probe_limits = args.connection_limits(true);
+        verb_limits
+            .validate("--max-connections")
+            .and_then(|()| probe_limits.validate("--probe-max-connections"))
+            .and_then(|()| args.body_limits().validate())
+            .map_err(ServeError::Limits)?;
         let metrics = Metrics::new();
         let cluster = Arc::new(ClusterState::new());
         // Capacity gauges are computed from the caches on each scrape, not per request.
@@ -279,6 +290,7 @@ impl Service {
             path_prefix: args.path_prefix.clone(),
             request_timeout: args.request_timeout,
             max_concurrency: args.max_concurrency,
+            bodies: args.body_limits(),
         };
         // Certificates first: a bad file must fail the start, before anything listens.
         let tls = args
@@ -325,53 +337,37 @@ impl Service {
             sync::run_file(&ctx, file);
         }
 
-        let verbs = match tls {
-            None => {
-                let graceful = shutdown.clone();
-                tokio::spawn(async move {
-                    axum::serve(listener, verb_app)
-                        .with_graceful_shutdown(async move { graceful.cancelled().await })
-                        .await
-                        .map_err(ServeError::Serve)
-                })
-            }
-            Some(reloader) => {
-                let config = reloader.rustls_config();
+        let verbs = {
+            let live = tls.as_ref().map(TlsReloader::live_config);
+            if let Some(reloader) = tls {
                 tokio::spawn(reloader.run(args.tls_reload_interval, shutdown.clone()));
-                let handle = axum_server::Handle::new();
-                {
-                    let (handle, graceful) = (handle.clone(), shutdown.clone());
-                    tokio::spawn(async move {
-                        graceful.cancelled().await;
-                        // None: like axum::serve, wait for in-flight requests (binds) to end.
-                        handle.graceful_shutdown(None);
-                    });
-                }
-                let metrics = metrics.clone();
-                let server = axum_server::Server::from_listener(listener)
-                    .acceptor(axum_server::tls_rustls::RustlsAcceptor::new(config))
-                    .handle(handle)
-                    .http1_only()
-                    .accept_error_handler(move |peer, e| {
-                        tls::record_handshake_failure(&metrics, peer, e)
-                    });
-                tokio::spawn(async move {
-                    server
-                        .serve(verb_app.into_make_service())
-                        .await
-                        .map_err(ServeError::Serve)
-                })
             }
+            let listener_config = Listener {
+                name: "verbs",
+                router: verb_app,
+                limits: verb_limits,
+                tls: live,
+            };
+            tokio::spawn(listener::serve(
+                listener,
+                listener_config,
+                metrics.clone(),
+                shutdown.clone(),
+            ))
         };
-        let probes = probe_listener.map(|(listener, _)| {
-            let app = extender::probe_router(state.clone());
-            let graceful = shutdown.clone();
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { graceful.cancelled().await })
-                    .await
-                    .map_err(ServeError::Serve)
-            })
+        let probes = probe_listener.map(|(tcp, _)| {
+            let listener_config = Listener {
+                name: "probes",
+                router: extender::probe_router(state.clone()),
+                limits: probe_limits,
+                tls: None,
+            };
+            tokio::spawn(listener::serve(
+                tcp,
+                listener_config,
+                metrics.clone(),
+                shutdown.clone(),
+            ))
         });
         let server = tokio::spawn(async move {
             let verbs = verbs.await;
@@ -382,7 +378,7 @@ impl Service {
             for result in [verbs, probes] {
                 match result {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Err(e),
+                    Ok(Err(e)) => return Err(ServeError::Serve(e)),
                     Err(e) => return Err(ServeError::Serve(std::io::Error::other(e))),
                 }
             }

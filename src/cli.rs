@@ -111,6 +111,47 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_BODY_LIMIT_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub body_limit_bytes: usize,
 
+    /// All request bodies being read or served at once may hold at most this many bytes
+    /// together; a body waits (within --body-read-timeout) for budget held by others. Bounds
+    /// body memory whatever --max-concurrency and the number of connections are.
+    #[arg(long, env = "DNE_BODY_BUDGET_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub body_budget_bytes: usize,
+
+    /// A request body must arrive whole within this long of its head, before it takes a
+    /// --max-concurrency slot; slower ones get 408.
+    #[arg(long, env = "DNE_BODY_READ_TIMEOUT", value_parser = parse_duration, default_value = "5s")]
+    pub body_read_timeout: Duration,
+
+    /// Open connections on --listen at most. At the cap, the connection that has waited
+    /// longest without a request in progress is closed to make room; a new one is refused
+    /// only while every open connection is serving a request.
+    #[arg(long, env = "DNE_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
+
+    /// Open connections on --probe-address at most (same eviction rule as --max-connections).
+    #[arg(long, env = "DNE_PROBE_MAX_CONNECTIONS", default_value_t = 64)]
+    pub probe_max_connections: usize,
+
+    /// Every listener: a TLS handshake and each request head must arrive whole within this
+    /// long of the connection opening, or of its first byte after the previous response.
+    #[arg(long, env = "DNE_HEADER_READ_TIMEOUT", value_parser = parse_duration, default_value = "5s")]
+    pub header_read_timeout: Duration,
+
+    /// Every listener: a keep-alive connection with no request in progress is closed after
+    /// this long. Longer than Go's 90 s client idle timeout, so kube-scheduler closes first.
+    #[arg(long, env = "DNE_IDLE_TIMEOUT", value_parser = parse_duration, default_value = "120s")]
+    pub idle_timeout: Duration,
+
+    /// Every listener: a connection is closed at this age (after its request in progress), so
+    /// no connection opened under a rotated-out client CA outlives the rotation for longer.
+    #[arg(long, env = "DNE_MAX_CONNECTION_AGE", value_parser = parse_duration, default_value = "10m")]
+    pub max_connection_age: Duration,
+
+    /// Every listener: the largest request head (request line and headers) accepted, in
+    /// bytes; larger ones get 431 and the connection is closed.
+    #[arg(long, env = "DNE_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
+    pub max_header_bytes: usize,
+
     /// Per-request deadline (including time queued behind --max-concurrency); answered 503.
     #[arg(long, env = "DNE_REQUEST_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub request_timeout: Duration,
@@ -248,6 +289,32 @@ impl ServeArgs {
                 client_ca: self.tls_client_ca_file.clone(),
             }),
             _ => None,
+        }
+    }
+
+    /// The connection limits of the verb listener (`probes: false`) or the probe listener.
+    pub fn connection_limits(&self, probes: bool) -> crate::extender::listener::ConnectionLimits {
+        crate::extender::listener::ConnectionLimits {
+            max_connections: if probes {
+                self.probe_max_connections
+            } else {
+                self.max_connections
+            },
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connection_age: self.max_connection_age,
+            max_header_bytes: self.max_header_bytes,
+            // A request in progress is answered within --request-timeout (a 503 at worst).
+            drain_timeout: self.request_timeout + std::time::Duration::from_secs(5),
+        }
+    }
+
+    /// The verb listener's body limits.
+    pub fn body_limits(&self) -> crate::extender::admission::BodyLimits {
+        crate::extender::admission::BodyLimits {
+            max_bytes: self.body_limit_bytes,
+            budget_bytes: self.body_budget_bytes,
+            read_timeout: self.body_read_timeout,
         }
     }
 

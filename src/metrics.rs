@@ -4,8 +4,8 @@
 //! and labels only; it never decides anything.
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 #[derive(Clone)]
@@ -58,6 +58,18 @@ pub struct Metrics {
     pub device_problems: IntCounterVec,
     /// NRT CPU annotations and zones that could not be used, by annotation and problem.
     pub nrt_problems: IntCounterVec,
+    /// Connections per listener (`verbs`, `probes`): open now, accepted, refused or cut off
+    /// by a limit (`reason`: [`CONNECTION_REJECTIONS`]), and closed by housekeeping
+    /// ([`CONNECTION_CLOSES`]).
+    pub connections_open: IntGaugeVec,
+    pub connections_accepted: IntCounterVec,
+    pub connections_rejected: IntCounterVec,
+    pub connections_closed: IntCounterVec,
+    /// Bytes of request bodies being read or served, charged to `--body-budget-bytes`.
+    pub request_body_bytes_in_flight: IntGauge,
+    /// Request bodies refused before a handler saw them, by reason
+    /// ([`crate::extender::admission::BODY_REJECTIONS`]).
+    pub request_bodies_rejected: IntCounterVec,
 }
 
 impl Metrics {
@@ -253,6 +265,42 @@ impl Metrics {
                 ),
                 &["annotation", "problem"]
             )),
+            connections_open: reg!(IntGaugeVec::new(
+                Opts::new("connections_open", "Open connections per listener."),
+                &["listener"]
+            )),
+            connections_accepted: reg!(IntCounterVec::new(
+                Opts::new(
+                    "connections_accepted_total",
+                    "Connections accepted per listener."
+                ),
+                &["listener"]
+            )),
+            connections_rejected: reg!(IntCounterVec::new(
+                Opts::new(
+                    "connections_rejected_total",
+                    "Connections refused or cut off by a listener limit, by listener and reason (max_connections, evicted, header_timeout, header_too_large, tls_handshake, accept_error)."
+                ),
+                &["listener", "reason"]
+            )),
+            connections_closed: reg!(IntCounterVec::new(
+                Opts::new(
+                    "connections_closed_total",
+                    "Connections closed by the server's housekeeping, by listener and reason (idle_timeout, max_age, shutdown)."
+                ),
+                &["listener", "reason"]
+            )),
+            request_body_bytes_in_flight: reg!(IntGauge::new(
+                "request_body_bytes_in_flight",
+                "Bytes of request bodies being read or served, charged to --body-budget-bytes."
+            )),
+            request_bodies_rejected: reg!(IntCounterVec::new(
+                Opts::new(
+                    "request_bodies_rejected_total",
+                    "Request bodies refused before a handler saw them, by reason (declared_too_large, too_large, read_timeout, read_error)."
+                ),
+                &["reason"]
+            )),
             registry,
         }
     }
@@ -283,6 +331,21 @@ impl Metrics {
             .with_label_values(&["device-allocated"]);
         for outcome in ["ok", "error"] {
             self.tls_reloads.with_label_values(&[outcome]);
+        }
+        for listener in ["verbs", "probes"] {
+            self.connections_open.with_label_values(&[listener]);
+            self.connections_accepted.with_label_values(&[listener]);
+            for reason in CONNECTION_REJECTIONS {
+                self.connections_rejected
+                    .with_label_values(&[listener, reason]);
+            }
+            for reason in CONNECTION_CLOSES {
+                self.connections_closed
+                    .with_label_values(&[listener, reason]);
+            }
+        }
+        for reason in crate::extender::admission::BODY_REJECTIONS {
+            self.request_bodies_rejected.with_label_values(&[reason]);
         }
         for reason in TLS_HANDSHAKE_FAILURES {
             self.tls_handshake_failures.with_label_values(&[reason]);
@@ -324,6 +387,19 @@ impl Default for Metrics {
 }
 
 /// Label values of `dne_tls_handshake_failures_total{reason}`.
+/// Why a listener refused or cut off a connection.
+pub const CONNECTION_REJECTIONS: [&str; 6] = [
+    "max_connections",
+    "evicted",
+    "header_timeout",
+    "header_too_large",
+    "tls_handshake",
+    "accept_error",
+];
+
+/// Why the server's housekeeping closed a connection.
+pub const CONNECTION_CLOSES: [&str; 3] = ["idle_timeout", "max_age", "shutdown"];
+
 pub const TLS_HANDSHAKE_FAILURES: [&str; 6] = [
     "timeout",
     "no_client_certificate",

@@ -9,8 +9,10 @@
 //! Handlers parse and answer; scheduling decisions live in [`verbs`] (reads only) and
 //! [`crate::bind`] (the one place that commits). Nothing here talks to the API server directly.
 
+pub mod admission;
 pub mod handlers;
 pub mod input;
+pub mod listener;
 pub mod memo;
 pub mod probes;
 pub mod tls;
@@ -40,6 +42,9 @@ pub struct HttpConfig {
     pub path_prefix: String,
     pub request_timeout: Duration,
     pub max_concurrency: usize,
+    /// Bodies are read whole, within a deadline and a shared byte budget, before they take
+    /// one of `max_concurrency` slots.
+    pub bodies: admission::BodyLimits,
 }
 
 impl Default for HttpConfig {
@@ -48,6 +53,7 @@ impl Default for HttpConfig {
             path_prefix: String::new(),
             request_timeout: Duration::from_secs(10),
             max_concurrency: 256,
+            bodies: admission::BodyLimits::default(),
         }
     }
 }
@@ -110,6 +116,11 @@ fn verbs(config: &HttpConfig, metrics: &Metrics) -> Router<AppState> {
         .route("/debug/nodes/{name}", get(probes::debug_node))
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
             config.max_concurrency.max(1),
+        ))
+        // Outside the concurrency limit: a body is in memory before it takes a slot.
+        .layer(middleware::from_fn_with_state(
+            admission::BodyAdmission::new(config.bodies.clone(), metrics.clone()),
+            admission::admit,
         ))
         .layer(middleware::from_fn_with_state(
             (config.request_timeout, metrics.clone()),

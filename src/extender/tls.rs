@@ -10,14 +10,15 @@
 //!
 //! Rotation: Kubernetes updates a Secret volume by swapping a symlink (`..data`) atomically, so
 //! the files' *content* is compared on every poll (mtimes of symlinked files are unreliable).
-//! New handshakes use the new configuration; established connections keep theirs.
+//! New handshakes use the new configuration; established connections keep theirs until
+//! `--max-connection-age` closes them (the listener, [`super::listener`], owns connections).
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum_server::tls_rustls::RustlsConfig;
+use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -166,11 +167,22 @@ fn build(files: &TlsFiles, contents: &Contents) -> Result<ServerConfig, TlsError
     Ok(config)
 }
 
+/// The TLS configuration new handshakes use; swapped whole on rotation, so a handshake sees
+/// either the old configuration or the new one.
+#[derive(Clone)]
+pub struct LiveConfig(Arc<ArcSwap<ServerConfig>>);
+
+impl LiveConfig {
+    pub fn current(&self) -> Arc<ServerConfig> {
+        self.0.load_full()
+    }
+}
+
 /// The live TLS configuration of the verb listener and what it was built from.
 pub struct TlsReloader {
     files: TlsFiles,
     current: Contents,
-    config: RustlsConfig,
+    config: LiveConfig,
     metrics: Metrics,
     /// The last change that was rejected (contents, or the read error's text): it is logged and
     /// counted once, not on every poll until someone fixes the Secret.
@@ -190,7 +202,7 @@ impl TlsReloader {
     /// Loads the files; at startup a bad file is an error (nothing to fall back to).
     pub fn load(files: TlsFiles, metrics: Metrics) -> Result<TlsReloader, TlsError> {
         let current = read_contents(&files)?;
-        let config = RustlsConfig::from_config(Arc::new(build(&files, &current)?));
+        let config = LiveConfig(Arc::new(ArcSwap::from_pointee(build(&files, &current)?)));
         Ok(TlsReloader {
             files,
             current,
@@ -201,7 +213,7 @@ impl TlsReloader {
     }
 
     /// The handle the listener accepts with; reloads swap what it holds.
-    pub fn rustls_config(&self) -> RustlsConfig {
+    pub fn live_config(&self) -> LiveConfig {
         self.config.clone()
     }
 
@@ -228,7 +240,7 @@ impl TlsReloader {
         let outcome = match read {
             Ok(contents) => match build(&self.files, &contents) {
                 Ok(config) => {
-                    self.config.reload_from_config(Arc::new(config));
+                    self.config.0.store(Arc::new(config));
                     self.current = contents;
                     self.rejected = None;
                     Reload::Reloaded

@@ -7,6 +7,7 @@ mod support;
 mod api_calls;
 mod binary;
 mod chaos_found;
+mod connections;
 mod error_metrics;
 mod fake_apiserver;
 mod fuzz;

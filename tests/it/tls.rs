@@ -602,3 +602,66 @@ async fn a_loopback_verb_listener_accepts_on_that_address_only() {
     assert_eq!(status, 200, "{body}");
     svc.shutdown().await.unwrap();
 }
+
+/// Issue 27: under TLS the header deadline still holds, for the handshake and for the request
+/// head after it (axum-server used to turn it off, so a head trickled over 40 s was answered).
+/// Neither attack ever finishes on its own: only the server can end them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_handshake_and_a_trickled_head_are_cut_under_tls() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (fake, _pod) = cluster();
+    let ca = Ca::new("dne-test-ca");
+    let server = ca.server("dne-server", 1);
+    let secret = SecretDir::new(&secret_files(&server, &ca.pem()));
+    let mut flags = tls_flags(&secret);
+    flags.extend(["--header-read-timeout".to_string(), "1s".to_string()]);
+    let svc = service::start(&fake, &as_strs(&flags)).await;
+    let probes = Http::new(svc.probe_addr);
+    probes.wait_ready(HANG_GUARD).await;
+
+    // A TCP connection that never says ClientHello.
+    let mut silent = tokio::net::TcpStream::connect(svc.addr).await.unwrap();
+    let mut buf = [0u8; 256];
+    let read = tokio::time::timeout(HANG_GUARD, silent.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "a stalled handshake was not cut"
+    );
+    wait_metric(
+        &probes,
+        "dne_tls_handshake_failures_total",
+        "reason=\"timeout\"",
+        1.0,
+    )
+    .await;
+
+    // A trusted client whose request head never completes, one byte every 200 ms.
+    let scheduler = ca.client("system:kube-scheduler");
+    let tcp = tokio::net::TcpStream::connect(svc.addr).await.unwrap();
+    let mut tls = TlsConnector::from(client_config(&ca, Some(&scheduler)))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("a trusted client completes the handshake");
+    tls.write_all(b"POST /filter HTTP/1.1\r\n").await.unwrap();
+    let cut = tokio::time::timeout(HANG_GUARD, async {
+        loop {
+            if tls.write_all(b"x").await.is_err() {
+                return;
+            }
+            match tokio::time::timeout(Duration::from_millis(200), tls.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(_)) => panic!("a head that never completed was answered"),
+                Err(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(cut.is_ok(), "a trickled head was not cut under TLS");
+    wait_metric(
+        &probes,
+        "dne_connections_rejected_total",
+        "reason=\"header_timeout\"",
+        1.0,
+    )
+    .await;
+}
