@@ -447,6 +447,16 @@ pub enum BindError {
     },
 }
 
+/// How an API write of bind's ended, as the leader ([`Binder::write_as_leader`]).
+enum LeaderWrite<T> {
+    /// Sent and answered (or given up by the call's own timeout).
+    Done(Result<T, ApiError>),
+    /// Not sent: this replica is not the leader.
+    NotLeader,
+    /// Sent, then abandoned when leadership was lost: its outcome is unknown.
+    LostMidCall,
+}
+
 impl BindError {
     /// Short label for metrics.
     pub fn class(&self) -> &'static str {
@@ -827,6 +837,29 @@ impl Binder {
         }
     }
 
+    /// Runs one of bind's API writes as the leader: refused before it is sent when this
+    /// replica is not the leader (or its lease lapsed), and abandoned as soon as leadership is
+    /// lost while it waits for its answer. An abandoned write may still be applied by the API
+    /// server; callers treat it like an answer that never came.
+    /// `call` makes the write only once leadership was checked.
+    async fn write_as_leader<T, F: Future<Output = Result<T, ApiError>>>(
+        &self,
+        call: impl FnOnce() -> F,
+    ) -> LeaderWrite<T> {
+        if !self.readiness.is_leader() {
+            return LeaderWrite::NotLeader;
+        }
+        tokio::select! {
+            biased;
+            result = call() => LeaderWrite::Done(result),
+            _ = self.readiness.leadership_lost() => {
+                self.metrics.binds_fenced.inc();
+                tracing::warn!("leadership lost during a bind's API write: abandoned it; its outcome is unknown");
+                LeaderWrite::LostMidCall
+            }
+        }
+    }
+
     /// Writes the annotations (resourceVersion-guarded, retried on conflict), then creates
     /// the binding. On failure, says what the failure left behind.
     async fn commit(
@@ -861,17 +894,25 @@ impl Binder {
             // The resourceVersion of the read this bind decided on: if anyone changed the pod
             // since (bound it elsewhere, annotated it), the API server refuses the patch.
             let rv = current.metadata.resource_version.clone();
-            match self
-                .api
-                .patch_annotations(
-                    &args.pod_namespace,
-                    &args.pod_name,
-                    &args.pod_uid,
-                    rv.as_deref(),
-                    &patch,
-                )
-                .await
-            {
+            let patched = self
+                .write_as_leader(|| {
+                    self.api.patch_annotations(
+                        &args.pod_namespace,
+                        &args.pod_name,
+                        &args.pod_uid,
+                        rv.as_deref(),
+                        &patch,
+                    )
+                })
+                .await;
+            let patched = match patched {
+                LeaderWrite::Done(result) => result,
+                // No binding was sent: whatever the patch did, the pod is not bound by us.
+                LeaderWrite::NotLeader | LeaderWrite::LostMidCall => {
+                    return Err((BindError::NotLeader, AfterFailure::NotBound));
+                }
+            };
+            match patched {
                 Ok(()) => break,
                 Err(source) if source.status == Some(409) && conflicts < MAX_PATCH_CONFLICTS => {
                     conflicts += 1;
@@ -929,16 +970,29 @@ impl Binder {
                 }
             }
         }
-        match self
-            .api
-            .create_binding(
-                &args.pod_namespace,
-                &args.pod_name,
-                &args.pod_uid,
-                &args.node,
-            )
-            .await
-        {
+        let bound = self
+            .write_as_leader(|| {
+                self.api.create_binding(
+                    &args.pod_namespace,
+                    &args.pod_name,
+                    &args.pod_uid,
+                    &args.node,
+                )
+            })
+            .await;
+        let bound = match bound {
+            LeaderWrite::Done(result) => result,
+            LeaderWrite::NotLeader => return Err((BindError::NotLeader, AfterFailure::NotBound)),
+            // The binding may still land: read the pod back, as after any unknown outcome
+            // (no longer the leader, that read never writes: the allocation stays held).
+            LeaderWrite::LostMidCall => {
+                return match self.after_failed_binding(args, pod_key, written).await {
+                    None => Ok(BindOutcome::BoundDespiteError),
+                    Some(after) => Err((BindError::NotLeader, after)),
+                };
+            }
+        };
+        match bound {
             Ok(()) => Ok(BindOutcome::Bound),
             Err(source) => {
                 let e = api_error("create the binding", source);
@@ -1002,19 +1056,24 @@ impl Binder {
                 if ours.is_empty() {
                     return Some(AfterFailure::NotBound);
                 }
-                match self
-                    .api
-                    .patch_annotations(
-                        &args.pod_namespace,
-                        &args.pod_name,
-                        &args.pod_uid,
-                        pod.metadata.resource_version.as_deref(),
-                        &ours,
-                    )
-                    .await
-                {
-                    Ok(()) => Some(AfterFailure::NotBound),
-                    Err(error) => {
+                let cleared = self
+                    .write_as_leader(|| {
+                        self.api.patch_annotations(
+                            &args.pod_namespace,
+                            &args.pod_name,
+                            &args.pod_uid,
+                            pod.metadata.resource_version.as_deref(),
+                            &ours,
+                        )
+                    })
+                    .await;
+                match cleared {
+                    LeaderWrite::Done(Ok(())) => Some(AfterFailure::NotBound),
+                    LeaderWrite::NotLeader | LeaderWrite::LostMidCall => {
+                        tracing::warn!(pod = %pod_key, "not the leader: leaving our annotation on the unbound pod and the allocation held until the pod is seen");
+                        Some(AfterFailure::Ambiguous)
+                    }
+                    LeaderWrite::Done(Err(error)) => {
                         self.metrics
                             .binds
                             .with_label_values(&["annotation_cleanup_failed"])
@@ -1055,16 +1114,16 @@ impl Binder {
                 // A replica that is not the leader does not write; the next leader's bind of
                 // this pod removes a stale annotation anyway (issue 9 §1.4).
                 if !ours.is_empty()
-                    && self.readiness.is_leader()
-                    && let Err(error) = self
-                        .api
-                        .patch_annotations(
-                            &rec.namespace,
-                            &rec.name,
-                            uid.as_str(),
-                            rv.as_deref(),
-                            &ours,
-                        )
+                    && let LeaderWrite::Done(Err(error)) = self
+                        .write_as_leader(|| {
+                            self.api.patch_annotations(
+                                &rec.namespace,
+                                &rec.name,
+                                uid.as_str(),
+                                rv.as_deref(),
+                                &ours,
+                            )
+                        })
                         .await
                 {
                     tracing::info!(pod = %pod_key, %error, "could not clear our annotation from the unbound pod yet; keeping the allocation");

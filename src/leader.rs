@@ -16,13 +16,14 @@
 //! would have to emulate) where plain optimistic-concurrency updates suffice.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::BootInstant;
 use crate::sync::Readiness;
 
 #[derive(Clone, Debug)]
@@ -79,7 +80,7 @@ pub enum LeaderMode {
 struct Observation {
     holder: Option<String>,
     renew: Option<String>,
-    at: Instant,
+    at: BootInstant,
 }
 
 struct Elector {
@@ -105,7 +106,7 @@ impl Elector {
             self.observed = Some(Observation {
                 holder,
                 renew,
-                at: Instant::now(),
+                at: BootInstant::now(),
             });
         }
     }
@@ -214,7 +215,9 @@ impl Elector {
     }
 }
 
-fn set_leader(readiness: &Readiness, leader: bool, identity: &str) {
+/// Sets leadership; `until` (elect mode) is when it lapses unless renewed again, checked on
+/// every write whether or not this task runs again by then.
+fn set_leader(readiness: &Readiness, leader: bool, until: Option<BootInstant>, identity: &str) {
     if readiness.is_leader() != leader {
         if leader {
             tracing::info!(identity, "became leader: serving scheduling verbs");
@@ -225,7 +228,10 @@ fn set_leader(readiness: &Readiness, leader: bool, identity: &str) {
             );
         }
     }
-    readiness.set_leader(leader);
+    match (leader, until) {
+        (true, Some(until)) => readiness.set_leader_until(until),
+        _ => readiness.set_leader(leader),
+    }
 }
 
 /// Runs leader election until `stop`; releases the lease on the way out when we hold it.
@@ -245,16 +251,16 @@ pub async fn run(
         LeaderMode::Elect(c) => (c, false),
         LeaderMode::Follow(c) => (c, true),
     };
-    set_leader(&readiness, false, &cfg.identity);
+    set_leader(&readiness, false, None, &cfg.identity);
     let mut elector = Elector {
         api: Api::namespaced(client, &cfg.namespace),
         cfg: cfg.clone(),
         observed: None,
     };
     // Start of the last attempt that confirmed us as holder, while we still are the leader.
-    let mut last_renewed: Option<Instant> = None;
+    let mut last_renewed: Option<BootInstant> = None;
     loop {
-        let started = Instant::now();
+        let started = BootInstant::now();
         let deadline = last_renewed.map(|t| t + cfg.renew_deadline);
         let budget = deadline.map_or(cfg.lease_duration, |d| d.saturating_duration_since(started));
         let attempt = async {
@@ -290,11 +296,15 @@ pub async fn run(
                 keep
             }
         };
-        set_leader(&readiness, leader, &cfg.identity);
+        let until = match (follow, last_renewed) {
+            (false, Some(t)) => Some(t + cfg.renew_deadline),
+            _ => None,
+        };
+        set_leader(&readiness, leader, until, &cfg.identity);
         let pause = match last_renewed {
             Some(t) => cfg
                 .retry_period
-                .min((t + cfg.renew_deadline).saturating_duration_since(Instant::now())),
+                .min((t + cfg.renew_deadline).saturating_duration_since(BootInstant::now())),
             None => cfg.retry_period,
         };
         tokio::select! {

@@ -16,6 +16,7 @@ pub mod api_calls;
 pub mod app;
 pub mod bind;
 pub mod cli;
+pub mod clock;
 pub mod cluster;
 pub mod extender;
 pub mod fit;

@@ -61,6 +61,8 @@ pub struct Metrics {
     /// Connections per listener (`verbs`, `probes`): open now, accepted, refused or cut off
     /// by a limit (`reason`: [`CONNECTION_REJECTIONS`]), and closed by housekeeping
     /// ([`CONNECTION_CLOSES`]).
+    /// Bind API writes abandoned because leadership was lost while they waited.
+    pub binds_fenced: IntCounter,
     pub connections_open: IntGaugeVec,
     pub connections_accepted: IntCounterVec,
     pub connections_rejected: IntCounterVec,
@@ -264,6 +266,10 @@ impl Metrics {
                     "NodeResourceTopology CPU annotations or zones that could not be used (the node takes no cpuset pods), by annotation and problem."
                 ),
                 &["annotation", "problem"]
+            )),
+            binds_fenced: reg!(IntCounter::new(
+                "bind_writes_abandoned_total",
+                "Bind API writes abandoned because this replica lost leadership while they waited for an answer (their outcome is unknown; the allocation stays held until the pod is seen)."
             )),
             connections_open: reg!(IntGaugeVec::new(
                 Opts::new("connections_open", "Open connections per listener."),

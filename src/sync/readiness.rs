@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use super::kind::Kind;
+use crate::clock::BootInstant;
 use crate::metrics::Metrics;
 
 /// How a kind takes part in readiness.
@@ -107,6 +108,13 @@ pub struct Readiness {
     listing: [ListingCounter; Kind::ALL.len()],
     shutting_down: AtomicBool,
     leader: AtomicBool,
+    /// When leadership lapses unless renewed, as [`BootInstant`] nanoseconds (0: no deadline,
+    /// as when following the scheduler's Lease). Checked on every [`Self::is_leader`], so a
+    /// leader whose election task is stalled, or whose machine was suspended, stops writing
+    /// on time anyway.
+    leader_until: AtomicU64,
+    /// Wakes [`Self::leadership_lost`] when the flag changes.
+    leader_changed: tokio::sync::watch::Sender<()>,
     /// True while the pod cache may be missing binds that other writers completed: after this
     /// replica became leader, or after a pod watch error, until a relist that began afterwards
     /// has been applied. Binds refuse to decide meanwhile.
@@ -167,6 +175,8 @@ impl Readiness {
             listing: Default::default(),
             shutting_down: AtomicBool::new(false),
             leader: AtomicBool::new(true),
+            leader_until: AtomicU64::new(0),
+            leader_changed: tokio::sync::watch::Sender::new(()),
             pods_fenced: AtomicBool::new(false),
             restart: Default::default(),
             max_staleness,
@@ -349,6 +359,45 @@ impl Readiness {
                 self.raise_pod_fence(k, "became_leader");
             }
         }
+        if !leader {
+            self.leader_until.store(0, Ordering::SeqCst);
+        }
+        self.leader_changed.send_replace(());
+    }
+
+    /// Leadership was (re)confirmed: it lapses at `until` unless confirmed again. A lapse
+    /// that is followed by a renewal counts as becoming leader again (the pod fence is raised):
+    /// while it had lapsed another replica may have held the lease and bound pods.
+    pub fn set_leader_until(&self, until: BootInstant) {
+        let previous = self.leader_until.swap(until.as_nanos(), Ordering::SeqCst);
+        let lapsed = previous != 0 && BootInstant::now().as_nanos() >= previous;
+        self.set_leader(true);
+        if lapsed {
+            let mut kinds = self.kinds.lock();
+            if let Some(k) = kinds.get_mut(&Kind::Pods) {
+                self.raise_pod_fence(k, "became_leader");
+            }
+        }
+    }
+
+    /// Resolves once this replica is not the leader: the flag cleared, or the renewal
+    /// deadline passed (on the suspend-counting clock). Bind races its API writes against it.
+    pub async fn leadership_lost(&self) {
+        let mut changed = self.leader_changed.subscribe();
+        loop {
+            if !self.is_leader() {
+                return;
+            }
+            let until = self.leader_until.load(Ordering::SeqCst);
+            let left = (until != 0).then(|| {
+                BootInstant::from_nanos(until).saturating_duration_since(BootInstant::now())
+            });
+            tokio::select! {
+                _ = changed.changed() => {}
+                // Past a suspend, the sleep may overrun; is_leader above re-reads the clock.
+                _ = tokio::time::sleep(left.unwrap_or(Duration::MAX / 4)), if left.is_some() => {}
+            }
+        }
     }
 
     /// Raises the pod fence and, unless the first list has not begun yet (it will begin after
@@ -380,7 +429,11 @@ impl Readiness {
     }
 
     pub fn is_leader(&self) -> bool {
-        self.leader.load(Ordering::SeqCst)
+        if !self.leader.load(Ordering::SeqCst) {
+            return false;
+        }
+        let until = self.leader_until.load(Ordering::SeqCst);
+        until == 0 || BootInstant::now().as_nanos() < until
     }
 
     /// Every required kind has applied its first `InitDone` and no insisted-on kind is missing.
@@ -411,7 +464,7 @@ impl Readiness {
     /// maps; the same conditions as [`Self::report`], which runs only when not ready.
     pub fn is_ready(&self) -> bool {
         if self.shutting_down.load(Ordering::SeqCst)
-            || !self.leader.load(Ordering::SeqCst)
+            || !self.is_leader()
             || !self.bootstrap_recorded.load(Ordering::SeqCst)
         {
             return false;
@@ -475,7 +528,7 @@ impl Readiness {
                 ));
             }
         }
-        if !self.leader.load(Ordering::SeqCst) {
+        if !self.is_leader() {
             reasons.push("not the leader".to_string());
         }
         if reasons.is_empty() && !self.bootstrap_recorded.load(Ordering::SeqCst) {
@@ -603,6 +656,38 @@ mod tests {
         let r = readiness(&[]);
         assert!(!r.is_ready());
         assert_eq!(r.waiting_for(), vec![Kind::Nodes, Kind::Pods]);
+    }
+
+    /// Issue 27: leadership lapses at its renewal deadline on its own (no task has to clear
+    /// the flag), wakes whoever waits on it, and a renewal after a lapse fences the pod cache
+    /// as a new leadership does (another replica may have bound pods meanwhile).
+    #[tokio::test]
+    async fn a_lapsed_renewal_deadline_ends_leadership_and_a_late_renewal_fences_pods() {
+        let r = readiness(&[]);
+        for kind in [Kind::Nodes, Kind::Pods] {
+            r.on_init(kind);
+            r.on_init_done(kind, 0, 0);
+        }
+        r.set_leader_until(BootInstant::now() + Duration::from_secs(3600));
+        assert!(r.is_leader() && r.is_ready());
+        assert!(r.pods_current(), "a renewal in time raises no fence");
+
+        let waiter = {
+            let r = r.clone();
+            tokio::spawn(async move { r.leadership_lost().await })
+        };
+        // A deadline already passed: not the leader, though nobody called set_leader(false).
+        r.set_leader_until(BootInstant::now());
+        assert!(!r.is_leader() && !r.is_ready());
+        tokio::time::timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("leadership_lost never resolved")
+            .unwrap();
+
+        // Renewed after the lapse: leader again, and binds wait for a fresh pod relist.
+        r.set_leader_until(BootInstant::now() + Duration::from_secs(3600));
+        assert!(r.is_leader());
+        assert!(!r.pods_current(), "a renewal after a lapse must fence the pod cache");
     }
 
     #[test]

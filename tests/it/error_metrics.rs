@@ -363,6 +363,16 @@ enum Fault {
     /// Panics in the binding call, after the annotations were written: a bug in the bind
     /// task, the one way to reach `dne_binds_total{outcome="internal"}`.
     PanicsOnBinding,
+    /// On the bind's read of its pod, the lease's renewal deadline is set to now: as if the
+    /// election task had not run again since (stalled, or the machine was suspended). The
+    /// leader flag itself stays set.
+    LeaseLapsesOnRead(std::sync::Arc<device_numa_extender::sync::Readiness>),
+    /// Applies the annotation patch, then takes leadership away before it answers.
+    LosesLeadershipOnPatch(std::sync::Arc<device_numa_extender::sync::Readiness>),
+    /// The binding call never answers; `started` is notified when it was sent.
+    BindingHangs {
+        started: std::sync::Arc<tokio::sync::Notify>,
+    },
 }
 
 /// A `PodApi` that serves and writes the stored pods (offline) with one [`Fault`], and counts
@@ -382,8 +392,12 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
         'a,
         Result<Option<device_numa_extender::model::pod::Pod>, device_numa_extender::bind::ApiError>,
     > {
-        if let Fault::LosesLeadershipOnRead(readiness) = &self.fault {
-            readiness.set_leader(false);
+        match &self.fault {
+            Fault::LosesLeadershipOnRead(readiness) => readiness.set_leader(false),
+            Fault::LeaseLapsesOnRead(readiness) => {
+                readiness.set_leader_until(device_numa_extender::clock::BootInstant::now())
+            }
+            _ => {}
         }
         self.inner.get_pod(namespace, name)
     }
@@ -397,8 +411,17 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
     ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::bind::ApiError>> {
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner
-            .patch_annotations(namespace, name, uid, resource_version, annotations)
+        let patch =
+            self.inner
+                .patch_annotations(namespace, name, uid, resource_version, annotations);
+        match &self.fault {
+            Fault::LosesLeadershipOnPatch(readiness) => Box::pin(async move {
+                let result = patch.await;
+                readiness.set_leader(false);
+                result
+            }),
+            _ => patch,
+        }
     }
     fn create_binding<'a>(
         &'a self,
@@ -412,6 +435,13 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
         }
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Fault::BindingHangs { started } = &self.fault {
+            let started = started.clone();
+            return Box::pin(async move {
+                started.notify_one();
+                futures::future::pending().await
+            });
+        }
         self.inner.create_binding(namespace, name, uid, node)
     }
     fn confirmed_by_watch(&self) -> bool {
@@ -544,6 +574,94 @@ async fn a_bind_task_that_panics_counts_internal_and_holds_its_gpu_until_expiry(
         "the panicked bind's GPU was handed out again while its outcome is unknown"
     );
     // Expiry (any age) asks the API: the pod is not bound, so the GPU comes back.
+    assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 1);
+    assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
+}
+
+/// The stored pod's node, as the (offline) API holds it.
+async fn stored_node(api: &FaultyPodApi, pod: &serde_json::Value) -> Option<String> {
+    use device_numa_extender::bind::PodApi;
+    let name = pod["metadata"]["name"].as_str().unwrap();
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap();
+    let stored = api.inner.get_pod(namespace, name).await.unwrap().unwrap();
+    stored.node_name().map(str::to_string)
+}
+
+/// Issue 27: leadership is checked before every write, not once per bind. A replica that
+/// loses it between the annotation patch and the binding never sends the binding, counts
+/// `not_leader`, and gives the GPU back (nothing of ours can land: no binding was sent).
+#[tokio::test]
+async fn leadership_lost_after_the_patch_sends_no_binding() {
+    use std::sync::atomic::Ordering;
+
+    let pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    let (state, api) = two_gpus_over_a_faulty_api(&pod, Fault::LosesLeadershipOnPatch);
+    let error = bind_through_the_handler(&state, &pod, "n1").await;
+    assert!(error.contains("not the leader"), "answer's error: {error}");
+    assert_eq!(
+        api.writes.load(Ordering::SeqCst),
+        1,
+        "only the patch was sent"
+    );
+    assert_eq!(stored_node(&api, &pod).await, None, "a binding was sent");
+    assert_eq!(binds_counted(&state, "not_leader"), 1);
+    assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
+}
+
+/// Issue 27: a lease whose renewal deadline passed stops writes even though the election
+/// task never ran again to clear the leader flag (stalled, or a suspended machine, which
+/// the suspend-counting clock sees).
+#[tokio::test]
+async fn a_lapsed_lease_stops_writes_without_the_election_task() {
+    use std::sync::atomic::Ordering;
+
+    let pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    let (state, api) = two_gpus_over_a_faulty_api(&pod, Fault::LeaseLapsesOnRead);
+    let error = bind_through_the_handler(&state, &pod, "n1").await;
+    assert!(error.contains("not the leader"), "answer's error: {error}");
+    assert_eq!(
+        api.writes.load(Ordering::SeqCst),
+        0,
+        "a lapsed leader wrote"
+    );
+    assert_eq!(binds_counted(&state, "not_leader"), 1);
+    assert!(
+        !state.readiness.is_ready(),
+        "a lapsed leader answered ready"
+    );
+}
+
+/// Issue 27: a binding in flight when leadership is lost is abandoned at once rather than
+/// waited out (here it would never answer). Its outcome is unknown, so the GPU stays held
+/// (never handed out twice) until the pod is read: the expiry then finds it unbound and, no
+/// longer the leader, releases it without writing.
+#[tokio::test]
+async fn a_binding_in_flight_is_abandoned_when_leadership_is_lost_and_its_gpu_held() {
+    let pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (state, api) = two_gpus_over_a_faulty_api(&pod, |_| Fault::BindingHangs {
+        started: started.clone(),
+    });
+    let bind = {
+        let state = state.clone();
+        let pod = pod.clone();
+        tokio::spawn(async move { bind_through_the_handler(&state, &pod, "n1").await })
+    };
+    tokio::time::timeout(Duration::from_secs(60), started.notified())
+        .await
+        .expect("the binding was never sent");
+    state.readiness.set_leader(false);
+    let error = tokio::time::timeout(Duration::from_secs(60), bind)
+        .await
+        .expect("the bind waited out a binding that never answers")
+        .unwrap();
+    assert!(error.contains("not the leader"), "answer's error: {error}");
+    assert_eq!(state.metrics.binds_fenced.get(), 1);
+    assert_eq!(stored_node(&api, &pod).await, None);
+    assert!(
+        passing_for_both_gpus(&state).is_empty(),
+        "the abandoned binding's GPU was handed out while it could still land"
+    );
     assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 1);
     assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
 }
