@@ -11,11 +11,33 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
+#[derive(serde::Deserialize, Default)]
+pub struct ReadyzQuery {
+    /// `ok`: a synced standby (ready but for leadership) answers 200 too.
+    standby: Option<String>,
+}
+
 /// 200 once every required kind's initial list has been applied; 503 with a JSON body naming
 /// each kind's phase until then, during shutdown, when stale, or when not the leader.
-pub async fn readyz(State(state): State<AppState>) -> Response {
+/// `?standby=ok` leaves leadership out: for pod readiness where nothing routes traffic by it
+/// (scheduler mode, whose kube-scheduler calls its own sidecar), so that a synced standby
+/// counts as healthy for PodDisruptionBudgets and rollouts. Verbs still serve only the leader.
+pub async fn readyz(State(state): State<AppState>, Query(query): Query<ReadyzQuery>) -> Response {
     let report = state.readiness.report();
-    let status = if report.ready {
+    let standby_ok = match query.standby.as_deref() {
+        None => false,
+        Some("ok") => true,
+        Some(other) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(serde_json::json!({
+                    "error": format!("unknown value {other:?} for standby: the only value is \"ok\"")
+                })),
+            )
+                .into_response();
+        }
+    };
+    let status = if report.ready || (standby_ok && report.standby_ready) {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -62,6 +62,10 @@ struct KindState {
 #[derive(Debug, Serialize)]
 pub struct ReadinessReport {
     pub ready: bool,
+    /// Ready but for leadership: synced, snapshot built, not shutting down. What
+    /// `/readyz?standby=ok` answers 200 for (scheduler mode's pod readiness, where no Service
+    /// routes by it and a PodDisruptionBudget must count a synced standby as healthy).
+    pub standby_ready: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
     /// Binds wait (answer "retry shortly") until a fresh pod relist lands, after a leader
@@ -528,11 +532,13 @@ impl Readiness {
                 ));
             }
         }
+        if !self.bootstrap_recorded.load(Ordering::SeqCst) && reasons.is_empty() {
+            reasons.push("building the read snapshot".to_string());
+        }
+        // Everything but leadership: what a standby needs to take over at once.
+        let standby_ready = reasons.is_empty();
         if !self.is_leader() {
             reasons.push("not the leader".to_string());
-        }
-        if reasons.is_empty() && !self.bootstrap_recorded.load(Ordering::SeqCst) {
-            reasons.push("building the read snapshot".to_string());
         }
         let report_kinds = kinds
             .iter()
@@ -553,6 +559,7 @@ impl Readiness {
             .collect();
         ReadinessReport {
             ready: reasons.is_empty(),
+            standby_ready,
             reasons,
             binds_wait_for_pod_relist: !self.pods_current(),
             kinds: report_kinds,
@@ -687,20 +694,34 @@ mod tests {
         // Renewed after the lapse: leader again, and binds wait for a fresh pod relist.
         r.set_leader_until(BootInstant::now() + Duration::from_secs(3600));
         assert!(r.is_leader());
-        assert!(!r.pods_current(), "a renewal after a lapse must fence the pod cache");
+        assert!(
+            !r.pods_current(),
+            "a renewal after a lapse must fence the pod cache"
+        );
     }
 
     #[test]
     fn not_leader_is_not_ready() {
         let r = readiness(&[]);
+        r.set_leader(false);
+        assert!(
+            !r.report().standby_ready,
+            "a standby still syncing is not standby-ready"
+        );
         for kind in [Kind::Nodes, Kind::Pods] {
             r.on_init(kind);
             r.on_init_done(kind, 0, 0);
         }
-        r.set_leader(false);
         assert!(!r.is_ready());
+        let report = r.report();
+        assert!(!report.ready && report.standby_ready, "{report:?}");
         r.set_leader(true);
         assert!(r.is_ready());
+        r.set_shutting_down();
+        assert!(
+            !r.report().standby_ready,
+            "a standby shutting down is not standby-ready"
+        );
     }
 
     #[test]

@@ -124,9 +124,12 @@ def duration_seconds(d: str) -> float:
 
 
 def rbac_rows(rules) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) rows; resourceNames (only ever on Leases) narrow a row, they are
+    checked by test_lease_roles_name_their_lease."""
     rows = set()
     for r in rules:
-        assert "resourceNames" not in r and "nonResourceURLs" not in r
+        assert "nonResourceURLs" not in r
+        assert "resourceNames" not in r or r["resources"] == ["leases"], r
         for g in r["apiGroups"]:
             for res in r["resources"]:
                 for v in r["verbs"]:
@@ -230,7 +233,7 @@ def expects_own_le(values) -> bool:
     if v.get("mode", "scheduler") != "standalone":
         return False
     enabled = v.get("extender", {}).get("leaderElection", {}).get("enabled")
-    return enabled if enabled is not None else v.get("replicas", 1) > 1
+    return enabled if enabled is not None else v.get("replicas", 2) > 1
 
 
 def expects_follow(values) -> bool:
@@ -458,7 +461,11 @@ def test_pod_security_and_probes(chart):
             assert sc["seccompProfile"]["type"] == "RuntimeDefault"
             assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
         ext = {c["name"]: c for c in spec["containers"]}["extender"]
-        assert ext["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        # scheduler mode: a synced standby is ready (PDBs count it); standalone: the leader only
+        # (the Service routes by readiness).
+        standalone = (values or {}).get("mode") == "standalone"
+        want = "/readyz" if standalone else "/readyz?standby=ok"
+        assert ext["readinessProbe"]["httpGet"]["path"] == want
         assert ext["livenessProbe"]["httpGet"]["path"] == "/healthz"
         # Startup holds liveness off for >= 5 minutes of bootstrap; it never probes readiness,
         # which a standby fails forever by design.
@@ -466,11 +473,94 @@ def test_pod_security_and_probes(chart):
         assert sp["httpGet"]["path"] == "/healthz"
         assert sp["periodSeconds"] * sp["failureThreshold"] >= 300
         assert one(objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
-        pdb = one(objects, "PodDisruptionBudget")
-        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        if not standalone:
+            pdb = one(objects, "PodDisruptionBudget")
+            assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
         ann = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
         # Metrics are on the probe port, never on the verb port.
         assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8889"
+
+
+def test_ha_defaults_protect_something_and_never_block_a_drain(chart):
+    """Issue 27: two replicas on different nodes; in scheduler mode a PodDisruptionBudget with
+    minAvailable 1 that counts the synced standby (so it allows one eviction and never both);
+    in standalone mode, where only the leader is ready, no budget by default (any budget would
+    forbid evicting the leader and hang every drain of its node)."""
+    objects = objs(chart)
+    dep = one(objects, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1 and "maxUnavailable" not in pdb["spec"]
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"]
+    # 1 replica: a budget would protect nothing; no spreading either.
+    single = objs(chart, {"replicas": 1})
+    assert not [o for o in single if o["kind"] == "PodDisruptionBudget"]
+    assert "affinity" not in one(single, "Deployment")["spec"]["template"]["spec"]
+    # hard anti-affinity, none, and a user's own affinity winning.
+    hard = one(objs(chart, {"podAntiAffinity": "hard"}), "Deployment")
+    required = hard["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required[0]["topologyKey"] == "kubernetes.io/hostname"
+    none = one(objs(chart, {"podAntiAffinity": "none"}), "Deployment")
+    assert "affinity" not in none["spec"]["template"]["spec"]
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}]}}}
+    assert one(objs(chart, {"affinity": own}), "Deployment")["spec"]["template"]["spec"]["affinity"] == own
+    # standalone: no budget unless asked for.
+    standalone = objs(chart, {"mode": "standalone"})
+    assert not [o for o in standalone if o["kind"] == "PodDisruptionBudget"]
+    forced = objs(chart, {"mode": "standalone", "podDisruptionBudget": {"enabled": True}})
+    assert one(forced, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert not [o for o in objs(chart, {"podDisruptionBudget": {"enabled": False}})
+                if o["kind"] == "PodDisruptionBudget"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lease_roles_name_their_lease(chart, case):
+    """Issue 27: the Lease Roles may get/update only the Lease they elect on or follow; only
+    create (which RBAC cannot restrict by name) and kube-scheduler's own list/watch are
+    unnamed."""
+    values = CASES[case]
+    objects = objs(chart, values)
+    v = values or {}
+    sched_lease = v.get("scheduler", {}).get("leaderElection", {}).get("resourceName", "device-numa-scheduler")
+    own_lease = v.get("extender", {}).get("leaderElection", {}).get("leaseName", "device-numa-extender")
+    expected = {f"{R.RELEASE}-extender-leases": sched_lease if expects_follow(values) else own_lease,
+                f"{R.RELEASE}-scheduler-leases": sched_lease}
+    seen = 0
+    for o in objects:
+        if o["kind"] != "Role" or o["metadata"]["name"] not in expected:
+            continue
+        seen += 1
+        for rule in o["rules"]:
+            assert rule["resources"] == ["leases"]
+            if rule.get("resourceNames"):
+                assert rule["resourceNames"] == [expected[o["metadata"]["name"]]], rule
+                assert set(rule["verbs"]) == {"get", "update"}, rule
+            else:
+                assert set(rule["verbs"]) <= {"create", "list", "watch"}, rule
+    assert seen == (expects_follow(values) or expects_own_le(values)) + (v.get("mode", "scheduler") == "scheduler" and v.get("rbac", {}).get("create", True))
+
+
+def test_listener_limits_reach_the_flags(chart):
+    """Issue 27: every connection and body limit is a value, passed as its flag."""
+    args = containers(objs(chart))["extender"]["args"]
+    for flag in ("--max-connections=512", "--probe-max-connections=64", "--header-read-timeout=5s",
+                 "--idle-timeout=120s", "--max-connection-age=10m", "--max-header-bytes=16384",
+                 "--body-budget-bytes=67108864", "--body-read-timeout=5s"):
+        assert flag in args, (flag, args)
+    custom = {"extender": {"bodyBudgetBytes": 33554432, "bodyReadTimeout": "2s", "connections": {
+        "maxConnections": 100, "probeMaxConnections": 10, "headerReadTimeout": "3s",
+        "idleTimeout": "95s", "maxConnectionAge": "1h", "maxHeaderBytes": 8192}}}
+    args = containers(objs(chart, custom))["extender"]["args"]
+    for flag in ("--max-connections=100", "--probe-max-connections=10", "--header-read-timeout=3s",
+                 "--idle-timeout=95s", "--max-connection-age=1h", "--max-header-bytes=8192",
+                 "--body-budget-bytes=33554432", "--body-read-timeout=2s"):
+        assert flag in args, (flag, args)
 
 
 def test_service_monitor(chart):
@@ -531,6 +621,12 @@ def test_options_reach_the_pod(chart):
 
 BAD_VALUES = [
     {"mode": "sidecar"},
+    {"podAntiAffinity": "sometimes"},
+    {"podDisruptionBudget": {"maxUnavailable": 1}},
+    {"extender": {"connections": {"maxConnections": 0}}},
+    {"extender": {"connections": {"idleTimeout": "forever"}}},
+    {"extender": {"connections": {"maxHeaderBytes": 100}}},
+    {"extender": {"bodyBudgetBytes": 10}},
     {"replicas": 0},
     {"replicas": "2"},
     {"unknownKey": 1},

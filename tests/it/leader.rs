@@ -506,6 +506,17 @@ async fn follow_mode_tracks_the_scheduler_lease_and_never_writes_it() {
     let (status, report) = ha.get("/readyz").await;
     assert_eq!(status, 503);
     assert_eq!(report["reasons"], json!(["not the leader"]), "{report}");
+    // The chart's scheduler-mode pod readiness: a synced standby is healthy (so a
+    // PodDisruptionBudget counts it), while the verbs still serve only the leader.
+    let (status, report) = ha.get("/readyz?standby=ok").await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["standby_ready"], true, "{report}");
+    let (status, report) = ha.get("/readyz?standby=yes").await;
+    assert_eq!(status, 400, "{report}");
+    assert!(
+        report["error"].as_str().unwrap().contains("standby"),
+        "{report}"
+    );
 
     // Back to us.
     set_scheduler_holder(&fake, "sched-a_5f1c2d3e-0000-4000-8000-000000000003");

@@ -168,6 +168,15 @@ extenders:
 {{- $args = append $args (printf "--body-limit-bytes=%d" (int64 $e.bodyLimitBytes)) }}
 {{- $args = append $args (printf "--request-timeout=%s" $e.requestTimeout) }}
 {{- $args = append $args (printf "--max-concurrency=%d" (int64 $e.maxConcurrency)) }}
+{{- $args = append $args (printf "--body-budget-bytes=%d" (int64 $e.bodyBudgetBytes)) }}
+{{- $args = append $args (printf "--body-read-timeout=%s" $e.bodyReadTimeout) }}
+{{- $c := $e.connections }}
+{{- $args = append $args (printf "--max-connections=%d" (int64 $c.maxConnections)) }}
+{{- $args = append $args (printf "--probe-max-connections=%d" (int64 $c.probeMaxConnections)) }}
+{{- $args = append $args (printf "--header-read-timeout=%s" $c.headerReadTimeout) }}
+{{- $args = append $args (printf "--idle-timeout=%s" $c.idleTimeout) }}
+{{- $args = append $args (printf "--max-connection-age=%s" $c.maxConnectionAge) }}
+{{- $args = append $args (printf "--max-header-bytes=%d" (int64 $c.maxHeaderBytes)) }}
 {{- $args = append $args (printf "--assume-ttl=%s" $e.assumeTtl) }}
 {{- with $e.scoreStrategy }}{{ $args = append $args (printf "--score-strategy=%s" .) }}{{ end }}
 {{- with $e.scoreWeights }}
@@ -235,11 +244,14 @@ extenders:
     periodSeconds: {{ .Values.extender.probes.liveness.periodSeconds }}
     timeoutSeconds: {{ .Values.extender.probes.liveness.timeoutSeconds }}
     failureThreshold: {{ .Values.extender.probes.liveness.failureThreshold }}
-  # 503 until every watched kind's initial list is replayed into the caches (and, under leader
-  # election, while this replica is not the leader).
+  # 503 until every watched kind's initial list is replayed into the caches. standalone mode:
+  # also while this replica is not the leader, so the Service routes the verbs to the leader
+  # only. scheduler mode (`?standby=ok`): a synced standby is ready, so a PodDisruptionBudget
+  # counts it (its kube-scheduler calls its own sidecar; no Service routes by readiness, and
+  # the verbs still serve only the leader).
   readinessProbe:
     httpGet:
-      path: /readyz
+      path: {{ ternary "/readyz?standby=ok" "/readyz" (eq .Values.mode "scheduler") }}
       port: metrics
     periodSeconds: {{ .Values.extender.probes.readiness.periodSeconds }}
     timeoutSeconds: {{ .Values.extender.probes.readiness.timeoutSeconds }}
@@ -277,10 +289,35 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.affinity }}
+{{- if .Values.affinity }}
 affinity:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml .Values.affinity | nindent 2 }}
+{{- else if and (gt (int .Values.replicas) 1) (ne .Values.podAntiAffinity "none") }}
+{{- /* Replicas on different nodes, so one node's loss does not take the leader and its standby. */}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "dne.selectorLabels" . | fromYaml)) }}
+affinity:
+  podAntiAffinity:
+    {{- if eq .Values.podAntiAffinity "hard" }}
+    requiredDuringSchedulingIgnoredDuringExecution:
+      {{- toYaml (list $term) | nindent 6 }}
+    {{- else }}
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          {{- toYaml $term | nindent 10 }}
+    {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* "true" when the PodDisruptionBudget is rendered: as set, or by default only where it
+protects something without blocking drains: scheduler mode (a synced standby counts as ready)
+with more than one replica. In standalone mode only the leader is ready, so any budget would
+forbid evicting the leader and hang every drain of its node. */}}
+{{- define "dne.pdb" -}}
+{{- $p := .Values.podDisruptionBudget }}
+{{- if kindIs "invalid" $p.enabled }}
+{{- if and (eq .Values.mode "scheduler") (gt (int .Values.replicas) 1) }}true{{ end }}
+{{- else if $p.enabled }}true{{ end }}
 {{- end }}
 
 {{- define "dne.podAnnotations" -}}
