@@ -4,6 +4,12 @@
 //! (`--body-budget-bytes`) until the request is answered. So slow bodies never occupy the slots
 //! real calls need, and all bodies in flight together never hold more memory than the budget.
 //!
+//! The budget has two lanes. Bodies that declare at most [`SMALL_BODY_BYTES`] (kube-scheduler's
+//! node-name requests: ~100 KB at 5,000 nodes) are charged to a lane of their own, a quarter of
+//! the budget (at most 16 MiB); everything else to the rest. The semaphores are fair (FIFO), so
+//! with one lane a small call would queue behind large bodies waiting for megabytes; with two,
+//! large bodies (an attacker's, or full-Node requests) cannot delay small calls.
+//!
 //! This module reads bodies and nothing else: it does not parse them (see [`super::input`])
 //! and never looks at a route. It must run outside the concurrency limit (the verb router's
 //! outermost layer but the request timeout).
@@ -43,11 +49,20 @@ impl Default for BodyLimits {
     }
 }
 
+/// Bodies declaring at most this many bytes use the small lane of the budget.
+pub const SMALL_BODY_BYTES: usize = 1024 * 1024;
+
 impl BodyLimits {
+    /// The budget's small lane (bytes): a quarter, at most 16 MiB.
+    pub fn small_lane_bytes(&self) -> usize {
+        (self.budget_bytes / 4).min(16 * 1024 * 1024)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
-        if self.budget_bytes < self.max_bytes {
+        let large_lane = self.budget_bytes - self.small_lane_bytes();
+        if large_lane < self.max_bytes {
             return Err(format!(
-                "--body-budget-bytes ({}) must be at least --body-limit-bytes ({}): a body of the largest accepted size could never be admitted",
+                "--body-budget-bytes ({}) must leave at least --body-limit-bytes ({}) once a quarter of it (at most 16 MiB) is set aside for bodies of at most 1 MiB: a body of the largest accepted size could never be admitted",
                 self.budget_bytes, self.max_bytes
             ));
         }
@@ -71,7 +86,10 @@ const MAX_BUDGET: usize = 1 << 40;
 #[derive(Clone)]
 pub struct BodyAdmission {
     limits: BodyLimits,
+    /// Bodies declaring more than [`SMALL_BODY_BYTES`], or no length (chunked).
     budget: Arc<Semaphore>,
+    /// Bodies declaring at most [`SMALL_BODY_BYTES`].
+    small: Arc<Semaphore>,
     metrics: Metrics,
 }
 
@@ -85,10 +103,11 @@ pub const BODY_REJECTIONS: &[&str] = &[
 
 impl BodyAdmission {
     pub fn new(limits: BodyLimits, metrics: Metrics) -> Self {
-        let budget = Arc::new(Semaphore::new(limits.budget_bytes));
+        let small = limits.small_lane_bytes();
         BodyAdmission {
+            budget: Arc::new(Semaphore::new(limits.budget_bytes - small)),
+            small: Arc::new(Semaphore::new(small)),
             limits,
-            budget,
             metrics,
         }
     }
@@ -105,7 +124,13 @@ impl BodyAdmission {
     /// Reads the whole body, charging each chunk to the budget before keeping it. Waits for
     /// budget while other bodies hold it (within the read deadline): what is held is what has
     /// arrived, so a declared length alone reserves nothing.
-    async fn read(&self, body: Body) -> Result<(Bytes, Charge), Response> {
+    async fn read(&self, body: Body, declared: Option<u64>) -> Result<(Bytes, Charge), Response> {
+        let small = declared.is_some_and(|n| n <= SMALL_BODY_BYTES as u64);
+        let lane = if small && self.limits.small_lane_bytes() > 0 {
+            &self.small
+        } else {
+            &self.budget
+        };
         let mut charge = Charge {
             permit: None,
             bytes: 0,
@@ -127,8 +152,7 @@ impl BodyAdmission {
             if buffer.len() + data.len() > self.limits.max_bytes {
                 return Err(self.too_large("too_large"));
             }
-            let permits = self
-                .budget
+            let permits = lane
                 .clone()
                 .acquire_many_owned(data.len() as u32)
                 .await
@@ -194,7 +218,11 @@ pub async fn admit(
         return admission.too_large("declared_too_large");
     }
     let (parts, body) = request.into_parts();
-    let read = tokio::time::timeout(admission.limits.read_timeout, admission.read(body)).await;
+    let read = tokio::time::timeout(
+        admission.limits.read_timeout,
+        admission.read(body, declared),
+    )
+    .await;
     let (bytes, charge) = match read {
         Ok(Ok(read)) => read,
         Ok(Err(response)) => return response,
@@ -289,14 +317,10 @@ mod tests {
     #[tokio::test]
     async fn a_body_waits_for_budget_held_by_others_and_is_served_when_it_returns() {
         let metrics = Metrics::new();
-        let admission = BodyAdmission::new(limits(1024, 1024), metrics.clone());
-        // Another body holds the whole budget.
-        let held = admission
-            .budget
-            .clone()
-            .acquire_many_owned(1024)
-            .await
-            .unwrap();
+        let admission = BodyAdmission::new(limits(1024, 1400), metrics.clone());
+        // Other bodies hold the whole budget, both lanes (1050 + 350).
+        let held = admission.budget.clone().acquire_many_owned(1050).await;
+        let held_small = admission.small.clone().acquire_many_owned(350).await;
         let app = axum::Router::new()
             .route(
                 "/echo",
@@ -310,6 +334,7 @@ mod tests {
         // It cannot finish while the budget is held: the budget is what it waits on.
         tokio::task::yield_now().await;
         assert!(!pending.is_finished());
+        drop(held_small);
         drop(held);
         let response = tokio::time::timeout(Duration::from_secs(60), pending)
             .await
@@ -346,10 +371,62 @@ mod tests {
         drop(tx);
     }
 
+    /// Small bodies have a lane of their own: large bodies holding (or queueing for) all of
+    /// theirs cannot delay them. Here the large lane is exhausted and a large body waits in
+    /// its FIFO queue; a small one is still read and served.
+    #[tokio::test]
+    async fn large_bodies_cannot_delay_small_ones() {
+        let metrics = Metrics::new();
+        let l = limits(4 * 1024 * 1024, 16 * 1024 * 1024);
+        assert_eq!(l.small_lane_bytes(), 4 * 1024 * 1024);
+        let admission = BodyAdmission::new(l, metrics.clone());
+        let held = admission
+            .budget
+            .clone()
+            .acquire_many_owned(12 * 1024 * 1024)
+            .await
+            .unwrap();
+        let app = axum::Router::new()
+            .route(
+                "/echo",
+                post(|body: Bytes| async move { body.len().to_string() }),
+            )
+            .layer(axum::middleware::from_fn_with_state(admission, admit));
+        let large = Request::post("/echo")
+            .header(header::CONTENT_LENGTH, (2 * 1024 * 1024).to_string())
+            .body(Body::from(vec![b'L'; 2 * 1024 * 1024]))
+            .unwrap();
+        let waiting = tokio::spawn(app.clone().oneshot(large));
+        let small = Request::post("/echo")
+            .header(header::CONTENT_LENGTH, "3")
+            .body(Body::from("abc"))
+            .unwrap();
+        let response = tokio::time::timeout(Duration::from_secs(60), app.oneshot(small))
+            .await
+            .expect("a small body waited behind large ones")
+            .unwrap();
+        assert_eq!(text(response).await, "3");
+        assert!(
+            !waiting.is_finished(),
+            "the large body had budget after all"
+        );
+        drop(held);
+        let response = tokio::time::timeout(Duration::from_secs(60), waiting)
+            .await
+            .expect("hang guard")
+            .unwrap()
+            .unwrap();
+        assert_eq!(text(response).await, (2 * 1024 * 1024).to_string());
+    }
+
     #[test]
-    fn a_budget_smaller_than_one_body_is_a_flag_error() {
+    fn a_budget_that_cannot_hold_the_largest_body_is_a_flag_error() {
         let err = limits(2048, 1024).validate().unwrap_err();
         assert!(err.contains("--body-budget-bytes"), "{err}");
+        // The largest body must fit beside the small lane, not only in the whole budget.
+        let err = limits(16 << 20, 16 << 20).validate().unwrap_err();
+        assert!(err.contains("at most 1 MiB"), "{err}");
+        assert!(limits(16 << 20, 32 << 20).validate().is_ok());
         assert!(BodyLimits::default().validate().is_ok());
     }
 
