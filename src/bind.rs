@@ -416,6 +416,13 @@ pub enum BindError {
     },
     #[error("pod {pod} is already bound to node {node}")]
     BoundElsewhere { pod: String, node: String },
+    /// Bound to this very node by another write (another scheduler, an old leader, an earlier
+    /// attempt of ours that landed late) after this bind read the pod: its allocation is the
+    /// one that write carries, never one decided here.
+    #[error(
+        "pod {pod} was bound to node {node} by another write while this bind decided: nothing written, its allocation is the one it was bound with"
+    )]
+    BoundMeanwhile { pod: String, node: String },
     #[error(
         "pod {pod} is bound to node {node} without a device allocation it needs: not a bind of ours"
     )]
@@ -465,6 +472,7 @@ impl BindError {
             BindError::PodNotFound { .. } => "pod_not_found",
             BindError::UidMismatch { .. } => "uid_mismatch",
             BindError::BoundElsewhere { .. } => "bound_elsewhere",
+            BindError::BoundMeanwhile { .. } => "bound_meanwhile",
             BindError::BoundWithoutAllocation { .. } => "bound_without_allocation",
             BindError::DoesNotFit { .. } => "does_not_fit",
             BindError::InvalidRequestResources { .. } => "invalid_resources",
@@ -695,6 +703,16 @@ impl Binder {
                         // this point only concerns binds that decide after it.
                         if !self.readiness.pods_current() {
                             return Err(BindError::CacheNotCurrent);
+                        }
+                        // The pod watch committed this pod here after our read (another
+                        // writer bound it): a decision would replace that allocation with
+                        // ours, and the conflict that follows would then release it. Never
+                        // let a decision replace a committed entry (issue 22).
+                        if state.holds_committed(&uid) {
+                            return Err(BindError::BoundMeanwhile {
+                                pod: pod_key.clone(),
+                                node: args.node.clone(),
+                            });
                         }
                         let decision = fit::decide(Some(state), &needs, &[], &self.scoring)
                             .map_err(|e| BindError::DoesNotFit {
@@ -945,20 +963,26 @@ impl Binder {
                         ));
                     }
                     if let Some(node) = fresh.node_name() {
-                        if node != args.node {
+                        tracing::warn!(pod = %pod_key, node, "pod was bound while we patched it: leaving its annotations alone");
+                        // Our assumed entry goes (release_assumed removes it only while it is
+                        // still the one this bind recorded); the pod's own allocation is the
+                        // one its binding carried, which the watch commits.
+                        let error = if node == args.node {
+                            BindError::BoundMeanwhile {
+                                pod: pod_key.to_string(),
+                                node: node.to_string(),
+                            }
+                        } else {
                             self.metrics
                                 .bound_elsewhere
                                 .with_label_values(&["patch"])
                                 .inc();
-                        }
-                        tracing::warn!(pod = %pod_key, node, "pod was bound while we patched it: leaving its annotations alone");
-                        return Err((
                             BindError::BoundElsewhere {
                                 pod: pod_key.to_string(),
                                 node: node.to_string(),
-                            },
-                            AfterFailure::NotBound,
-                        ));
+                            }
+                        };
+                        return Err((error, AfterFailure::NotBound));
                     }
                     current = fresh;
                 }

@@ -153,6 +153,13 @@ impl NodeState {
             .or_else(|| self.cpus.get(uid).map(|e| e.state))
     }
 
+    /// Whether any ledger of this node holds `uid` as committed (seen bound here by the watch).
+    pub fn holds_committed(&self, uid: &PodUid) -> bool {
+        let committed = |s: Option<EntryState>| s == Some(EntryState::Committed);
+        committed(self.devices.get(uid).map(|e| e.state))
+            || committed(self.cpus.get(uid).map(|e| e.state))
+    }
+
     /// Removes `uid`'s entries in every ledger, only if they are still the ones assumed at `at`.
     pub fn remove_if_assumed_at(&mut self, uid: &PodUid, at: std::time::Instant) -> bool {
         let d = self.devices.remove_if_assumed_at(uid, at);

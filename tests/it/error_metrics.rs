@@ -373,6 +373,15 @@ enum Fault {
     BindingHangs {
         started: std::sync::Arc<tokio::sync::Notify>,
     },
+    /// The first read of the pod answers this older copy (the read raced a write another
+    /// writer made); later reads answer the stored pod.
+    StaleFirstRead(parking_lot::Mutex<Option<device_numa_extender::model::pod::Pod>>),
+    /// Like `StaleFirstRead`, and the pod watch delivers the stored (bound) pod to `cluster`
+    /// (set after the state is built) just as the annotation patch arrives.
+    StaleReadThenWatchCommitsOnPatch {
+        stale: parking_lot::Mutex<Option<device_numa_extender::model::pod::Pod>>,
+        cluster: std::sync::OnceLock<std::sync::Arc<device_numa_extender::cluster::ClusterState>>,
+    },
 }
 
 /// A `PodApi` that serves and writes the stored pods (offline) with one [`Fault`], and counts
@@ -397,6 +406,12 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
             Fault::LeaseLapsesOnRead(readiness) => {
                 readiness.set_leader_until(device_numa_extender::clock::BootInstant::now())
             }
+            Fault::StaleFirstRead(stale)
+            | Fault::StaleReadThenWatchCommitsOnPatch { stale, .. } => {
+                if let Some(pod) = stale.lock().take() {
+                    return Box::pin(async move { Ok(Some(pod)) });
+                }
+            }
             _ => {}
         }
         self.inner.get_pod(namespace, name)
@@ -411,6 +426,18 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
     ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::bind::ApiError>> {
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Fault::StaleReadThenWatchCommitsOnPatch { cluster, .. } = &self.fault {
+            use futures::FutureExt;
+            let stored = self
+                .inner
+                .get_pod(namespace, name)
+                .now_or_never()
+                .expect("the offline pod API answers at once")
+                .unwrap()
+                .unwrap();
+            let record = device_numa_extender::cluster::PodRecord::from_pod(&stored).unwrap();
+            cluster.get().unwrap().upsert_pod(None, &record);
+        }
         let patch =
             self.inner
                 .patch_annotations(namespace, name, uid, resource_version, annotations);
@@ -664,4 +691,137 @@ async fn a_binding_in_flight_is_abandoned_when_leadership_is_lost_and_its_gpu_he
     );
     assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 1);
     assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
+}
+
+/// Issue 22 §2: the pod is bound to this node by another write (another scheduler, an old
+/// leader, a late attempt of ours) after the bind read it unbound, and the pod watch commits it
+/// here before the bind decides. Before the fix the decision replaced that committed entry with
+/// an assumed one, the resourceVersion-guarded patch got 409, the re-read found the pod on this
+/// node, the bind reported it "bound elsewhere" and released the entry: the pod's GPU was gone
+/// from the ledger and the next pod was given it. Now the decision refuses to replace a
+/// committed entry, writes nothing, and the pod keeps its GPU.
+#[tokio::test]
+async fn a_pod_bound_here_while_the_bind_decides_keeps_its_committed_gpu() {
+    use device_numa_extender::cluster::PodRecord;
+    use std::sync::atomic::Ordering;
+
+    // What the other writer left: bound to n1 holding minor 0, at a newer resourceVersion.
+    let mut bound = service::pod(
+        "default",
+        "p",
+        "uid-p",
+        json!({"nvidia.com/gpu": "1"}),
+        Some("n1"),
+        Some(&service::whole_gpus(&[0])),
+    );
+    bound["metadata"]["resourceVersion"] = json!("2");
+    // What the bind read just before: the same pod, unbound.
+    let mut stale = service::pod(
+        "default",
+        "p",
+        "uid-p",
+        json!({"nvidia.com/gpu": "1"}),
+        None,
+        None,
+    );
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let stale_pod = serde_json::from_value(stale.clone()).unwrap();
+    let (state, api) = two_gpus_over_a_faulty_api(&bound, move |_| {
+        Fault::StaleFirstRead(parking_lot::Mutex::new(Some(stale_pod)))
+    });
+    // The pod watch delivered the other writer's bind.
+    let bound_pod: device_numa_extender::model::pod::Pod =
+        serde_json::from_value(bound.clone()).unwrap();
+    state
+        .cluster
+        .upsert_pod(None, &PodRecord::from_pod(&bound_pod).unwrap());
+    assert!(
+        passing_for_both_gpus(&state).is_empty(),
+        "the committed pod holds one of the two GPUs"
+    );
+
+    let error = bind_through_the_handler(&state, &stale, "n1").await;
+    assert!(
+        error.contains("by another write"),
+        "answer's error: {error}"
+    );
+    // The committed GPU is still held: a pod asking for both GPUs does not fit.
+    assert!(
+        passing_for_both_gpus(&state).is_empty(),
+        "the committed pod's GPU was released: the next pod would be given it"
+    );
+    assert_eq!(api.writes.load(Ordering::SeqCst), 0, "the bind wrote");
+    assert_eq!(binds_counted(&state, "bound_meanwhile"), 1);
+    assert_eq!(
+        state
+            .metrics
+            .bound_elsewhere
+            .with_label_values(&["patch"])
+            .get(),
+        0,
+        "a pod bound to this node is not bound elsewhere"
+    );
+    assert_eq!(stored_node(&api, &bound).await.as_deref(), Some("n1"));
+}
+
+/// Issue 22 §2, the other order: the watch commits the other writer's bind after this bind
+/// decided (its assumed entry is replaced by the committed one) and as its patch is refused
+/// (409, the resourceVersion moved). The re-read finds the pod on *this* node: counted as
+/// `bound_meanwhile`, not "bound elsewhere", and releasing the bind's own entry leaves the
+/// committed one alone.
+#[tokio::test]
+async fn a_pod_bound_here_while_the_bind_patches_keeps_its_committed_gpu() {
+    let mut bound = service::pod(
+        "default",
+        "p",
+        "uid-p",
+        json!({"nvidia.com/gpu": "1"}),
+        Some("n1"),
+        Some(&service::whole_gpus(&[0])),
+    );
+    bound["metadata"]["resourceVersion"] = json!("2");
+    let mut stale = service::pod(
+        "default",
+        "p",
+        "uid-p",
+        json!({"nvidia.com/gpu": "1"}),
+        None,
+        None,
+    );
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let stale_pod = serde_json::from_value(stale.clone()).unwrap();
+    let (state, api) =
+        two_gpus_over_a_faulty_api(&bound, move |_| Fault::StaleReadThenWatchCommitsOnPatch {
+            stale: parking_lot::Mutex::new(Some(stale_pod)),
+            cluster: std::sync::OnceLock::new(),
+        });
+    let Fault::StaleReadThenWatchCommitsOnPatch { cluster, .. } = &api.fault else {
+        unreachable!()
+    };
+    cluster.set(state.cluster.clone()).ok().unwrap();
+    assert_eq!(
+        passing_for_both_gpus(&state),
+        vec!["n1"],
+        "nothing held yet"
+    );
+
+    let error = bind_through_the_handler(&state, &stale, "n1").await;
+    assert!(
+        error.contains("by another write"),
+        "answer's error: {error}"
+    );
+    assert_eq!(binds_counted(&state, "bound_meanwhile"), 1);
+    assert_eq!(binds_counted(&state, "bound_elsewhere"), 0);
+    assert_eq!(
+        state
+            .metrics
+            .bound_elsewhere
+            .with_label_values(&["patch"])
+            .get(),
+        0
+    );
+    assert!(
+        passing_for_both_gpus(&state).is_empty(),
+        "the committed pod's GPU was released"
+    );
 }
