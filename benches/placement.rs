@@ -98,9 +98,15 @@ impl PodApi for MemoryPodApi {
         _namespace: &'a str,
         _name: &'a str,
         _uid: &'a str,
+        _resource_version: Option<&'a str>,
         _node: &'a str,
+        annotations: &'a BTreeMap<String, String>,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
+        black_box(annotations);
         Box::pin(async { Ok(()) })
+    }
+    fn binding_deadline(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
     }
     fn confirmed_by_watch(&self) -> bool {
         true

@@ -3,13 +3,17 @@
 //!
 //! kube-scheduler runs binds asynchronously and concurrently with later filters, so the
 //! allocation is computed here, not in filter: lock the node, allocate against committed +
-//! assumed entries, record the result as *assumed* under the pod UID, unlock, patch the pod's
-//! annotations with the UID and the resourceVersion of the bind's read as preconditions (a 409
-//! re-reads and retries, re-deciding nothing), create the `pods/binding`. A failure whose
-//! outcome is known removes the assumed entry; one whose outcome is unknown keeps it held
-//! and probes it. The pod watch later replaces the assumed entry with the committed one.
-//! Never clear annotations of a pod bound to another node: whatever it carries is what that
-//! node's koordlet uses. The lifecycle records live in [`crate::cluster::assumed`].
+//! assumed entries, record the result as *assumed* under the pod UID, unlock, and commit it in
+//! **one write**: the `pods/binding`, carrying the annotations (the API server merges a
+//! Binding's `metadata.annotations` into the pod in the same write as `spec.nodeName`), with
+//! the UID and the resourceVersion of the bind's read as preconditions (a 409 re-reads and
+//! retries, re-deciding nothing). So a pod never carries an allocation decided for another
+//! node, and a binding whose answer was lost can land later only on the unchanged pod: the
+//! allocation stays held exactly while that is possible (see [`crate::cluster::assumed`]).
+//! A failure whose outcome is known removes the assumed entry; one whose outcome is unknown
+//! keeps it held and probes it. The pod watch later replaces the assumed entry with the
+//! committed one. A decision never replaces a committed entry. Never clear annotations of a
+//! pod bound to another node: whatever it carries is what that node's koordlet uses.
 //!
 //! API writes go through [`PodApi`], so the same logic serves the kube client and the
 //! offline (cluster file) mode.
@@ -21,7 +25,7 @@ use futures::future::BoxFuture;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use parking_lot::Mutex;
 
-use crate::cluster::assumed::{AssumedPod, Outcome};
+use crate::cluster::assumed::{AssumedPod, Outcome, SentBinding};
 use crate::cluster::cpus::RecordedCpus;
 use crate::cluster::devices::{EntryState, RecordedAllocation};
 use crate::cluster::{ClusterState, NodeState, PodRecord};
@@ -114,14 +118,21 @@ pub trait PodApi: Send + Sync {
         resource_version: Option<&'a str>,
         annotations: &'a BTreeMap<String, Option<String>>,
     ) -> BoxFuture<'a, Result<(), ApiError>>;
-    /// Creates `pods/binding` with the pod UID as precondition.
+    /// Creates `pods/binding` with the pod UID and, when given, the resourceVersion as
+    /// preconditions, carrying `annotations`, which the API server merges into the pod in the
+    /// same write as `spec.nodeName` (409 when a precondition fails or the pod is bound).
     fn create_binding<'a>(
         &'a self,
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
+        resource_version: Option<&'a str>,
         node: &'a str,
+        annotations: &'a BTreeMap<String, String>,
     ) -> BoxFuture<'a, Result<(), ApiError>>;
+    /// The longest the API server may take to apply a binding we sent (its deadline for the
+    /// request): past it, a binding whose answer never came can no longer land.
+    fn binding_deadline(&self) -> std::time::Duration;
     /// True when a pod watch will confirm binds; false when bind must commit itself (offline).
     fn confirmed_by_watch(&self) -> bool;
 }
@@ -211,28 +222,56 @@ impl PodApi for KubePodApi {
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
+        resource_version: Option<&'a str>,
         node: &'a str,
+        annotations: &'a BTreeMap<String, String>,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(async move {
+            let mut meta = serde_json::json!({ "name": name, "namespace": namespace, "uid": uid });
+            if let Some(rv) = resource_version {
+                meta["resourceVersion"] = serde_json::Value::String(rv.to_string());
+            }
+            if !annotations.is_empty() {
+                meta["annotations"] = serde_json::json!(annotations);
+            }
             let binding = serde_json::json!({
                 "apiVersion": "v1",
                 "kind": "Binding",
-                "metadata": { "name": name, "namespace": namespace, "uid": uid },
+                "metadata": meta,
                 "target": { "apiVersion": "v1", "kind": "Node", "name": node },
             });
-            let api = self.api(namespace);
+            let body = serde_json::to_vec(&binding).map_err(|e| ApiError {
+                status: None,
+                message: format!("cannot encode the binding: {e}"),
+            })?;
+            let mut request =
+                kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
+                    .create_subresource("binding", name, &PostParams::default(), body)
+                    .map_err(|e| ApiError {
+                        status: None,
+                        message: format!("cannot build the binding request: {e}"),
+                    })?;
+            // The API server gives the request up at our own deadline, so a binding whose
+            // answer we never got cannot land later than `binding_deadline` after sending.
+            let uri = request.uri().to_string();
+            let sep = if uri.contains('?') { '&' } else { '?' };
+            *request.uri_mut() = format!("{uri}{sep}timeout={}s", self.timeout.as_secs().max(1))
+                .parse()
+                .map_err(|e| ApiError {
+                    status: None,
+                    message: format!("cannot build the binding request: {e}"),
+                })?;
             self.call(
                 "the binding",
-                api.create_subresource::<_, serde_json::Value>(
-                    "binding",
-                    name,
-                    &PostParams::default(),
-                    &binding,
-                ),
+                self.client.request::<serde_json::Value>(request),
             )
             .await?;
             Ok(())
         })
+    }
+
+    fn binding_deadline(&self) -> std::time::Duration {
+        self.timeout
     }
 
     fn confirmed_by_watch(&self) -> bool {
@@ -287,7 +326,15 @@ impl OfflinePodApi {
                 message: "uid precondition failed".into(),
             });
         }
-        f(pod)
+        let result = f(pod)?;
+        // Every write moves a (numeric) resourceVersion on, as on an API server, so a
+        // precondition taken before it fails after it.
+        if let Some(rv) = &mut pod.metadata.resource_version
+            && let Ok(n) = rv.parse::<u64>()
+        {
+            *rv = (n + 1).to_string();
+        }
+        Ok(result)
     }
 }
 
@@ -314,8 +361,7 @@ impl PodApi for OfflinePodApi {
         annotations: &'a BTreeMap<String, Option<String>>,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         let result = self.with_pod(namespace, name, uid, |pod| {
-            // Offline binds are the only writer and never bump resourceVersions; the check is
-            // kept so offline mode refuses what the API server would.
+            // The check is kept so offline mode refuses what the API server would.
             if let (Some(want), Some(have)) = (resource_version, &pod.metadata.resource_version)
                 && want != have
             {
@@ -344,9 +390,19 @@ impl PodApi for OfflinePodApi {
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
+        resource_version: Option<&'a str>,
         node: &'a str,
+        annotations: &'a BTreeMap<String, String>,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         let result = self.with_pod(namespace, name, uid, |pod| {
+            if let (Some(want), Some(have)) = (resource_version, &pod.metadata.resource_version)
+                && want != have
+            {
+                return Err(ApiError {
+                    status: Some(409),
+                    message: "resourceVersion precondition failed".into(),
+                });
+            }
             if let Some(existing) = pod.node_name() {
                 return Err(ApiError {
                     status: Some(409),
@@ -354,9 +410,20 @@ impl PodApi for OfflinePodApi {
                 });
             }
             pod.spec.node_name = Some(node.to_string());
+            let target = pod
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            for (k, v) in annotations {
+                target.insert(k.clone(), v.clone());
+            }
             Ok(())
         });
         Box::pin(async move { result })
+    }
+
+    fn binding_deadline(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
     }
 
     fn confirmed_by_watch(&self) -> bool {
@@ -423,6 +490,14 @@ pub enum BindError {
         "pod {pod} was bound to node {node} by another write while this bind decided: nothing written, its allocation is the one it was bound with"
     )]
     BoundMeanwhile { pod: String, node: String },
+    /// An earlier attempt's binding of this pod has no known outcome and may still land (the
+    /// pod is unchanged since it was sent and the API server's deadline has not passed):
+    /// deciding again now could hold the pod's devices on two nodes, or let its first binding
+    /// land on devices handed to another pod.
+    #[error(
+        "an earlier binding of pod {pod} to node {node} may still land (the pod is unchanged since it was sent): retry shortly"
+    )]
+    PreviousBindingPending { pod: String, node: String },
     #[error(
         "pod {pod} is bound to node {node} without a device allocation it needs: not a bind of ours"
     )]
@@ -454,6 +529,27 @@ pub enum BindError {
     },
 }
 
+/// What reading the pod back after a failed binding showed.
+enum ReadBack {
+    /// Bound to our node with our annotations: the binding landed, its answer was lost.
+    Succeeded,
+    /// Our binding has not landed and never will: the pod is gone, recreated, bound by another
+    /// write (`bound_to`), or changed since the binding's resourceVersion.
+    NotBound { bound_to: Option<String> },
+    /// It may still land, or the read failed: keep the allocation held and probe.
+    Ambiguous,
+}
+
+/// A re-read of the pod after a refused write.
+enum ReRead {
+    Unbound(Box<Pod>),
+    Bound(String),
+}
+
+/// How long past the API server's deadline for a binding request we still treat it as able
+/// to land: etcd's commit of a request the server already gave up on, and clock slack.
+const BINDING_LANDING_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How an API write of bind's ended, as the leader ([`Binder::write_as_leader`]).
 enum LeaderWrite<T> {
     /// Sent and answered (or given up by the call's own timeout).
@@ -473,6 +569,7 @@ impl BindError {
             BindError::UidMismatch { .. } => "uid_mismatch",
             BindError::BoundElsewhere { .. } => "bound_elsewhere",
             BindError::BoundMeanwhile { .. } => "bound_meanwhile",
+            BindError::PreviousBindingPending { .. } => "previous_binding_pending",
             BindError::BoundWithoutAllocation { .. } => "bound_without_allocation",
             BindError::DoesNotFit { .. } => "does_not_fit",
             BindError::InvalidRequestResources { .. } => "invalid_resources",
@@ -501,33 +598,13 @@ fn carries(pod: &Pod, written: &BTreeMap<String, Option<String>>) -> bool {
         .all(|(k, v)| pod.annotation(k) == v.as_deref())
 }
 
-/// The keys of `written` whose value the pod still carries as we set it (what a cleanup may
-/// remove without touching anyone else's annotation).
-fn ours_on(
-    pod: &Pod,
-    written: &BTreeMap<String, Option<String>>,
-) -> BTreeMap<String, Option<String>> {
-    written
-        .iter()
-        .filter(|(k, v)| {
-            OWNED_ANNOTATIONS.contains(&k.as_str())
-                && v.is_some()
-                && pod.annotation(k) == v.as_deref()
-        })
-        .map(|(k, _)| (k.clone(), None))
-        .collect()
-}
-
 /// What a read of the pod says about an assumed allocation.
 enum Verdict {
     /// Bound to our node with our annotations: keep (the watch commits it).
     BoundHere,
-    /// Unbound, still carrying these annotations of ours (at resourceVersion `rv`): remove
-    /// them, then release.
-    Unbound {
-        ours: BTreeMap<String, Option<String>>,
-        rv: Option<String>,
-    },
+    /// Unbound, and the bind's binding may still land on it (the pod is at the binding's
+    /// resourceVersion and the request's deadline has not passed): keep it held.
+    MayStillLand,
     /// Gone, recreated, finished, bound here by someone else, or (`elsewhere`) bound to another
     /// node: release ours, touch nothing on the pod.
     Release { elsewhere: bool },
@@ -549,9 +626,18 @@ fn judge(uid: &PodUid, rec: &AssumedPod, pod: Option<&Pod>) -> Verdict {
             }
         }
         Some(_) => Verdict::Release { elsewhere: true },
-        None => Verdict::Unbound {
-            ours: ours_on(pod, &rec.annotations),
-            rv: pod.metadata.resource_version.clone(),
+        // Our annotations only ever land with our binding: an unbound pod carries none of
+        // them, so there is nothing to clean up.
+        None => match &rec.binding {
+            Some(sent)
+                if sent.may_still_land(
+                    pod.metadata.resource_version.as_deref(),
+                    std::time::Instant::now(),
+                ) =>
+            {
+                Verdict::MayStillLand
+            }
+            _ => Verdict::Release { elsewhere: false },
         },
     }
 }
@@ -618,8 +704,9 @@ impl Binder {
                 source,
             })?;
         // kube-scheduler retries a pod whose bind failed, perhaps to another node: an earlier
-        // attempt's held allocation must neither block this one nor be held twice.
-        self.resolve_previous_attempt(&uid, pod.as_ref());
+        // attempt's held allocation must neither block this one nor be held twice, and while
+        // its binding may still land this one must wait.
+        self.resolve_previous_attempt(&uid, pod.as_ref(), &pod_key)?;
         let pod = pod.ok_or_else(|| BindError::PodNotFound {
             pod: pod_key.clone(),
         })?;
@@ -767,6 +854,7 @@ impl Binder {
                                 at,
                                 annotations: written.clone(),
                                 outcome: Outcome::Writing,
+                                binding: None,
                             },
                         );
                         Ok(Some(at))
@@ -791,7 +879,10 @@ impl Binder {
             }
         }
 
-        match self.commit(args, &pod_key, pod.clone(), &written).await {
+        match self
+            .commit(args, &pod_key, pod.clone(), &written, assumed_at)
+            .await
+        {
             Ok(outcome) => {
                 // Only now, with the binding call returned, may a relist judge this entry.
                 if let Some(at) = assumed_at {
@@ -837,22 +928,42 @@ impl Binder {
 
     /// Resolves an earlier attempt's held allocation for this UID against the retry's read:
     /// kept only while the pod is bound where that attempt put it.
-    fn resolve_previous_attempt(&self, uid: &PodUid, pod: Option<&Pod>) {
+    fn resolve_previous_attempt(
+        &self,
+        uid: &PodUid,
+        pod: Option<&Pod>,
+        pod_key: &str,
+    ) -> Result<(), BindError> {
         let Some(prev) = self.cluster.assumptions().get(uid) else {
-            return;
+            return Ok(());
         };
+        let pod = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()));
         let bound_there = pod.is_some_and(|p| {
-            p.metadata.uid.as_deref() == Some(uid.as_str())
-                && p.node_name() == Some(&*prev.node)
+            p.node_name() == Some(&*prev.node)
                 && !matches!(p.status.phase.as_deref(), Some("Succeeded" | "Failed"))
         });
         if bound_there {
-            return;
+            return Ok(());
+        }
+        // Unbound and unchanged since the earlier binding was sent: it may still land.
+        if let (Some(pod), Some(sent)) = (pod, &prev.binding)
+            && pod.node_name().is_none()
+            && !matches!(prev.outcome, Outcome::Bound { .. })
+            && sent.may_still_land(
+                pod.metadata.resource_version.as_deref(),
+                std::time::Instant::now(),
+            )
+        {
+            return Err(BindError::PreviousBindingPending {
+                pod: pod_key.to_string(),
+                node: prev.node.to_string(),
+            });
         }
         if self.cluster.release_assumed(&prev.node, uid, prev.at) {
             tracing::info!(node = %prev.node, pod = %format!("{}/{}", prev.namespace, prev.name), "retried bind: released the previous attempt's held allocation");
             self.released("retry", 1);
         }
+        Ok(())
     }
 
     /// Runs one of bind's API writes as the leader: refused before it is sent when this
@@ -878,14 +989,20 @@ impl Binder {
         }
     }
 
-    /// Writes the annotations (resourceVersion-guarded, retried on conflict), then creates
-    /// the binding. On failure, says what the failure left behind.
+    /// Commits the decision in one write: the `pods/binding`, carrying the annotations
+    /// (which the API server merges into the pod with `spec.nodeName`), under the pod's UID and
+    /// the resourceVersion of the read this bind decided on. A 409 re-reads the pod and, if it
+    /// is still unbound, sends the same binding under the fresh resourceVersion (nothing is
+    /// re-decided). Owned annotations this bind does not set, if the pod carries any, are
+    /// removed by a patch first (a binding can add annotations, not remove them). On failure,
+    /// says what the failure left behind.
     async fn commit(
         &self,
         args: &ExtenderBindingArgs,
         pod_key: &str,
         mut current: Pod,
         written: &BTreeMap<String, Option<String>>,
+        assumed_at: Option<std::time::Instant>,
     ) -> Result<BindOutcome, (BindError, AfterFailure)> {
         // A replica that lost leadership since the request arrived must not write.
         if !self.readiness.is_leader() {
@@ -896,215 +1013,266 @@ impl Binder {
             pod: pod_key.to_string(),
             source,
         };
-        let mut conflicts = 0;
-        loop {
-            // What we set, plus the removal of any owned annotation the pod carries that this
-            // bind does not set (a stale copy would be charged on this node).
-            let mut patch = written.clone();
-            for key in OWNED_ANNOTATIONS {
-                if !patch.contains_key(*key) && current.annotation(key).is_some() {
-                    patch.insert(key.to_string(), None);
-                }
-            }
-            if patch.is_empty() {
-                break;
-            }
-            // The resourceVersion of the read this bind decided on: if anyone changed the pod
-            // since (bound it elsewhere, annotated it), the API server refuses the patch.
-            let rv = current.metadata.resource_version.clone();
-            let patched = self
+        // Stale owned annotations (another writer's, or an older version's that patched
+        // before binding): removed first, under the read's resourceVersion, then re-read for
+        // the resourceVersion the binding carries. Ours only ever land with a binding.
+        let removals: BTreeMap<String, Option<String>> = OWNED_ANNOTATIONS
+            .iter()
+            .filter(|k| !written.contains_key(**k) && current.annotation(k).is_some())
+            .map(|k| (k.to_string(), None))
+            .collect();
+        if !removals.is_empty() {
+            let removed = self
                 .write_as_leader(|| {
                     self.api.patch_annotations(
                         &args.pod_namespace,
                         &args.pod_name,
                         &args.pod_uid,
-                        rv.as_deref(),
-                        &patch,
+                        current.metadata.resource_version.as_deref(),
+                        &removals,
                     )
                 })
                 .await;
-            let patched = match patched {
-                LeaderWrite::Done(result) => result,
-                // No binding was sent: whatever the patch did, the pod is not bound by us.
-                LeaderWrite::NotLeader | LeaderWrite::LostMidCall => {
-                    return Err((BindError::NotLeader, AfterFailure::NotBound));
-                }
-            };
-            match patched {
-                Ok(()) => break,
-                Err(source) if source.status == Some(409) && conflicts < MAX_PATCH_CONFLICTS => {
-                    conflicts += 1;
-                    self.metrics.bind_patch_conflicts.inc();
-                    tracing::info!(pod = %pod_key, attempt = conflicts, "annotation patch conflicted; re-reading the pod");
-                    // Nothing is re-decided: the allocation stays assumed; only the
-                    // precondition is refreshed, unless the pod is gone or bound meanwhile.
-                    let fresh = self
-                        .api
-                        .get_pod(&args.pod_namespace, &args.pod_name)
-                        .await
-                        .map_err(|s| (api_error("read the pod", s), AfterFailure::NotBound))?;
-                    let Some(fresh) = fresh else {
-                        return Err((
-                            BindError::PodNotFound {
-                                pod: pod_key.to_string(),
-                            },
-                            AfterFailure::NotBound,
-                        ));
-                    };
-                    let fresh_uid = fresh.metadata.uid.clone().unwrap_or_default();
-                    if fresh_uid != args.pod_uid {
-                        return Err((
-                            BindError::UidMismatch {
-                                pod: pod_key.to_string(),
-                                expected: args.pod_uid.clone(),
-                                actual: fresh_uid,
-                            },
-                            AfterFailure::NotBound,
-                        ));
+            match removed {
+                LeaderWrite::Done(Ok(())) => {}
+                LeaderWrite::Done(Err(source)) => {
+                    if source.status == Some(409) {
+                        self.metrics.bind_patch_conflicts.inc();
                     }
-                    if let Some(node) = fresh.node_name() {
-                        tracing::warn!(pod = %pod_key, node, "pod was bound while we patched it: leaving its annotations alone");
-                        // Our assumed entry goes (release_assumed removes it only while it is
-                        // still the one this bind recorded); the pod's own allocation is the
-                        // one its binding carried, which the watch commits.
-                        let error = if node == args.node {
-                            BindError::BoundMeanwhile {
-                                pod: pod_key.to_string(),
-                                node: node.to_string(),
-                            }
-                        } else {
-                            self.metrics
-                                .bound_elsewhere
-                                .with_label_values(&["patch"])
-                                .inc();
-                            BindError::BoundElsewhere {
-                                pod: pod_key.to_string(),
-                                node: node.to_string(),
-                            }
-                        };
-                        return Err((error, AfterFailure::NotBound));
-                    }
-                    current = fresh;
-                }
-                Err(source) => {
                     return Err((
                         api_error("patch annotations", source),
                         AfterFailure::NotBound,
                     ));
                 }
-            }
-        }
-        let bound = self
-            .write_as_leader(|| {
-                self.api.create_binding(
-                    &args.pod_namespace,
-                    &args.pod_name,
-                    &args.pod_uid,
-                    &args.node,
-                )
-            })
-            .await;
-        let bound = match bound {
-            LeaderWrite::Done(result) => result,
-            LeaderWrite::NotLeader => return Err((BindError::NotLeader, AfterFailure::NotBound)),
-            // The binding may still land: read the pod back, as after any unknown outcome
-            // (no longer the leader, that read never writes: the allocation stays held).
-            LeaderWrite::LostMidCall => {
-                return match self.after_failed_binding(args, pod_key, written).await {
-                    None => Ok(BindOutcome::BoundDespiteError),
-                    Some(after) => Err((BindError::NotLeader, after)),
-                };
-            }
-        };
-        match bound {
-            Ok(()) => Ok(BindOutcome::Bound),
-            Err(source) => {
-                let e = api_error("create the binding", source);
-                match self.after_failed_binding(args, pod_key, written).await {
-                    None => {
-                        tracing::warn!(pod = %pod_key, node = %args.node, error = %e, "the binding failed but took effect: keeping the allocation");
-                        Ok(BindOutcome::BoundDespiteError)
-                    }
-                    Some(after) => Err((e, after)),
+                LeaderWrite::NotLeader | LeaderWrite::LostMidCall => {
+                    return Err((BindError::NotLeader, AfterFailure::NotBound));
                 }
             }
+            current = match self.reread(args, pod_key).await {
+                Ok(ReRead::Unbound(fresh)) => *fresh,
+                Ok(ReRead::Bound(node)) => {
+                    return Err((
+                        self.bound_meanwhile(args, pod_key, &node, "patch"),
+                        AfterFailure::NotBound,
+                    ));
+                }
+                Err(e) => return Err((e, AfterFailure::NotBound)),
+            };
         }
+        let sets: BTreeMap<String, String> = written
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+            .collect();
+        let mut conflicts = 0;
+        loop {
+            let rv = current.metadata.resource_version.clone();
+            let sent = SentBinding {
+                resource_version: rv.clone(),
+                may_land_until: std::time::Instant::now()
+                    + self.api.binding_deadline()
+                    + BINDING_LANDING_MARGIN,
+            };
+            if let Some(at) = assumed_at {
+                self.cluster.assumptions().binding_sent(
+                    &PodUid::new(&args.pod_uid),
+                    at,
+                    sent.clone(),
+                );
+            }
+            let bound = self
+                .write_as_leader(|| {
+                    self.api.create_binding(
+                        &args.pod_namespace,
+                        &args.pod_name,
+                        &args.pod_uid,
+                        rv.as_deref(),
+                        &args.node,
+                        &sets,
+                    )
+                })
+                .await;
+            let source = match bound {
+                LeaderWrite::Done(Ok(())) => return Ok(BindOutcome::Bound),
+                LeaderWrite::NotLeader => {
+                    return Err((BindError::NotLeader, AfterFailure::NotBound));
+                }
+                // The binding may still land: read the pod back, as after any unknown outcome
+                // (no longer the leader, that read never writes).
+                LeaderWrite::LostMidCall => {
+                    return match self
+                        .after_failed_binding(args, pod_key, written, &sent)
+                        .await
+                    {
+                        ReadBack::Succeeded => Ok(BindOutcome::BoundDespiteError),
+                        ReadBack::NotBound { .. } => {
+                            Err((BindError::NotLeader, AfterFailure::NotBound))
+                        }
+                        ReadBack::Ambiguous => Err((BindError::NotLeader, AfterFailure::Ambiguous)),
+                    };
+                }
+                LeaderWrite::Done(Err(source)) => source,
+            };
+            if source.status == Some(409) && conflicts < MAX_PATCH_CONFLICTS {
+                // Refused, not applied: the pod changed since our read (its resourceVersion),
+                // or is bound already. Re-read: retry the same binding on an unbound pod.
+                conflicts += 1;
+                self.metrics.bind_patch_conflicts.inc();
+                tracing::info!(pod = %pod_key, attempt = conflicts, "binding conflicted; re-reading the pod");
+                match self.reread(args, pod_key).await {
+                    Ok(ReRead::Unbound(fresh)) => {
+                        current = *fresh;
+                        continue;
+                    }
+                    Ok(ReRead::Bound(_)) => {}
+                    Err(e) => return Err((e, AfterFailure::NotBound)),
+                }
+            }
+            // A 4xx is a refusal: nothing was applied, and the request is finished, so it can
+            // never land. A 5xx, a timeout or a lost answer may have been applied, or may be.
+            let refused = source.status.is_some_and(|s| (400..500).contains(&s));
+            let sent = if refused {
+                let expired = SentBinding {
+                    may_land_until: std::time::Instant::now(),
+                    ..sent
+                };
+                if let Some(at) = assumed_at {
+                    self.cluster.assumptions().binding_sent(
+                        &PodUid::new(&args.pod_uid),
+                        at,
+                        expired.clone(),
+                    );
+                }
+                expired
+            } else {
+                sent
+            };
+            let e = api_error("create the binding", source);
+            return match self
+                .after_failed_binding(args, pod_key, written, &sent)
+                .await
+            {
+                ReadBack::Succeeded => {
+                    tracing::warn!(pod = %pod_key, node = %args.node, error = %e, "the binding failed but took effect: keeping the allocation");
+                    Ok(BindOutcome::BoundDespiteError)
+                }
+                // Bound by another write: say so truthfully, and where.
+                ReadBack::NotBound {
+                    bound_to: Some(node),
+                } => Err((
+                    self.bound_meanwhile(args, pod_key, &node, "binding"),
+                    AfterFailure::NotBound,
+                )),
+                ReadBack::NotBound { bound_to: None } => Err((e, AfterFailure::NotBound)),
+                // Refused: whatever the read could not tell, our binding did not land.
+                ReadBack::Ambiguous if refused => Err((e, AfterFailure::NotBound)),
+                ReadBack::Ambiguous => Err((e, AfterFailure::Ambiguous)),
+            };
+        }
+    }
+
+    /// The error for a pod found bound by another write during this bind: on this node it
+    /// was bound meanwhile (its allocation is the one it was bound with); elsewhere it is
+    /// counted in `dne_bind_found_bound_elsewhere_total{stage}`.
+    fn bound_meanwhile(
+        &self,
+        args: &ExtenderBindingArgs,
+        pod_key: &str,
+        node: &str,
+        stage: &str,
+    ) -> BindError {
+        tracing::warn!(pod = %pod_key, node, ours = %args.node, "pod was bound by another write during our bind: leaving its annotations alone");
+        if node == args.node {
+            BindError::BoundMeanwhile {
+                pod: pod_key.to_string(),
+                node: node.to_string(),
+            }
+        } else {
+            self.metrics
+                .bound_elsewhere
+                .with_label_values(&[stage])
+                .inc();
+            BindError::BoundElsewhere {
+                pod: pod_key.to_string(),
+                node: node.to_string(),
+            }
+        }
+    }
+
+    /// Reads the pod again after a refused write: still ours to bind (unbound, same UID), or
+    /// bound by someone (where), or gone / recreated (an error).
+    async fn reread(&self, args: &ExtenderBindingArgs, pod_key: &str) -> Result<ReRead, BindError> {
+        let fresh = self
+            .api
+            .get_pod(&args.pod_namespace, &args.pod_name)
+            .await
+            .map_err(|source| BindError::Api {
+                step: "read the pod",
+                pod: pod_key.to_string(),
+                source,
+            })?;
+        let Some(fresh) = fresh else {
+            return Err(BindError::PodNotFound {
+                pod: pod_key.to_string(),
+            });
+        };
+        let fresh_uid = fresh.metadata.uid.clone().unwrap_or_default();
+        if fresh_uid != args.pod_uid {
+            return Err(BindError::UidMismatch {
+                pod: pod_key.to_string(),
+                expected: args.pod_uid.clone(),
+                actual: fresh_uid,
+            });
+        }
+        Ok(match fresh.node_name() {
+            Some(node) => ReRead::Bound(node.to_string()),
+            None => ReRead::Unbound(Box::new(fresh)),
+        })
     }
 
     /// A failed binding may still have taken effect (a timeout or lost answer after the API
     /// server committed it), or may still commit later. Rolling back then would leave a pod
     /// running on the node with our minors, uncounted. So read the pod back before undoing
-    /// anything. `None` = it is bound here with our annotations: the bind succeeded.
+    /// anything.
     async fn after_failed_binding(
         &self,
         args: &ExtenderBindingArgs,
         pod_key: &str,
         written: &BTreeMap<String, Option<String>>,
-    ) -> Option<AfterFailure> {
+        sent: &SentBinding,
+    ) -> ReadBack {
         let pod = match self.api.get_pod(&args.pod_namespace, &args.pod_name).await {
             Ok(Some(pod)) => pod,
             // Deleted: nothing runs, nothing to clear.
-            Ok(None) => return Some(AfterFailure::NotBound),
-            Err(_) => return Some(AfterFailure::Ambiguous),
+            Ok(None) => return ReadBack::NotBound { bound_to: None },
+            Err(_) => return ReadBack::Ambiguous,
         };
         if pod.metadata.uid.as_deref() != Some(args.pod_uid.as_str()) {
-            // Recreated: the new pod never carried our annotation (the patch was UID-guarded).
-            return Some(AfterFailure::NotBound);
+            // Recreated: the binding's UID precondition can never match the new pod.
+            return ReadBack::NotBound { bound_to: None };
         }
         match pod.node_name() {
-            Some(node) if node == args.node => {
-                if carries(&pod, written) {
-                    None
-                } else {
-                    // Bound here by someone else with another allocation: the watch records
-                    // theirs; ours must go, and their annotation must stay.
-                    Some(AfterFailure::NotBound)
-                }
-            }
-            Some(node) => {
-                // Bound elsewhere (another scheduler, or an earlier attempt of ours that landed
-                // late). Whatever it carries is what that node's koordlet uses: clearing it
-                // would make that node's ledger forget devices the pod may hold.
-                self.metrics
-                    .bound_elsewhere
-                    .with_label_values(&["binding"])
-                    .inc();
-                tracing::warn!(pod = %pod_key, node, ours = %args.node, "pod was bound to another node during our bind: leaving its annotations alone");
-                Some(AfterFailure::NotBound)
-            }
+            // Ours landed (the answer was lost).
+            Some(node) if node == args.node && carries(&pod, written) => ReadBack::Succeeded,
+            // Bound by another write, here with another allocation (the watch records theirs)
+            // or elsewhere (another scheduler, an earlier attempt of ours that landed late):
+            // ours can no longer land, and whatever the pod carries is its node's.
+            Some(node) => ReadBack::NotBound {
+                bound_to: Some(node.to_string()),
+            },
             None => {
-                // Unbound, but a binding that outlived its timeout could still land. Remove our
-                // annotations under the read's resourceVersion: then a late binding yields a
-                // pod holding nothing of ours. If that fails, keep the allocation held.
-                let ours = ours_on(&pod, written);
-                if ours.is_empty() {
-                    return Some(AfterFailure::NotBound);
-                }
-                let cleared = self
-                    .write_as_leader(|| {
-                        self.api.patch_annotations(
-                            &args.pod_namespace,
-                            &args.pod_name,
-                            &args.pod_uid,
-                            pod.metadata.resource_version.as_deref(),
-                            &ours,
-                        )
-                    })
-                    .await;
-                match cleared {
-                    LeaderWrite::Done(Ok(())) => Some(AfterFailure::NotBound),
-                    LeaderWrite::NotLeader | LeaderWrite::LostMidCall => {
-                        tracing::warn!(pod = %pod_key, "not the leader: leaving our annotation on the unbound pod and the allocation held until the pod is seen");
-                        Some(AfterFailure::Ambiguous)
-                    }
-                    LeaderWrite::Done(Err(error)) => {
-                        self.metrics
-                            .binds
-                            .with_label_values(&["annotation_cleanup_failed"])
-                            .inc();
-                        tracing::warn!(pod = %pod_key, %error, "could not clear our annotation from the unbound pod: keeping the allocation held");
-                        Some(AfterFailure::Ambiguous)
-                    }
+                if sent.may_still_land(
+                    pod.metadata.resource_version.as_deref(),
+                    std::time::Instant::now(),
+                ) {
+                    // Unbound at the very resourceVersion our binding carried: it may still
+                    // land (with our annotations, on our node). Hold the allocation until the
+                    // pod changes or the API server's deadline for the request passes.
+                    tracing::warn!(pod = %pod_key, node = %args.node, "the binding's outcome is unknown and it may still land: keeping the allocation held");
+                    ReadBack::Ambiguous
+                } else {
+                    // The pod changed since (or the deadline passed): the binding's
+                    // resourceVersion precondition can never match again.
+                    ReadBack::NotBound { bound_to: None }
                 }
             }
         }
@@ -1134,34 +1302,12 @@ impl Binder {
                 }
                 released
             }
-            Verdict::Unbound { ours, rv } => {
-                // A replica that is not the leader does not write; the next leader's bind of
-                // this pod removes a stale annotation anyway (issue 9 §1.4).
-                if !ours.is_empty()
-                    && let LeaderWrite::Done(Err(error)) = self
-                        .write_as_leader(|| {
-                            self.api.patch_annotations(
-                                &rec.namespace,
-                                &rec.name,
-                                uid.as_str(),
-                                rv.as_deref(),
-                                &ours,
-                            )
-                        })
-                        .await
-                {
-                    tracing::info!(pod = %pod_key, %error, "could not clear our annotation from the unbound pod yet; keeping the allocation");
-                    self.cluster
-                        .assumptions()
-                        .probe_failed(uid, rec.at, std::time::Instant::now());
-                    return false;
-                }
-                let released = self.cluster.release_assumed(&rec.node, uid, rec.at);
-                if released {
-                    tracing::info!(node = %rec.node, pod = %pod_key, path, "released an assumed allocation: pod unbound");
-                    self.released(path, 1);
-                }
-                released
+            Verdict::MayStillLand => {
+                tracing::info!(pod = %pod_key, node = %rec.node, "the pod is unbound but our binding may still land: keeping the allocation held");
+                self.cluster
+                    .assumptions()
+                    .probe_failed(uid, rec.at, std::time::Instant::now());
+                false
             }
         }
     }

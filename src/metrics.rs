@@ -230,7 +230,7 @@ impl Metrics {
             )),
             bind_patch_conflicts: reg!(IntCounter::new(
                 "bind_patch_conflicts_total",
-                "409 Conflicts on the bind's resourceVersion-guarded annotation patch (retried after a fresh read)."
+                "409 Conflicts on the bind's resourceVersion-guarded writes: the binding that carries its annotations (retried after a fresh read), or the removal of a stale annotation before it."
             )),
             bound_elsewhere: reg!(IntCounterVec::new(
                 Opts::new(

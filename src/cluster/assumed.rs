@@ -37,9 +37,20 @@
 //! until it is resolved) resolves it: when it
 //! sees the pod bound here with our annotations, the entry becomes [`Outcome::Bound`] with a
 //! fresh sequence number, so only a relist whose mark is *later* than that probe may release
-//! it; when it sees the pod gone, recreated, elsewhere or unbound (and our annotation
-//! removed under a resourceVersion precondition, so a late binding can only produce a pod
-//! that holds nothing of ours), the probe releases it itself.
+//! it; when it sees the pod gone, recreated, elsewhere, or unbound where our binding can no
+//! longer land (next section), the probe releases it itself.
+//!
+//! # A binding that may still land (issue 22)
+//!
+//! The allocation travels *inside* the binding (its `metadata.annotations`, which the API
+//! server merges into the pod in the same write as `spec.nodeName`), under the pod's UID and the
+//! resourceVersion of the read the bind decided on. So a pod never carries an allocation
+//! without the node it was decided for, and a binding whose answer never came can land only
+//! while the pod is unchanged: any write to the pod (kube-scheduler's own failure status, a
+//! retry's binding, another writer) moves its resourceVersion and fences the late binding out.
+//! [`SentBinding`] records that precondition and the API server's deadline for the request;
+//! an allocation is held while its binding may still land: the pod is unbound at that very
+//! resourceVersion and the deadline has not passed.
 //!
 //! # Probing binds the watch does not confirm
 //!
@@ -99,6 +110,29 @@ pub enum Outcome {
     Ambiguous { probes: usize, next_probe: Instant },
 }
 
+/// A binding that was sent: what would let it land late.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentBinding {
+    /// The resourceVersion precondition it carried (`None`: the read had none, as in offline
+    /// files; then only the deadline fences it).
+    pub resource_version: Option<String>,
+    /// After this the API server has given the request up (its `timeout` plus a margin): it
+    /// cannot land any more.
+    pub may_land_until: Instant,
+}
+
+impl SentBinding {
+    /// Whether the binding may still land on a pod read unbound at `resource_version`.
+    pub fn may_still_land(&self, resource_version: Option<&str>, now: Instant) -> bool {
+        let unchanged = match (&self.resource_version, resource_version) {
+            (Some(sent), Some(seen)) => sent == seen,
+            // Without a precondition (or a version to compare) only the deadline tells.
+            _ => true,
+        };
+        unchanged && now < self.may_land_until
+    }
+}
+
 /// The pod behind an assumed allocation.
 #[derive(Clone, Debug)]
 pub struct AssumedPod {
@@ -110,6 +144,8 @@ pub struct AssumedPod {
     /// The annotations this bind wrote or meant to write (`None` = removed).
     pub annotations: BTreeMap<String, Option<String>>,
     pub outcome: Outcome,
+    /// The last binding this bind sent, once sent.
+    pub binding: Option<SentBinding>,
 }
 
 #[derive(Debug, Default)]
@@ -169,6 +205,14 @@ impl Assumptions {
         let mut inner = self.inner.lock();
         if inner.pods.get(uid).is_some_and(|p| p.at == at) {
             inner.pods.remove(uid);
+        }
+    }
+
+    /// The bind assumed at `at` is about to send `binding`.
+    pub fn binding_sent(&self, uid: &PodUid, at: Instant, binding: SentBinding) {
+        let mut inner = self.inner.lock();
+        if let Some(p) = inner.pods.get_mut(uid).filter(|p| p.at == at) {
+            p.binding = Some(binding);
         }
     }
 
@@ -299,7 +343,35 @@ mod tests {
             at,
             annotations: BTreeMap::new(),
             outcome: Outcome::Writing,
+            binding: None,
         }
+    }
+
+    #[test]
+    fn a_sent_binding_may_land_only_on_the_unchanged_pod_before_its_deadline() {
+        let now = Instant::now();
+        let sent = SentBinding {
+            resource_version: Some("7".into()),
+            may_land_until: now + Duration::from_secs(10),
+        };
+        assert!(sent.may_still_land(Some("7"), now));
+        assert!(
+            !sent.may_still_land(Some("8"), now),
+            "fenced by the precondition"
+        );
+        assert!(
+            !sent.may_still_land(Some("7"), now + Duration::from_secs(10)),
+            "past the deadline"
+        );
+        let unguarded = SentBinding {
+            resource_version: None,
+            ..sent
+        };
+        assert!(
+            unguarded.may_still_land(Some("8"), now),
+            "no precondition: only the deadline"
+        );
+        assert!(!unguarded.may_still_land(None, now + Duration::from_secs(11)));
     }
 
     #[test]

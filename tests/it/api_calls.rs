@@ -19,6 +19,15 @@ async fn every_request_of_a_bootstrap_and_bind_is_granted_by_api_calls() {
         .unwrap();
     let pending = service::pending("p", json!({"nvidia.com/gpu": "2"}));
     fake.create(Kind::Pod, pending.clone()).unwrap();
+    // A pending pod left with a `resource-status` by an older writer, which this bind (no
+    // cpuset) must remove: the one case where bind patches the pod before its binding.
+    fake.patch_merge(
+        Kind::Pod,
+        "ml",
+        "p",
+        json!({"metadata": {"annotations": {"scheduling.koordinator.sh/resource-status": "{\"cpuset\":\"0-1\"}"}}}),
+    )
+    .unwrap();
 
     let svc = service::start(&fake, &[]).await;
     let http = Http::new(svc.addr);
@@ -98,6 +107,17 @@ async fn every_request_of_a_bootstrap_and_bind_is_granted_by_api_calls() {
     assert!(
         seen.iter()
             .any(|r| r.resource == "pods" && r.verb == "patch"),
-        "the bind annotates the pod: {seen:#?}"
+        "the bind removes the stale annotation: {seen:#?}"
+    );
+    let bound = fake.get(Kind::Pod, "ml", "p").unwrap();
+    assert_eq!(bound["spec"]["nodeName"], "n1");
+    let annotations = &bound["metadata"]["annotations"];
+    assert!(
+        annotations["scheduling.koordinator.sh/device-allocated"].is_string(),
+        "{bound}"
+    );
+    assert!(
+        annotations["scheduling.koordinator.sh/resource-status"].is_null(),
+        "{bound}"
     );
 }

@@ -77,9 +77,9 @@ async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() 
         1.0
     );
 
-    // timeout: the pod patch applies but its answer hangs past --request-timeout.
+    // timeout: the binding applies but its answer hangs past --request-timeout.
     fake.push_write_fault(
-        WriteOp::PodPatch,
+        WriteOp::PodBinding,
         WriteFault::AppliedThenHang(Duration::from_secs(3)),
     );
     let (status, body) = env
@@ -89,13 +89,19 @@ async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() 
     assert_eq!(status, 503, "{body}");
     assert!(body.to_string().contains("timed out"), "{body}");
     assert_eq!(requests(&env.http, "bind", "timeout").await, 1.0);
-    // The detached bind still ends: the patch "failed" (given up, or its late 504), so its
-    // assumed entry is rolled back, and the bind task counts its outcome although the timeout
-    // dropped the request handler.
+    // The detached bind still ends: the binding "failed" (given up, or its late 504) but the
+    // read-back finds the pod bound here with our annotations, so the allocation stays, and
+    // the bind task counts its outcome although the timeout dropped the request handler.
     let deadline = tokio::time::Instant::now() + GUARD;
     while fake.hanging_answers() > 0
-        || !env.ledger("n1").await["entries"]["uid-p"].is_null()
-        || metric(&env.http, "dne_binds_total", "outcome=\"api_patch_error\"").await != 1.0
+        || env.ledger("n1").await["entries"]["uid-p"].is_null()
+        || metric(
+            &env.http,
+            "dne_binds_total",
+            "outcome=\"bound_despite_error\"",
+        )
+        .await
+            != 1.0
     {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -127,12 +133,14 @@ async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() 
 
 /// A write the API server never answers does not hold the bind's assumed GPU forever (the
 /// kube client sets no read timeout): the bind gives the call up after
-/// `--request-timeout` plus a second, rolls back, and a retry binds the pod. The hang here
-/// outlasts the guard, so without the bind's own timeout the entry would never go.
+/// `--request-timeout` plus a second; the binding's outcome is then unknown, so its GPU is
+/// held until the API server's deadline for it (the same timeout, sent as the request's
+/// `timeout`) has passed, then released, and a retry binds the pod. The hang outlasts the
+/// guard, so without the bind's own timeout the entry would never go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bind_gives_up_on_an_api_write_that_never_answers() {
     let (fake, p, env) = one_gpu_and_a_pending_pod().await;
-    fake.push_write_fault(WriteOp::PodPatch, WriteFault::AppliedThenHang(GUARD * 10));
+    fake.push_write_fault(WriteOp::PodBinding, WriteFault::NeverAnswers);
     let (status, body) = env
         .http
         .post("/bind", &service::binding_args(&p, "n1"))
@@ -169,7 +177,16 @@ async fn every_bind_failure_class_is_counted() {
     fake.bind_pod("ml", "elsewhere", "n2").unwrap();
     let two = mk("two", json!({"nvidia.com/gpu": "2"}));
     let invalid = mk("invalid", json!({"koordinator.sh/gpu-core": "50"}));
+    // A pending pod left with a `resource-status` by an older writer: the bind removes it
+    // before its binding (a binding cannot remove an annotation).
     let patched = mk("patched", one());
+    fake.patch_merge(
+        Kind::Pod,
+        "ml",
+        "patched",
+        json!({"metadata": {"annotations": {"scheduling.koordinator.sh/resource-status": "{}"}}}),
+    )
+    .unwrap();
     let refused = mk("refused", one());
     let cleanup = mk("cleanup", one());
     let slow = mk("slow", one());
@@ -232,7 +249,8 @@ async fn every_bind_failure_class_is_counted() {
     );
     assert_eq!(class("api_patch_error").await, 1.0);
 
-    fake.push_write_fault(WriteOp::PodBinding, WriteFault::Refuse(409));
+    // A 4xx refusal: nothing applied, the bind rolls back at once.
+    fake.push_write_fault(WriteOp::PodBinding, WriteFault::Refuse(422));
     assert!(
         env.bind(&refused, "n1")
             .await
@@ -241,15 +259,25 @@ async fn every_bind_failure_class_is_counted() {
     );
     assert_eq!(class("api_binding_error").await, 1.0);
 
-    // The binding is refused and then clearing our annotation fails too.
-    fake.push_write_fault(WriteOp::PodPatch, WriteFault::Pass);
-    fake.push_write_fault(WriteOp::PodPatch, WriteFault::Refuse(500));
+    // A 5xx: the outcome is unknown and the pod is unchanged, so the binding may still land:
+    // the GPU is held (issue 22). kube-scheduler records the failure on the pod, which fences
+    // the binding out; the probe (issue 11) then releases n1's GPU.
     fake.push_write_fault(WriteOp::PodBinding, WriteFault::Refuse(500));
     assert!(env.bind(&cleanup, "n1").await.is_err());
     assert_eq!(fake.pending_write_faults(), 0, "every fault was used");
-    assert_eq!(class("annotation_cleanup_failed").await, 1.0);
-    // That ambiguous outcome is probed (issue 11): the probe re-reads the pod, clears our
-    // annotation and releases n1's GPU. Wait for it, so its patch cannot take the next fault.
+    assert_eq!(class("api_binding_error").await, 2.0);
+    assert_eq!(
+        annotation_of(&fake, &cleanup),
+        None,
+        "nothing lands without the binding"
+    );
+    fake.patch_merge(
+        Kind::Pod,
+        "ml",
+        "cleanup",
+        json!({"metadata": {"annotations": {"example.com/scheduling-failed": "1"}}}),
+    )
+    .unwrap();
     let deadline = tokio::time::Instant::now() + GUARD;
     while metric(&env.http, "dne_assumed_released_total", "path=\"probe\"").await < 1.0 {
         assert!(
@@ -258,11 +286,10 @@ async fn every_bind_failure_class_is_counted() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(annotation_of(&fake, &cleanup), None, "the probe cleared it");
 
-    // A duplicate of a bind still in flight (its patch answer hangs) is refused.
+    // A duplicate of a bind still in flight (its binding's answer hangs) is refused.
     fake.push_write_fault(
-        WriteOp::PodPatch,
+        WriteOp::PodBinding,
         WriteFault::AppliedThenHang(Duration::from_secs(2)),
     );
     let http = env.http.clone();
@@ -272,7 +299,7 @@ async fn every_bind_failure_class_is_counted() {
     while fake.hanging_answers() == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the first bind never reached its patch"
+            "the first bind never reached its binding"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -377,8 +404,8 @@ enum Fault {
     /// writer made); later reads answer the stored pod.
     StaleFirstRead(parking_lot::Mutex<Option<device_numa_extender::model::pod::Pod>>),
     /// Like `StaleFirstRead`, and the pod watch delivers the stored (bound) pod to `cluster`
-    /// (set after the state is built) just as the annotation patch arrives.
-    StaleReadThenWatchCommitsOnPatch {
+    /// (set after the state is built) just as the binding arrives.
+    StaleReadThenWatchCommitsOnBinding {
         stale: parking_lot::Mutex<Option<device_numa_extender::model::pod::Pod>>,
         cluster: std::sync::OnceLock<std::sync::Arc<device_numa_extender::cluster::ClusterState>>,
     },
@@ -407,7 +434,7 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
                 readiness.set_leader_until(device_numa_extender::clock::BootInstant::now())
             }
             Fault::StaleFirstRead(stale)
-            | Fault::StaleReadThenWatchCommitsOnPatch { stale, .. } => {
+            | Fault::StaleReadThenWatchCommitsOnBinding { stale, .. } => {
                 if let Some(pod) = stale.lock().take() {
                     return Box::pin(async move { Ok(Some(pod)) });
                 }
@@ -426,18 +453,6 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
     ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::bind::ApiError>> {
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        if let Fault::StaleReadThenWatchCommitsOnPatch { cluster, .. } = &self.fault {
-            use futures::FutureExt;
-            let stored = self
-                .inner
-                .get_pod(namespace, name)
-                .now_or_never()
-                .expect("the offline pod API answers at once")
-                .unwrap()
-                .unwrap();
-            let record = device_numa_extender::cluster::PodRecord::from_pod(&stored).unwrap();
-            cluster.get().unwrap().upsert_pod(None, &record);
-        }
         let patch =
             self.inner
                 .patch_annotations(namespace, name, uid, resource_version, annotations);
@@ -455,11 +470,26 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
+        resource_version: Option<&'a str>,
         node: &'a str,
+        annotations: &'a std::collections::BTreeMap<String, String>,
     ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::bind::ApiError>> {
         if let Fault::PanicsOnBinding = self.fault {
             panic!("injected: a bug in the bind task");
         }
+        if let Fault::StaleReadThenWatchCommitsOnBinding { cluster, .. } = &self.fault {
+            use futures::FutureExt;
+            let stored = self
+                .inner
+                .get_pod(namespace, name)
+                .now_or_never()
+                .expect("the offline pod API answers at once")
+                .unwrap()
+                .unwrap();
+            let record = device_numa_extender::cluster::PodRecord::from_pod(&stored).unwrap();
+            cluster.get().unwrap().upsert_pod(None, &record);
+        }
+
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Fault::BindingHangs { started } = &self.fault {
@@ -469,7 +499,12 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
                 futures::future::pending().await
             });
         }
-        self.inner.create_binding(namespace, name, uid, node)
+        self.inner
+            .create_binding(namespace, name, uid, resource_version, node, annotations)
+    }
+    fn binding_deadline(&self) -> std::time::Duration {
+        // As a live API server's: a binding whose answer never came may land for a while.
+        Duration::from_secs(3600)
     }
     fn confirmed_by_watch(&self) -> bool {
         false
@@ -502,8 +537,13 @@ fn two_gpus_over_a_faulty_api(
         "{:?}",
         loaded.readiness.not_ready_reason()
     );
+    // A resourceVersion, as an API server's pods have (the offline API moves it on each write).
+    let mut pod = pod.clone();
+    if pod["metadata"]["resourceVersion"].is_null() {
+        pod["metadata"]["resourceVersion"] = serde_json::json!("1");
+    }
     let api = std::sync::Arc::new(FaultyPodApi {
-        inner: OfflinePodApi::new([serde_json::from_value(pod.clone()).unwrap()]),
+        inner: OfflinePodApi::new([serde_json::from_value(pod).unwrap()]),
         fault: fault(loaded.readiness.clone()),
         writes: std::sync::atomic::AtomicUsize::new(0),
     });
@@ -591,7 +631,7 @@ async fn a_bind_that_loses_leadership_midway_writes_nothing_and_counts_not_leade
 #[tokio::test]
 async fn a_bind_task_that_panics_counts_internal_and_holds_its_gpu_until_expiry() {
     let pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
-    let (state, _api) = two_gpus_over_a_faulty_api(&pod, |_| Fault::PanicsOnBinding);
+    let (state, api) = two_gpus_over_a_faulty_api(&pod, |_| Fault::PanicsOnBinding);
     let error = bind_through_the_handler(&state, &pod, "n1").await;
     assert!(error.contains("internal error"), "answer's error: {error}");
     assert_eq!(binds_counted(&state, "internal"), 1);
@@ -600,7 +640,10 @@ async fn a_bind_task_that_panics_counts_internal_and_holds_its_gpu_until_expiry(
         passing_for_both_gpus(&state).is_empty(),
         "the panicked bind's GPU was handed out again while its outcome is unknown"
     );
-    // Expiry (any age) asks the API: the pod is not bound, so the GPU comes back.
+    // Expiry (any age) asks the API: the pod is not bound, but unchanged since the binding
+    // was about to be sent, so it may still take it: held. Once the pod changes, released.
+    assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 0);
+    touch(&api, &pod).await;
     assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 1);
     assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
 }
@@ -621,7 +664,11 @@ async fn stored_node(api: &FaultyPodApi, pod: &serde_json::Value) -> Option<Stri
 async fn leadership_lost_after_the_patch_sends_no_binding() {
     use std::sync::atomic::Ordering;
 
-    let pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    // A stale `resource-status` (an older writer's) that this bind removes before binding:
+    // the one bind with two writes.
+    let mut pod = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    pod["metadata"]["annotations"] =
+        json!({"scheduling.koordinator.sh/resource-status": "{\"cpuset\":\"0\"}"});
     let (state, api) = two_gpus_over_a_faulty_api(&pod, Fault::LosesLeadershipOnPatch);
     let error = bind_through_the_handler(&state, &pod, "n1").await;
     assert!(error.contains("not the leader"), "answer's error: {error}");
@@ -689,8 +736,34 @@ async fn a_binding_in_flight_is_abandoned_when_leadership_is_lost_and_its_gpu_he
         passing_for_both_gpus(&state).is_empty(),
         "the abandoned binding's GPU was handed out while it could still land"
     );
+    // Unchanged, the pod could still take that binding: the expiry keeps the GPU held.
+    assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 0);
+    assert!(passing_for_both_gpus(&state).is_empty());
+    // Once the pod changes, the binding's resourceVersion precondition can never match: the
+    // expiry (no longer the leader, it writes nothing) releases it.
+    touch(&api, &pod).await;
     assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 1);
     assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
+}
+
+/// Another write to the stored pod (kube-scheduler recording a failed attempt, say): it moves
+/// the resourceVersion on.
+async fn touch(api: &FaultyPodApi, pod: &serde_json::Value) {
+    use device_numa_extender::bind::PodApi;
+    let annotations = std::collections::BTreeMap::from([(
+        "example.com/touched".to_string(),
+        Some("1".to_string()),
+    )]);
+    api.inner
+        .patch_annotations(
+            pod["metadata"]["namespace"].as_str().unwrap(),
+            pod["metadata"]["name"].as_str().unwrap(),
+            pod["metadata"]["uid"].as_str().unwrap(),
+            None,
+            &annotations,
+        )
+        .await
+        .unwrap();
 }
 
 /// Issue 22 §2: the pod is bound to this node by another write (another scheduler, an old
@@ -765,19 +838,21 @@ async fn a_pod_bound_here_while_the_bind_decides_keeps_its_committed_gpu() {
 }
 
 /// Issue 22 §2, the other order: the watch commits the other writer's bind after this bind
-/// decided (its assumed entry is replaced by the committed one) and as its patch is refused
+/// decided (its assumed entry is replaced by the committed one) and as its binding is refused
 /// (409, the resourceVersion moved). The re-read finds the pod on *this* node: counted as
 /// `bound_meanwhile`, not "bound elsewhere", and releasing the bind's own entry leaves the
 /// committed one alone.
 #[tokio::test]
-async fn a_pod_bound_here_while_the_bind_patches_keeps_its_committed_gpu() {
+async fn a_pod_bound_here_while_the_bind_commits_keeps_its_committed_gpu() {
+    // The other writer's allocation: half of GPU minor 1 (ours would be a whole GPU).
+    let theirs = r#"{"gpu":[{"minor":1,"resources":{"koordinator.sh/gpu-core":"50","koordinator.sh/gpu-memory":"40Gi","koordinator.sh/gpu-memory-ratio":"50"}}]}"#;
     let mut bound = service::pod(
         "default",
         "p",
         "uid-p",
         json!({"nvidia.com/gpu": "1"}),
         Some("n1"),
-        Some(&service::whole_gpus(&[0])),
+        Some(theirs),
     );
     bound["metadata"]["resourceVersion"] = json!("2");
     let mut stale = service::pod(
@@ -791,11 +866,11 @@ async fn a_pod_bound_here_while_the_bind_patches_keeps_its_committed_gpu() {
     stale["metadata"]["resourceVersion"] = json!("1");
     let stale_pod = serde_json::from_value(stale.clone()).unwrap();
     let (state, api) =
-        two_gpus_over_a_faulty_api(&bound, move |_| Fault::StaleReadThenWatchCommitsOnPatch {
+        two_gpus_over_a_faulty_api(&bound, move |_| Fault::StaleReadThenWatchCommitsOnBinding {
             stale: parking_lot::Mutex::new(Some(stale_pod)),
             cluster: std::sync::OnceLock::new(),
         });
-    let Fault::StaleReadThenWatchCommitsOnPatch { cluster, .. } = &api.fault else {
+    let Fault::StaleReadThenWatchCommitsOnBinding { cluster, .. } = &api.fault else {
         unreachable!()
     };
     cluster.set(state.cluster.clone()).ok().unwrap();
@@ -822,6 +897,6 @@ async fn a_pod_bound_here_while_the_bind_patches_keeps_its_committed_gpu() {
     );
     assert!(
         passing_for_both_gpus(&state).is_empty(),
-        "the committed pod's GPU was released"
+        "the committed pod's GPU share was released"
     );
 }

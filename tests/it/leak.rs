@@ -11,11 +11,15 @@ use crate::gpu::{
     Env, Fault, Faults, HeldBind, add_gpu_node, annotation_of, bind_across_pod_watch_outage,
     faulty_client, node_of, pending, pod_watch_up, uid, whole_gpus,
 };
-use crate::support::{FakeApiServer, Kind};
+use crate::support::{FakeApiServer, Kind, WriteFault, WriteOp};
 
 const GUARD: Duration = Duration::from_secs(60);
 
 async fn start(nodes: &[&str], pods: &[&Value]) -> (Env, Faults) {
+    start_flags(nodes, pods, &[]).await
+}
+
+async fn start_flags(nodes: &[&str], pods: &[&Value], flags: &[&str]) -> (Env, Faults) {
     let fake = FakeApiServer::new();
     for n in nodes {
         add_gpu_node(&fake, n, 1, &[]);
@@ -24,7 +28,7 @@ async fn start(nodes: &[&str], pods: &[&Value]) -> (Env, Faults) {
         fake.create(Kind::Pod, (*p).clone()).unwrap();
     }
     let (client, faults) = faulty_client(&fake);
-    (Env::start_with(&fake, client, &[]).await, faults)
+    (Env::start_with(&fake, client, flags).await, faults)
 }
 
 /// Polls filter until it offers `node` to `pod`.
@@ -110,16 +114,31 @@ async fn pending_pod_deleted_after_an_ambiguous_failure_is_released_by_the_probe
     env.svc.shutdown().await.unwrap();
 }
 
-/// Path 2, pod still pending: the probe finds it unbound with our annotation, removes the
-/// annotation (UID + resourceVersion precondition) and releases the entry.
+/// Path 2, pod still pending: nothing of ours is on it (the annotations travel only inside
+/// the binding), and the entry is held while the binding may still land: the pod unchanged
+/// since it was sent. Once the pod changes (kube-scheduler records the failure on it) the
+/// probe releases the entry (issue 22 §1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pending_pod_after_an_ambiguous_failure_loses_our_annotation_and_entry() {
+async fn pending_pod_after_an_ambiguous_failure_is_released_once_it_changes() {
     let p = pending("p", whole_gpus(1));
     let next = pending("next", whole_gpus(1));
     let (env, faults) = start(&["n1"], &[&p, &next]).await;
     faults.push(Fault::RefuseBindingThenReads(1));
     env.bind(&p, "n1").await.unwrap_err();
-    assert!(annotation_of(&env.fake, &p).is_some(), "the patch applied");
+    assert_eq!(
+        annotation_of(&env.fake, &p),
+        None,
+        "an annotation landed without the binding"
+    );
+    assert_eq!(assumed_state(&env, "n1", &p).await, "assumed");
+    env.fake
+        .patch_merge(
+            Kind::Pod,
+            "ml",
+            "p",
+            json!({"metadata": {"annotations": {"example.com/scheduling-failed": "1"}}}),
+        )
+        .unwrap();
     until_offered(&env, &next, "n1").await;
     assert_eq!(
         annotation_of(&env.fake, &p),
@@ -209,8 +228,10 @@ async fn a_lagging_watch_cannot_hold_a_deleted_pods_gpu_until_the_ttl() {
     env.svc.shutdown().await.unwrap();
 }
 
-/// Path 3: after an ambiguous failure on n1, kube-scheduler retries the pod on n2. The retry
-/// resolves the held n1 entry first (the pod is unbound): it neither fails nor holds twice,
+/// Path 3: after an ambiguous failure on n1, kube-scheduler retries the pod on n2. While the
+/// pod is unchanged since the n1 binding was sent, that binding may still land: the retry is
+/// refused (never two holds, never a GPU handed out from under a late binding). Once the pod
+/// changes, the retry resolves the held n1 entry first: it neither fails nor holds twice,
 /// and n1's GPU is offered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_bind_to_another_node_after_an_ambiguous_failure_resolves_the_first() {
@@ -219,6 +240,16 @@ async fn retried_bind_to_another_node_after_an_ambiguous_failure_resolves_the_fi
     let (env, faults) = start(&["n1", "n2"], &[&p, &other]).await;
     faults.push(Fault::RefuseBindingThenReads(1));
     env.bind(&p, "n1").await.unwrap_err();
+    let err = env.bind(&p, "n2").await.unwrap_err();
+    assert!(err.contains("may still land"), "{err}");
+    env.fake
+        .patch_merge(
+            Kind::Pod,
+            "ml",
+            "p",
+            json!({"metadata": {"annotations": {"example.com/scheduling-failed": "1"}}}),
+        )
+        .unwrap();
     env.bind(&p, "n2").await.unwrap();
     assert_eq!(node_of(&env.fake, &p).as_deref(), Some("n2"));
     env.wait_committed("n2", &uid(&p)).await;
@@ -244,9 +275,14 @@ async fn retried_bind_to_another_node_after_an_ambiguous_failure_resolves_the_fi
 async fn relist_never_releases_an_ambiguous_entry_whose_binding_lands_late() {
     let p = pending("p", whole_gpus(1));
     let q = pending("q", whole_gpus(1));
-    let (env, faults) = start(&["n1"], &[&p, &q]).await;
-    // The read-back and every prompt probe fail: only the relist could release it.
-    faults.push(Fault::RefuseBindingThenReads(8));
+    // A minute of request timeout: the API server's deadline for the binding, within which
+    // it may land (longer than the hang guard, so no stall can outrun it).
+    let (env, _faults) = start_flags(&["n1"], &[&p, &q], &["--request-timeout", "60s"]).await;
+    // The binding's answer is lost while the write stays in flight. The read-back and every
+    // probe see the pod unbound at the binding's resourceVersion: it may still land, so it is
+    // held; only a relist could (wrongly) release it.
+    env.fake
+        .push_write_fault(WriteOp::PodBinding, WriteFault::LandsLate(11));
     env.bind(&p, "n1").await.unwrap_err();
     assert_eq!(assumed_state(&env, "n1", &p).await, "assumed");
     // The operator sees it in the age gauge.
@@ -259,10 +295,15 @@ async fn relist_never_releases_an_ambiguous_entry_whose_binding_lands_late() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // Force a relist of pods: compacted history, streams dropped → 410 → list.
+    // Force a relist of pods: streams dropped while re-watching fails once, the RV moved on
+    // (nothing of the bind was written), history compacted past it → 410 → list.
     let relists = env.metric("dne_relists_total", "kind=\"pods\"").await;
-    env.fake.compact();
+    env.fake.fail_watch_start(Kind::Pod, 500, 1);
     env.fake.close_watches();
+    env.fake
+        .create(Kind::Node, crate::support::service::node("n9"))
+        .unwrap();
+    env.fake.compact();
     let deadline = tokio::time::Instant::now() + GUARD;
     while env.metric("dne_relists_total", "kind=\"pods\"").await <= relists {
         assert!(tokio::time::Instant::now() < deadline, "no relist happened");
@@ -285,7 +326,20 @@ async fn relist_never_releases_an_ambiguous_entry_whose_binding_lands_late() {
     );
 
     // The late binding lands: the pod runs on n1 with our minors, counted.
-    env.fake.bind_pod("ml", "p", "n1").unwrap();
+    env.fake.land_late_write(11);
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while env.fake.late_write_outcome(11).is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the late binding never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(env.fake.late_write_outcome(11), Some(201));
+    assert!(
+        annotation_of(&env.fake, &p).is_some(),
+        "the binding carries our annotation"
+    );
     env.wait_committed("n1", &uid(&p)).await;
     assert!(
         env.bind(&q, "n1")

@@ -13,6 +13,7 @@ mod fake_apiserver;
 mod fuzz;
 mod gpu;
 mod hostile;
+mod late_binding;
 mod leader;
 mod leak;
 mod memo;

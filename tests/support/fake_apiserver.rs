@@ -358,6 +358,15 @@ pub enum WriteFault {
     AppliedThenDrop,
     /// Applied, then the answer is held this long (past the client's timeout) before a 504.
     AppliedThenHang(Duration),
+    /// The answer is lost at once (504) while the write stays in flight, and is applied only
+    /// when [`FakeApiServer::land_late_write`] is called with this id: its preconditions are
+    /// checked then, against the state at that moment, as a real API server whose storage
+    /// write commits late. Like a real one, it gives the request up at the deadline of its
+    /// `timeout` query parameter: landed after that, it is not applied.
+    LandsLate(u64),
+    /// Never answered and never applied (an API server that accepted the connection and then
+    /// hangs before writing anything); the client must give up on its own.
+    NeverAnswers,
 }
 
 impl WriteFault {
@@ -369,6 +378,8 @@ impl WriteFault {
             WriteFault::AppliedThenStatus(c) => format!("applied_then_{c}"),
             WriteFault::AppliedThenDrop => "applied_then_drop".into(),
             WriteFault::AppliedThenHang(_) => "applied_then_hang".into(),
+            WriteFault::LandsLate(_) => "lands_late".into(),
+            WriteFault::NeverAnswers => "never_answers".into(),
         }
     }
 }
@@ -725,6 +736,9 @@ impl Inner {
         let uid_pre = meta_str(binding, "uid")
             .filter(|u| !u.is_empty())
             .map(str::to_string);
+        let rv_pre = meta_str(binding, "resourceVersion")
+            .filter(|r| !r.is_empty())
+            .map(str::to_string);
         let annotations = meta(binding).and_then(|m| m.get("annotations")).cloned();
         self.update_with(Kind::Pod, ns, name, "pods/binding", |pod| {
             if let Some(want) = &uid_pre {
@@ -734,6 +748,18 @@ impl Inner {
                         "pods/binding",
                         name,
                         &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {have}"),
+                    ));
+                }
+            }
+            // As the real BindingREST: the Binding's resourceVersion is a precondition on the
+            // pod (storage.Preconditions), checked in the same guaranteed update.
+            if let Some(want) = &rv_pre {
+                let have = meta_str(pod, "resourceVersion").unwrap_or("");
+                if want != have {
+                    return Err(ApiError::conflict(
+                        "pods/binding",
+                        name,
+                        &format!("Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {have}"),
                     ));
                 }
             }
@@ -831,6 +857,15 @@ pub struct FakeApiServer {
     inner: Arc<Mutex<Inner>>,
     /// Answers currently held back by [`WriteFault::AppliedThenHang`].
     hanging: Arc<AtomicU64>,
+    /// Writes in flight under [`WriteFault::LandsLate`], by id.
+    pub(crate) late: Arc<Mutex<HashMap<u64, LateWrite>>>,
+}
+
+/// A [`WriteFault::LandsLate`] write: what lands it, and how it ended (its HTTP status).
+#[derive(Default)]
+pub(crate) struct LateWrite {
+    pub(crate) land: Arc<tokio::sync::Notify>,
+    pub(crate) outcome: Option<u16>,
 }
 
 impl Default for FakeApiServer {
@@ -854,6 +889,7 @@ impl FakeApiServer {
                 fault_hits: BTreeMap::new(),
             })),
             hanging: Arc::new(AtomicU64::new(0)),
+            late: Arc::default(),
         }
     }
 
@@ -1186,6 +1222,18 @@ impl FakeApiServer {
     /// How many [`WriteFault`]s were used, by `"{op:?}/{class}"`.
     pub fn write_fault_hits(&self) -> BTreeMap<String, u64> {
         self.inner.lock().fault_hits.clone()
+    }
+
+    /// Lands the [`WriteFault::LandsLate`] write `id` (now, or as soon as it arrives).
+    pub fn land_late_write(&self, id: u64) {
+        let land = self.late.lock().entry(id).or_default().land.clone();
+        land.notify_one();
+    }
+
+    /// How the [`WriteFault::LandsLate`] write `id` ended: its HTTP status once landed
+    /// (2xx: applied; 409: a precondition failed; 504: past its deadline), `None` before.
+    pub fn late_write_outcome(&self, id: u64) -> Option<u16> {
+        self.late.lock().get(&id).and_then(|w| w.outcome)
     }
 
     /// Answers currently held back by [`WriteFault::AppliedThenHang`].

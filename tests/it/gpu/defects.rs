@@ -23,16 +23,16 @@ async fn start(nodes: &[&str], pods: &[&Value]) -> (Env, Faults) {
 /// A one-GPU annotation for minor 0 as another scheduler would write it.
 const THEIRS: &str = r#"{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory":"80Gi","koordinator.sh/gpu-memory-ratio":"100"}}]}"#;
 
-/// §1.1: between our read and our patch another scheduler binds the pod to n2 with its own
+/// §1.1: between our read and our commit another scheduler binds the pod to n2 with its own
 /// allocation. The old UID-only patch overwrote their annotation with n1's minors and, after
-/// the binding's 409, cleared it: n2's ledger then forgot a GPU the pod really holds. With the
-/// resourceVersion precondition the patch is refused, the fresh read shows the pod bound, and
-/// the bind stops without touching the pod.
+/// the binding's 409, cleared it: n2's ledger then forgot a GPU the pod really holds. Now the
+/// annotations travel only inside our binding, under the resourceVersion of our read: it is
+/// refused, the fresh read shows the pod bound, and the bind stops without touching the pod.
 #[tokio::test]
 async fn stale_read_never_overwrites_or_clears_a_pod_bound_elsewhere() {
     let p = pending("p", whole_gpus(1));
     let (env, faults) = start(&["n1", "n2"], &[&p]).await;
-    faults.push(Fault::BindElsewhereBeforePatch {
+    faults.push(Fault::AnnotateAndBindElsewhereBeforeCommit {
         node: "n2".into(),
         annotation: THEIRS.into(),
     });
@@ -55,7 +55,7 @@ async fn stale_read_never_overwrites_or_clears_a_pod_bound_elsewhere() {
     assert!(n1["entries"][uid(&p)].is_null(), "{n1}");
     assert_eq!(env.metric("dne_bind_patch_conflicts_total", "").await, 1.0);
     assert_eq!(
-        env.metric("dne_bind_found_bound_elsewhere_total", "stage=\"patch\"")
+        env.metric("dne_bind_found_bound_elsewhere_total", "stage=\"binding\"")
             .await,
         1.0
     );
@@ -68,7 +68,7 @@ async fn stale_read_never_overwrites_or_clears_a_pod_bound_elsewhere() {
 async fn patch_conflict_is_retried_with_a_fresh_read() {
     let p = pending("p", whole_gpus(1));
     let (env, faults) = start(&["n1"], &[&p]).await;
-    faults.push(Fault::TouchBeforePatch);
+    faults.push(Fault::TouchBeforeCommit);
     env.bind(&p, "n1").await.unwrap();
     assert_eq!(faults.pending(), 0, "the fault was not hit");
     env.wait_committed("n1", &uid(&p)).await;
@@ -83,22 +83,23 @@ async fn patch_conflict_is_retried_with_a_fresh_read() {
     env.svc.shutdown().await.unwrap();
 }
 
-/// §1.1: another scheduler binds the pod to n2 *after* our patch landed: our binding gets 409
-/// and the pod now lives on n2 carrying our annotation. Clearing it could make n2's ledger
-/// forget devices the pod holds, so it stays (counted on n2), with a metric; n1 holds nothing.
+/// §1.1 (issue 22 §1b): another scheduler binds the pod to n2 just before our binding: ours
+/// gets 409. Our annotations travel only inside our binding, so the pod on n2 carries nothing
+/// decided for n1 (with the old patch-then-bind it carried n1's minors on n2); n1 holds
+/// nothing, and the answer says where the pod went.
 #[tokio::test]
-async fn pod_bound_elsewhere_after_our_patch_keeps_its_annotation() {
+async fn pod_bound_elsewhere_before_our_binding_carries_nothing_of_ours() {
     let p = pending("p", whole_gpus(1));
     let (env, faults) = start(&["n1", "n2"], &[&p]).await;
-    faults.push(Fault::BindElsewhereAfterPatch("n2".into()));
+    faults.push(Fault::BindElsewhereBeforeCommit("n2".into()));
     let err = env.bind(&p, "n1").await.unwrap_err();
-    assert!(err.contains("create the binding"), "{err}");
+    assert!(err.contains("already bound to node n2"), "{err}");
     assert_eq!(node_of(&env.fake, &p).as_deref(), Some("n2"));
-    assert!(
-        annotation_of(&env.fake, &p).is_some(),
-        "the annotation of a pod bound elsewhere was cleared"
+    assert_eq!(
+        annotation_of(&env.fake, &p),
+        None,
+        "an allocation decided for n1 is on a pod bound to n2"
     );
-    env.wait_committed("n2", &uid(&p)).await;
     let n1 = env.ledger("n1").await;
     assert!(n1["entries"][uid(&p)].is_null(), "{n1}");
     assert_eq!(
@@ -195,17 +196,18 @@ async fn failed_bind_to_an_unknown_node_leaves_no_node_entry() {
     env.svc.shutdown().await.unwrap();
 }
 
-/// §1.1: a pod that keeps changing under us is not patched blind: after three conflicts the
+/// §1.1: a pod that keeps changing under us is not bound blind: after three conflicts the
 /// bind gives up and rolls back (kube-scheduler retries it).
 #[tokio::test]
 async fn persistent_patch_conflicts_give_up_and_roll_back() {
     let p = pending("p", whole_gpus(1));
     let (env, faults) = start(&["n1"], &[&p]).await;
     for _ in 0..4 {
-        faults.push(Fault::TouchBeforePatch);
+        faults.push(Fault::TouchBeforeCommit);
     }
     let err = env.bind(&p, "n1").await.unwrap_err();
-    assert!(err.contains("patch annotations"), "{err}");
+    assert!(err.contains("create the binding"), "{err}");
+    assert!(err.contains("Precondition failed"), "{err}");
     assert_eq!(faults.pending(), 0, "every conflict was retried");
     assert_eq!(env.metric("dne_bind_patch_conflicts_total", "").await, 3.0);
     assert_eq!(annotation_of(&env.fake, &p), None);

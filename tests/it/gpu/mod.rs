@@ -124,7 +124,7 @@ pub fn pod_watch_up(fake: &FakeApiServer) {
 /// A bind that *decides* while the pod watch is up and *completes* while it is down, so the
 /// service never sees the pod bound: its entry stays assumed. (A bind that would decide during
 /// a known pod-watch gap is refused by the pod-cache fence, so this is the only way a bind
-/// meets a gap.) The annotation patch is held until the watch is down, then released.
+/// meets a gap.) The commit write (the binding) is held until the watch is down, then released.
 /// `faults` must belong to the client the service was started with.
 pub async fn bind_across_pod_watch_outage(
     env: &Env,
@@ -137,7 +137,7 @@ pub async fn bind_across_pod_watch_outage(
     held.finish().await
 }
 
-/// A bind whose annotation patch the API server holds: it has decided and recorded its
+/// A bind whose commit write (the binding) the API server holds: it has decided and recorded its
 /// assumed entry (waited for), and is still in flight until [`HeldBind::finish`].
 /// `faults` must belong to the client the service was started with.
 pub struct HeldBind {
@@ -148,7 +148,7 @@ pub struct HeldBind {
 impl HeldBind {
     pub async fn start(env: &Env, faults: &Faults, pod: &Value, node: &str) -> HeldBind {
         let release = Arc::new(tokio::sync::Notify::new());
-        faults.push(Fault::HoldPatch(release.clone()));
+        faults.push(Fault::HoldCommit(release.clone()));
         let task = {
             let http = env.http.clone();
             let (pod, node) = (pod.clone(), node.to_string());
@@ -167,7 +167,7 @@ impl HeldBind {
         HeldBind { release, task }
     }
 
-    /// Lets the patch through and returns the bind's answer.
+    /// Lets the write through and returns the bind's answer.
     pub async fn finish(self) -> Result<(), String> {
         self.release.notify_one();
         tokio::time::timeout(WAIT, self.task)
@@ -328,19 +328,21 @@ pub enum Fault {
     LoseBindingAnswerAndNextRead,
     /// `GET pods/{name}` answers 503.
     RefuseRead,
-    /// Right after the annotation patch of a pod, another scheduler binds it to this node.
-    BindElsewhereAfterPatch(String),
-    /// The annotation patch of a pod is held back this long (a slow API server).
-    DelayPatch(Duration),
-    /// The annotation patch of a pod waits until the notify fires (an API server that is
+    /// Right before the bind's commit write of a pod (its first write: the binding, which
+    /// carries the annotations, or a stale-annotation removal before it), another scheduler
+    /// binds the pod to this node.
+    BindElsewhereBeforeCommit(String),
+    /// The bind's commit write of a pod is held back this long (a slow API server).
+    DelayCommit(Duration),
+    /// The bind's commit write of a pod waits until the notify fires (an API server that is
     /// slow for as long as the test needs).
-    HoldPatch(Arc<tokio::sync::Notify>),
-    /// Right before the annotation patch of a pod applies, another scheduler annotates the pod
-    /// with `annotation` and binds it to `node` (our bind's read is then stale).
-    BindElsewhereBeforePatch { node: String, annotation: String },
-    /// Right before the annotation patch of a pod applies, something else changes the pod
+    HoldCommit(Arc<tokio::sync::Notify>),
+    /// Right before the bind's commit write of a pod applies, another scheduler annotates the
+    /// pod with `annotation` and binds it to `node` (our bind's read is then stale).
+    AnnotateAndBindElsewhereBeforeCommit { node: String, annotation: String },
+    /// Right before the bind's commit write of a pod applies, something else changes the pod
     /// (an unrelated annotation): only our resourceVersion precondition is stale.
-    TouchBeforePatch,
+    TouchBeforeCommit,
     /// `POST pods/{name}/binding` answers 500 without doing anything, and the next `reads`
     /// reads of that pod answer 503: the binder cannot tell what happened.
     RefuseBindingThenReads(usize),
@@ -427,6 +429,8 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
     };
     let is_patch = method == axum::http::Method::PATCH && !is_binding;
     let is_bind = method == axum::http::Method::POST && is_binding;
+    // A bind's writes: the binding (carrying the annotations), or a removal patch before it.
+    let is_commit = is_patch || is_bind;
     let is_read = method == axum::http::Method::GET && !is_binding;
     let fault = {
         let mut q = faults.queue.lock();
@@ -438,11 +442,11 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
             Fault::RefuseReadOf(n) => is_read && *n == name,
             Fault::RefuseBindingThenReads(_) => is_bind,
             Fault::HoldPodList { .. } => false,
-            Fault::BindElsewhereAfterPatch(_)
-            | Fault::DelayPatch(_)
-            | Fault::HoldPatch(_)
-            | Fault::BindElsewhereBeforePatch { .. }
-            | Fault::TouchBeforePatch => is_patch,
+            Fault::BindElsewhereBeforeCommit(_)
+            | Fault::DelayCommit(_)
+            | Fault::HoldCommit(_)
+            | Fault::AnnotateAndBindElsewhereBeforeCommit { .. }
+            | Fault::TouchBeforeCommit => is_commit,
         });
         pos.map(|i| q.remove(i))
     };
@@ -473,23 +477,22 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
             )
         }
         Some(Fault::RefuseRead) => status(503, "injected: API server unavailable"),
-        Some(Fault::BindElsewhereAfterPatch(node)) => {
-            let response = next.run(request).await;
+        Some(Fault::BindElsewhereBeforeCommit(node)) => {
             faults
                 .fake
                 .bind_pod(&ns, &name, &node)
                 .expect("the competing bind succeeds");
-            response
+            next.run(request).await
         }
-        Some(Fault::DelayPatch(d)) => {
+        Some(Fault::DelayCommit(d)) => {
             tokio::time::sleep(d).await;
             next.run(request).await
         }
-        Some(Fault::HoldPatch(release)) => {
+        Some(Fault::HoldCommit(release)) => {
             release.notified().await;
             next.run(request).await
         }
-        Some(Fault::BindElsewhereBeforePatch { node, annotation }) => {
+        Some(Fault::AnnotateAndBindElsewhereBeforeCommit { node, annotation }) => {
             faults
                 .fake
                 .patch_merge(
@@ -505,7 +508,7 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
                 .expect("the competing bind succeeds");
             next.run(request).await
         }
-        Some(Fault::TouchBeforePatch) => {
+        Some(Fault::TouchBeforeCommit) => {
             faults
                 .fake
                 .patch_merge(

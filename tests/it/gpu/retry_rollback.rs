@@ -41,13 +41,15 @@ async fn assert_rolled_back(env: &Env, pod: &Value) {
     );
 }
 
+/// A binding refused with a 4xx was not applied and cannot land later: rolled back at once,
+/// and a later bind succeeds.
 #[tokio::test]
-async fn failed_annotation_patch_rolls_back_and_a_later_bind_succeeds() {
+async fn binding_refused_with_a_4xx_rolls_back_and_a_later_bind_succeeds() {
     let p = pending("p", whole_gpus(2));
     let (env, _) = setup(&[&p], false).await;
-    env.fake.fail_writes(Kind::Pod, 500, 1);
+    env.fake.fail_writes(Kind::Pod, 422, 1);
     let err = env.bind(&p, "n1").await.unwrap_err();
-    assert!(err.contains("patch annotations"), "{err}");
+    assert!(err.contains("create the binding"), "{err}");
     assert_rolled_back(&env, &p).await;
     assert_eq!(node_of(&env.fake, &p), None);
     // Both GPUs are free again: the filter passes, the retry binds them.
@@ -60,17 +62,42 @@ async fn failed_annotation_patch_rolls_back_and_a_later_bind_succeeds() {
     env.svc.shutdown().await.unwrap();
 }
 
+/// Issue 22 §1: a binding answered 500 may have been applied or may still be: its GPU stays
+/// held, and a retry is refused, while the pod is unchanged (the binding's resourceVersion
+/// precondition could still match). Once the pod changes (kube-scheduler records the failed
+/// attempt on it), the late binding can never land: the hold is released and the retry binds.
 #[tokio::test]
-async fn refused_binding_rolls_back_and_clears_the_annotation() {
-    let p = pending("p", whole_gpus(1));
+async fn binding_answered_5xx_is_held_until_the_pod_changes_then_the_retry_binds() {
+    let p = pending("p", whole_gpus(2));
     let (env, faults) = setup(&[&p], true).await;
     let faults = faults.unwrap();
     faults.push(Fault::RefuseBinding);
     let err = env.bind(&p, "n1").await.unwrap_err();
     assert!(err.contains("create the binding"), "{err}");
     assert_eq!(faults.pending(), 0, "the fault was not hit");
-    assert_rolled_back(&env, &p).await;
     assert_eq!(node_of(&env.fake, &p), None);
+    assert_eq!(
+        annotation_of(&env.fake, &p),
+        None,
+        "nothing lands without the binding"
+    );
+    let f = env.filter(&p, &["n1"]).await;
+    assert_eq!(
+        f["NodeNames"],
+        json!([]),
+        "the held GPUs were offered again: {f}"
+    );
+    let err = env.bind(&p, "n2").await.unwrap_err();
+    assert!(err.contains("may still land"), "{err}");
+    // kube-scheduler's record of the failure (any write) moves the pod's resourceVersion.
+    env.fake
+        .patch_merge(
+            Kind::Pod,
+            "ml",
+            "p",
+            json!({"metadata": {"annotations": {"example.com/scheduling-failed": "1"}}}),
+        )
+        .unwrap();
     env.bind(&p, "n1").await.unwrap();
     env.wait_committed("n1", &uid(&p)).await;
     assert!(annotation_of(&env.fake, &p).is_some());
@@ -203,7 +230,7 @@ async fn duplicate_bind_in_flight_is_refused_without_disturbing_the_first() {
     let (env, faults) = setup(&[&p], true).await;
     faults
         .unwrap()
-        .push(Fault::DelayPatch(Duration::from_millis(300)));
+        .push(Fault::DelayCommit(Duration::from_millis(300)));
     let first = {
         let http = env.http.clone();
         let p = p.clone();

@@ -341,6 +341,33 @@ async fn resource(
     if let Some(WriteFault::Refuse(code)) = fault {
         return status_response(&ApiError::injected(code));
     }
+    if let Some(WriteFault::NeverAnswers) = fault {
+        return futures::future::pending().await;
+    }
+    if let Some(WriteFault::LandsLate(id)) = fault {
+        // The deadline a real API server sets from the request's `timeout` (default 60 s).
+        let timeout = q
+            .get("timeout")
+            .and_then(|t| t.strip_suffix('s'))
+            .and_then(|t| t.parse::<u64>().ok())
+            .unwrap_or(60);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+        let land = fake.late.lock().entry(id).or_default().land.clone();
+        let late = fake.late.clone();
+        tokio::spawn(async move {
+            land.notified().await;
+            let status = if tokio::time::Instant::now() >= deadline {
+                504
+            } else {
+                resource_inner(fake, method, r, q, content_type, body, whole_object)
+                    .await
+                    .status()
+                    .as_u16()
+            };
+            late.lock().entry(id).or_default().outcome = Some(status);
+        });
+        return status_response(&ApiError::injected(504));
+    }
     let hanging = fake.hanging.clone();
     let response = resource_inner(fake, method, r, q, content_type, body, whole_object).await;
     match fault {
@@ -368,6 +395,9 @@ async fn lose_answer(fault: WriteFault, hanging: &AtomicU64) -> Response {
                 .header(header::CONTENT_TYPE, "application/json")
                 .body(Body::from_stream(cut))
                 .unwrap_or_default()
+        }
+        WriteFault::LandsLate(_) | WriteFault::NeverAnswers => {
+            unreachable!("answered before the write is applied")
         }
         WriteFault::AppliedThenHang(d) => {
             // Counted down on drop too: a client that gives up (or dies) drops this future.
