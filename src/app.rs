@@ -224,6 +224,7 @@ impl Service {
                         ctx.clone(),
                         client.clone(),
                         args.insisted_kinds(),
+                        args.rediscover_interval,
                         shutdown.clone(),
                     ));
                     (

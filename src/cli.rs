@@ -93,6 +93,11 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_REQUIRE_KINDS", value_delimiter = ',', value_parser = parse_kind)]
     pub require_kinds: Vec<Kind>,
 
+    /// How often API discovery is repeated for optional kinds whose CRD was not served at
+    /// start: a CRD installed later is then watched, and /readyz waits for its first list.
+    #[arg(long, env = "DNE_REDISCOVER_INTERVAL", value_parser = parse_duration, default_value = "30s")]
+    pub rediscover_interval: Duration,
+
     /// Fail /readyz when a kind's watch has been failing for longer than this (e.g. 5m). Off
     /// by default: a failing watch keeps serving from the last known state.
     #[arg(long, env = "DNE_MAX_STALENESS", value_parser = parse_duration)]

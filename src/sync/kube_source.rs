@@ -50,7 +50,10 @@ pub async fn discover(
     let mut delay = Duration::from_millis(500);
     loop {
         match try_discover(client, insisted).await {
-            Ok(d) => return Some(d),
+            Ok(d) => {
+                log_unwatched(&d);
+                return Some(d);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?delay, "API discovery failed");
                 tokio::select! {
@@ -120,14 +123,28 @@ fn decide(kind: Kind, served: bool, insisted: &BTreeSet<Kind>, why: &str) -> Req
     if served {
         Requirement::Required
     } else if insisted.contains(&kind) {
-        tracing::error!(%kind, reason = why, "required kind is not served; /readyz will keep failing");
         Requirement::Unavailable {
             reason: why.to_string(),
         }
     } else {
-        tracing::warn!(%kind, reason = why, disabled = kind.features(), "optional kind disabled");
         Requirement::Disabled {
             reason: format!("{why}; disabled: {}", kind.features()),
+        }
+    }
+}
+
+/// Logs what discovery decided for kinds that are not watched (once, at startup: the
+/// periodic rediscovery stays quiet until a CRD appears).
+fn log_unwatched(discovered: &Discovered) {
+    for (kind, requirement) in &discovered.requirements {
+        match requirement {
+            Requirement::Unavailable { reason } => {
+                tracing::error!(%kind, %reason, "required kind is not served; /readyz will keep failing until its CRD is served")
+            }
+            Requirement::Disabled { reason } => {
+                tracing::warn!(%kind, %reason, "optional kind disabled until its CRD is served")
+            }
+            _ => {}
         }
     }
 }

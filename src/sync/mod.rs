@@ -11,6 +11,7 @@ pub mod store;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -57,16 +58,41 @@ impl SyncContext {
 }
 
 /// Discovers the optional CRDs, then runs one watcher task per required kind until shutdown.
+///
+/// An optional kind whose CRD is not served at startup is looked for again every
+/// `rediscover` (issue 22 §3): when its CRD appears, its watcher starts and `/readyz` waits for
+/// its first list as at startup. A CRD removed while running keeps its kind's last state: the
+/// watch fails, is retried and counted (`dne_watch_errors_total`), and `--max-staleness`
+/// fails readiness if set.
 pub async fn run_kube(
     ctx: SyncContext,
     client: Client,
     insisted: BTreeSet<Kind>,
+    rediscover: Duration,
     shutdown: CancellationToken,
 ) {
     let Some(discovered) = kube_source::discover(&client, &insisted, &shutdown).await else {
         return;
     };
-    let _ = run_kinds(&ctx, &client, &discovered, WatchMode::Follow, shutdown).await;
+    let rediscover = Rediscover {
+        every: rediscover,
+        insisted,
+    };
+    let _ = run_kinds(
+        &ctx,
+        &client,
+        &discovered,
+        WatchMode::Follow,
+        Some(rediscover),
+        shutdown,
+    )
+    .await;
+}
+
+/// Looking again for optional CRDs that were not served.
+struct Rediscover {
+    every: Duration,
+    insisted: BTreeSet<Kind>,
 }
 
 /// One list of each kind through the very same watchers, sync and handlers as the service,
@@ -85,6 +111,7 @@ pub async fn list_kube_once(
         client,
         &discovered,
         WatchMode::ListOnce,
+        None,
         CancellationToken::new(),
     )
     .await
@@ -95,6 +122,7 @@ async fn run_kinds(
     client: &Client,
     discovered: &kube_source::Discovered,
     mode: WatchMode,
+    rediscover: Option<Rediscover>,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
     for (kind, requirement) in &discovered.requirements {
@@ -102,33 +130,88 @@ async fn run_kinds(
     }
     let enabled = |k: Kind| matches!(discovered.requirements.get(&k), Some(Requirement::Required));
     let mut tasks = JoinSet::new();
-    tasks.spawn(kube_source::run_watcher(
-        ctx.sync(NodeHandler(ctx.cluster.clone())),
-        Api::all(client.clone()),
-        watcher::Config::default(),
-        mode,
-        shutdown.clone(),
-    ));
-    tasks.spawn(kube_source::run_watcher(
-        ctx.sync(PodHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
-        Api::all(client.clone()),
-        // Keep the default ListWatch strategy and MostRecent (consistent) lists: releasing
-        // assumed entries at InitDone relies on both (see `cluster::assumed`).
-        watcher::Config::default().fields(kube_source::ASSIGNED_POD_SELECTOR),
-        mode,
-        shutdown.clone(),
-    ));
-    if enabled(Kind::Devices) {
-        tasks.spawn(kube_source::run_watcher(
+    let mut watching = BTreeSet::new();
+    for kind in Kind::ALL {
+        if enabled(kind) {
+            spawn_watcher(&mut tasks, ctx, client, discovered, kind, mode, &shutdown);
+            watching.insert(kind);
+        }
+    }
+    let mut rediscover = rediscover.filter(|_| watching.len() < Kind::ALL.len());
+    loop {
+        let tick = async {
+            match &rediscover {
+                Some(r) => tokio::time::sleep(r.every).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                None => return Ok(()),
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => return Err(e),
+                Some(Err(join)) => return Err(format!("sync task failed: {join}")),
+            },
+            _ = tick => {
+                let Some(r) = &rediscover else { continue };
+                // Errors are retried at the next tick; the kinds already watched go on.
+                let Ok(found) = kube_source::try_discover(client, &r.insisted).await else {
+                    continue;
+                };
+                for kind in Kind::ALL {
+                    if watching.contains(&kind)
+                        || !matches!(found.requirements.get(&kind), Some(Requirement::Required))
+                    {
+                        continue;
+                    }
+                    tracing::info!(%kind, "its CRD is served now: watching it; /readyz waits for its first list");
+                    ctx.readiness.set_requirement(kind, Requirement::Required);
+                    spawn_watcher(&mut tasks, ctx, client, &found, kind, mode, &shutdown);
+                    watching.insert(kind);
+                }
+                if watching.len() == Kind::ALL.len() {
+                    rediscover = None;
+                }
+            }
+        }
+    }
+}
+
+/// Starts `kind`'s watcher in `tasks`.
+fn spawn_watcher(
+    tasks: &mut JoinSet<Result<(), String>>,
+    ctx: &SyncContext,
+    client: &Client,
+    discovered: &kube_source::Discovered,
+    kind: Kind,
+    mode: WatchMode,
+    shutdown: &CancellationToken,
+) {
+    match kind {
+        Kind::Nodes => tasks.spawn(kube_source::run_watcher(
+            ctx.sync(NodeHandler(ctx.cluster.clone())),
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            mode,
+            shutdown.clone(),
+        )),
+        Kind::Pods => tasks.spawn(kube_source::run_watcher(
+            ctx.sync(PodHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
+            Api::all(client.clone()),
+            // Keep the default ListWatch strategy and MostRecent (consistent) lists: releasing
+            // assumed entries at InitDone relies on both (see `cluster::assumed`).
+            watcher::Config::default().fields(kube_source::ASSIGNED_POD_SELECTOR),
+            mode,
+            shutdown.clone(),
+        )),
+        Kind::Devices => tasks.spawn(kube_source::run_watcher(
             ctx.sync(DeviceHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
             Api::all(client.clone()),
             watcher::Config::default(),
             mode,
             shutdown.clone(),
-        ));
-    }
-    if enabled(Kind::NodeResourceTopologies) {
-        tasks.spawn(kube_source::run_watcher(
+        )),
+        Kind::NodeResourceTopologies => tasks.spawn(kube_source::run_watcher(
             ctx.sync(TopologyHandler::new(
                 ctx.cluster.clone(),
                 ctx.metrics.clone(),
@@ -137,16 +220,8 @@ async fn run_kinds(
             watcher::Config::default(),
             mode,
             shutdown.clone(),
-        ));
-    }
-    while let Some(result) = tasks.join_next().await {
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(join) => return Err(format!("sync task failed: {join}")),
-        }
-    }
-    Ok(())
+        )),
+    };
 }
 
 /// Replays a cluster file through the same sync path. Every kind is required offline: the

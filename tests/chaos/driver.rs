@@ -70,6 +70,9 @@ pub struct Report {
     pub release_failures: Vec<String>,
     pub checks: u64,
     pub allocations_seen: u64,
+    /// Late-landing writes (issue 22) by how they ended: `applied`, `refused_409` (a
+    /// precondition no longer matched), `expired` (past the request's deadline), `other_<code>`.
+    pub late_writes: BTreeMap<String, u64>,
     pub wall: Duration,
 }
 
@@ -91,6 +94,11 @@ impl Report {
             "faults hit: {} {:?}\n",
             self.fault_hits.values().sum::<u64>(),
             self.fault_hits
+        ));
+        s.push_str(&format!(
+            "late-landing writes: {} {:?}\n",
+            self.late_writes.values().sum::<u64>(),
+            self.late_writes
         ));
         s.push_str(&format!(
             "scheduling cycles: {} {:?}\n",
@@ -405,6 +413,9 @@ pub struct Driver {
     step: u64,
     enforce_release: bool,
     bind_in_watch_gaps: bool,
+    /// [`WriteFault::LandsLate`] writes armed and not yet landed, by id.
+    late: Vec<u64>,
+    next_late: u64,
     _dir: tempfile::TempDir,
 }
 
@@ -454,6 +465,8 @@ impl Driver {
             step: 0,
             enforce_release: cfg.enforce_release,
             bind_in_watch_gaps: cfg.bind_in_watch_gaps,
+            late: Vec::new(),
+            next_late: 0,
             _dir: dir,
         };
         d.wait_leader().await;
@@ -675,8 +688,38 @@ impl Driver {
     }
 
     /// Every running replica's ledger equals the checker's view (hang guard per replica).
+    /// Lands late-landing write `id` and records how it ended (waits for it if it arrived;
+    /// an armed fault no binding consumed ends as `never_sent`).
+    async fn land_late(&mut self, id: u64) {
+        self.fake.land_late_write(id);
+        let deadline = Instant::now() + GUARD;
+        let outcome = loop {
+            if let Some(status) = self.fake.late_write_outcome(id) {
+                break match status {
+                    200..=299 => "applied".to_string(),
+                    409 => "refused_409".to_string(),
+                    504 => "expired".to_string(),
+                    other => format!("other_{other}"),
+                };
+            }
+            if !self.fake.late_write_arrived(id) {
+                break "never_sent".to_string();
+            }
+            assert!(Instant::now() < deadline, "late write {id} never ended");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        self.note(format!("  late write {id}: {outcome}"));
+        *self.report.late_writes.entry(outcome).or_default() += 1;
+    }
+
     async fn quiesce(&mut self) {
         self.report.quiescence_checks += 1;
+        // Every late write lands (or expires) before the system is judged at rest; armed
+        // faults that no write consumed are dropped first, so none arrives afterwards.
+        self.fake.clear_write_faults();
+        for id in std::mem::take(&mut self.late) {
+            self.land_late(id).await;
+        }
         let deadline = Instant::now() + GUARD;
         while self.fake.hanging_answers() > 0 {
             assert!(Instant::now() < deadline, "hung answers never finished");
@@ -771,6 +814,19 @@ impl Driver {
             *self.report.events.entry(label).or_default() += 1;
             self.note(format!("step {} {label}", self.step));
             self.apply(event).await;
+            // Now and then one late-landing write in flight lands (or is found past its
+            // deadline) between two events.
+            if !self.late.is_empty() && self.rng.chance(25) {
+                // Half the time the newest (likely before anything else wrote the pod, so it
+                // applies), otherwise any (likely after retries moved the pod on: refused).
+                let i = if self.rng.chance(50) {
+                    self.late.len() - 1
+                } else {
+                    self.rng.below(self.late.len())
+                };
+                let id = self.late.swap_remove(i);
+                self.land_late(id).await;
+            }
             self.check();
             if std::mem::take(&mut self.dump_ledgers) {
                 for r in &self.replicas {
@@ -1067,7 +1123,15 @@ impl Driver {
         }
         if self.rng.chance(40) {
             let faults = write_faults();
-            let (op, fault) = faults[self.rng.below(faults.len())].clone();
+            let (op, mut fault) = faults[self.rng.below(faults.len())].clone();
+            // Issue 22: a binding whose answer is lost while it stays in flight, landed at a
+            // later step (after kube-scheduler's retries of the pod, to the same node or
+            // another), with its preconditions checked then.
+            if op == WriteOp::PodBinding && self.rng.chance(30) {
+                self.next_late += 1;
+                fault = WriteFault::LandsLate(self.next_late);
+                self.late.push(self.next_late);
+            }
             *self
                 .report
                 .faults_armed

@@ -275,3 +275,50 @@ async fn insisted_on_absent_crd_keeps_readyz_failing() {
     assert_verbs_not_ready(&http, "devices").await;
     svc.shutdown().await.unwrap();
 }
+
+/// Issue 22 §3: an optional CRD installed after the extender started is found by the periodic
+/// rediscovery, watched, and gates `/readyz` on its first list as at startup; then its objects
+/// decide binds (before: `disabled` forever, and a GPU pod bound with no allocation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_optional_crd_installed_later_is_watched_and_used() {
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Node, service::node("n1")).unwrap();
+    fake.set_crd_served(Kind::Device, false);
+    let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
+    fake.create(Kind::Pod, p.clone()).unwrap();
+
+    let svc = service::start(&fake, &["--rediscover-interval", "100ms"]).await;
+    let http = Http::new(svc.addr);
+    let body = http.wait_ready(TIMEOUT).await;
+    assert_eq!(
+        body["kinds"]["devices"]["requirement"], "disabled",
+        "{body}"
+    );
+
+    // The CRD is installed and koordlet publishes n1's Device.
+    fake.set_crd_served(Kind::Device, true);
+    fake.create(Kind::Device, service::gpu_device("n1", 2, 1, &[]))
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let (status, body) = http.get("/readyz").await;
+        let devices = &body["kinds"]["devices"];
+        if status == 200 && devices["requirement"] == "required" && devices["phase"] == "synced" {
+            assert_eq!(devices["replayed"], 1, "{body}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the CRD installed later was never watched: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, r) = http.post("/bind", &service::binding_args(&p, "n1")).await;
+    assert_eq!(r["Error"], "", "{r}");
+    let bound = fake.get(Kind::Pod, "ml", "p").unwrap();
+    assert!(
+        bound["metadata"]["annotations"]["scheduling.koordinator.sh/device-allocated"].is_string(),
+        "the GPU pod was bound without an allocation from the Device: {bound}"
+    );
+    svc.shutdown().await.unwrap();
+}

@@ -358,7 +358,7 @@ pub enum WriteFault {
     AppliedThenDrop,
     /// Applied, then the answer is held this long (past the client's timeout) before a 504.
     AppliedThenHang(Duration),
-    /// The answer is lost at once (504) while the write stays in flight, and is applied only
+    /// The answer is lost at once (500) while the write stays in flight, and is applied only
     /// when [`FakeApiServer::land_late_write`] is called with this id: its preconditions are
     /// checked then, against the state at that moment, as a real API server whose storage
     /// write commits late. Like a real one, it gives the request up at the deadline of its
@@ -865,6 +865,8 @@ pub struct FakeApiServer {
 #[derive(Default)]
 pub(crate) struct LateWrite {
     pub(crate) land: Arc<tokio::sync::Notify>,
+    /// The write reached the server (its fault was consumed).
+    pub(crate) arrived: bool,
     pub(crate) outcome: Option<u16>,
 }
 
@@ -1234,6 +1236,11 @@ impl FakeApiServer {
     /// (2xx: applied; 409: a precondition failed; 504: past its deadline), `None` before.
     pub fn late_write_outcome(&self, id: u64) -> Option<u16> {
         self.late.lock().get(&id).and_then(|w| w.outcome)
+    }
+
+    /// Whether the [`WriteFault::LandsLate`] write `id` reached the server.
+    pub fn late_write_arrived(&self, id: u64) -> bool {
+        self.late.lock().get(&id).is_some_and(|w| w.arrived)
     }
 
     /// Answers currently held back by [`WriteFault::AppliedThenHang`].

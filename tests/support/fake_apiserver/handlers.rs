@@ -352,7 +352,12 @@ async fn resource(
             .and_then(|t| t.parse::<u64>().ok())
             .unwrap_or(60);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
-        let land = fake.late.lock().entry(id).or_default().land.clone();
+        let land = {
+            let mut late = fake.late.lock();
+            let w = late.entry(id).or_default();
+            w.arrived = true;
+            w.land.clone()
+        };
         let late = fake.late.clone();
         tokio::spawn(async move {
             land.notified().await;
@@ -366,7 +371,9 @@ async fn resource(
             };
             late.lock().entry(id).or_default().outcome = Some(status);
         });
-        return status_response(&ApiError::injected(504));
+        // A 500, not the 504 a real server sends on its timeout: kube's client retries 504s,
+        // and the retry (with no fault) would apply at once, leaving nothing to land late.
+        return status_response(&ApiError::injected(500));
     }
     let hanging = fake.hanging.clone();
     let response = resource_inner(fake, method, r, q, content_type, body, whole_object).await;
