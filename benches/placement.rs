@@ -382,6 +382,7 @@ impl NumaNode {
         NodeCpuView {
             topology: &self.topo,
             reserved: CpuSet::new(),
+            shared_pool: CpuSet::new(),
             allocated: self.allocated,
             pcpu_exclusive: CpuSet::new(),
             numa_exclusive: CpuSet::new(),

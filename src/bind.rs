@@ -209,7 +209,7 @@ impl PodApi for KubePodApi {
             let patch = serde_json::json!({ "metadata": meta });
             let api = self.api(namespace);
             self.call(
-                "the annotation patch",
+                "the annotation removal patch",
                 api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
             )
             .await?;
@@ -466,7 +466,7 @@ enum AfterFailure {
 /// request, which a bind may only complete (the node's forced bind policy), never remove.
 pub const OWNED_ANNOTATIONS: &[&str] = &[DEVICE_ALLOCATED, RESOURCE_STATUS];
 
-/// How many 409s on the annotation patch a bind absorbs (each after a fresh read).
+/// How many 409s on its binding a bind absorbs (each after a fresh read).
 const MAX_PATCH_CONFLICTS: usize = 3;
 
 #[derive(Debug, thiserror::Error)]

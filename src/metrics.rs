@@ -46,8 +46,8 @@ pub struct Metrics {
     pub assumed_released: IntCounterVec,
     /// Assumed ledger entries by age bucket (`lt_10s`, `lt_1m`, `lt_5m`, `ge_5m`).
     pub assumed_entries: IntGaugeVec,
-    /// 409s on bind's annotation patch (its resourceVersion precondition), each retried after
-    /// a fresh read.
+    /// 409s on bind's resourceVersion-guarded writes (the binding, or a stale-annotation
+    /// removal); a binding's is retried after a fresh read.
     pub bind_patch_conflicts: IntCounter,
     /// Binds that found the pod bound to another node mid-bind (`stage`: patch, binding,
     /// probe); the pod's annotations were left alone.

@@ -320,6 +320,10 @@ struct Derived {
     numa_exclusive: CpuSet,
     /// Per NUMA id mentioned by any entry or zone.
     usage: BTreeMap<NumaId, NumaUsage>,
+    /// Per NUMA id: the NUMA shares of pods without a cpuset, which koordlet runs in that NUMA
+    /// node's shared pool (the CPUs no cpuset holds). A new cpuset must leave the pool that many
+    /// CPUs (issue 22 §4).
+    shared_pool_milli: BTreeMap<NumaId, i64>,
     malformed: usize,
 }
 
@@ -547,6 +551,28 @@ impl CpuLedger {
                 let u = d.usage.entry(s.numa).or_default();
                 u.cpu_milli = u.cpu_milli.saturating_add(s.cpu_milli);
                 u.memory_bytes = u.memory_bytes.saturating_add(s.memory_bytes);
+                if a.cpuset.is_empty() {
+                    let pool = d.shared_pool_milli.entry(s.numa).or_default();
+                    *pool = pool.saturating_add(s.cpu_milli);
+                }
+            }
+            // One NUMA node's CPUs are counted once, whoever holds them (issue 22 §4): a
+            // cpuset's CPUs on a NUMA node its shares do not cover (a pod with no
+            // `numaNodeResources`, as written on nodes without a NUMA policy) count against
+            // that node's NUMA-bound capacity too.
+            if let Some(t) = topology {
+                let mut uncovered: BTreeMap<NumaId, i64> = BTreeMap::new();
+                for cpu in a.cpuset.iter() {
+                    if let Some(detail) = t.cpu(cpu)
+                        && !a.numa.iter().any(|s| s.numa == detail.numa)
+                    {
+                        *uncovered.entry(detail.numa).or_default() += 1000;
+                    }
+                }
+                for (numa, milli) in uncovered {
+                    let u = d.usage.entry(numa).or_default();
+                    u.cpu_milli = u.cpu_milli.saturating_add(milli);
+                }
             }
             let multi = numas.len() > 1;
             for n in numas {
@@ -643,9 +669,25 @@ impl CpuLedger {
                 unresolvable: false,
             }));
         }
+        // Keep each NUMA node's shared pool big enough for the NUMA shares of the pods that
+        // run in it (no cpuset): as many of its free CPUs as those shares need (rounded up)
+        // are not handed to a new cpuset. Which ones does not matter; the highest ids go.
+        let mut shared_pool = CpuSet::new();
+        for (numa, milli) in &d.shared_pool_milli {
+            let keep = usize::try_from(milli.saturating_add(999) / 1000).unwrap_or(0);
+            let free = topology
+                .numa_cpus(*numa)
+                .difference(&d.allocated)
+                .difference(&nrt.reserved);
+            let ids: Vec<CpuId> = free.iter().collect();
+            for cpu in ids.iter().rev().take(keep) {
+                shared_pool.insert(*cpu);
+            }
+        }
         f(Ok(NodeCpuView {
             topology,
             reserved: nrt.reserved,
+            shared_pool,
             allocated: d.allocated,
             pcpu_exclusive: d.pcpu_exclusive,
             numa_exclusive: d.numa_exclusive,
@@ -1040,7 +1082,9 @@ mod tests {
         c.upsert_pod(Some(&one), &two);
         let (allocated, usage) = view_of(&c, "n1").unwrap();
         assert_eq!(allocated, "2-3,8-9,12");
-        assert_eq!(usage[0].cpu_milli, 0);
+        // Pod b's cpuset (no `numaNodeResources`) counts against NUMA 0 too: one NUMA node's
+        // CPUs are counted once, whoever holds them (issue 22 §4).
+        assert_eq!(usage[0].cpu_milli, 2000);
         assert_eq!(usage[0].memory_bytes, 0);
         assert_eq!(usage[1].cpu_milli, 3000);
         assert_eq!(usage[1].single_numa_pods, 1);
@@ -1057,6 +1101,82 @@ mod tests {
             });
         assert_eq!(freed, "8-9,12");
         assert_eq!(s.cpus.allocated().to_string(), "2-3,8-9,12");
+    }
+
+    /// Issue 22 §4, both directions, on 2 NUMA nodes of 8 CPUs: (a) a cpuset written without
+    /// `numaNodeResources` (as on nodes without a NUMA policy) counts against its NUMA node's
+    /// capacity for NUMA-bound shares; (b) a new cpuset leaves a NUMA node's shared pool the
+    /// CPUs that the NUMA shares of pods without a cpuset need there.
+    #[test]
+    fn a_numa_nodes_cpus_are_counted_once_whoever_holds_them() {
+        let c = ClusterState::new();
+        c.set_topology("n1", Some(nrt(2, 4, &[])));
+        // (a) All 8 of NUMA 0's CPUs in one cpuset
+        // with no NUMA shares.
+        let numa0 = view_of_numa(&c, "n1");
+        c.upsert_pod(
+            None,
+            &pod(
+                "held",
+                "n1",
+                Some(&format!(r#"{{"cpuset":"{numa0}"}}"#)),
+                "Running",
+            ),
+        );
+        let (_, usage) = view_of(&c, "n1").unwrap();
+        assert_eq!(
+            usage[0].cpu_milli, 8000,
+            "NUMA 0 is full for NUMA-bound shares"
+        );
+        assert_eq!(usage[1].cpu_milli, 0);
+
+        // (b) NUMA 1's whole pool backs a 7.5-CPU share of a pod without a cpuset: 8 CPUs
+        // are kept for that pool; a new cpuset may take none of them.
+        let d = ClusterState::new();
+        d.set_topology("n1", Some(nrt(2, 4, &[])));
+        d.upsert_pod(
+            None,
+            &pod(
+                "ls",
+                "n1",
+                Some(r#"{"numaNodeResources":[{"node":1,"resources":{"cpu":"7500m"}}]}"#),
+                "Running",
+            ),
+        );
+        let e = d.node("n1").unwrap();
+        let s = e.read();
+        let (free, pool) = s.cpus.with_view(&[], &CpuScoring::default(), |v| {
+            let v = v.unwrap();
+            let free = v
+                .topology
+                .all()
+                .difference(&v.allocated)
+                .difference(&v.shared_pool)
+                .difference(&v.reserved);
+            (free, v.shared_pool)
+        });
+        let numa1 = s.cpus.with_view(&[], &CpuScoring::default(), |v| {
+            v.unwrap().topology.numa_cpus(1)
+        });
+        assert_eq!(pool, numa1, "all of NUMA 1 is kept for its shared pool");
+        assert!(free.is_disjoint(&numa1), "{free}");
+        assert_eq!(free.len(), 8, "NUMA 0 stays free for cpusets");
+        // Without the share pod the pool is given back.
+        let freed = s
+            .cpus
+            .with_view(&[PodUid::new("ls")], &CpuScoring::default(), |v| {
+                v.unwrap().shared_pool
+            });
+        assert!(freed.is_empty(), "{freed}");
+    }
+
+    /// NUMA 0's CPUs as a cpu list, from the node's topology.
+    fn view_of_numa(c: &ClusterState, node: &str) -> String {
+        let e = c.node(node).unwrap();
+        let s = e.read();
+        s.cpus.with_view(&[], &CpuScoring::default(), |v| {
+            v.unwrap().topology.numa_cpus(0).to_string()
+        })
     }
 
     #[test]

@@ -423,9 +423,9 @@ async fn no_double_allocation_across_graceful_failover() {
     let first = stream(ha.clone(), hb.clone(), pods[..2].to_vec()).await;
     assert_eq!(first, 2);
 
-    // a's next bind is slow to write its annotation; a shuts down while it is in flight, and
+    // a's next bind is slow to write its binding; a shuts down while it is in flight, and
     // binds keep coming to both replicas.
-    fa.set_pod_patch_delay(Duration::from_millis(600));
+    fa.set_pod_write_delay(Duration::from_millis(600));
     let slow = {
         let (ha, body) = (ha.clone(), service::binding_args(&pods[2], "n1"));
         tokio::spawn(async move { ha.try_post("/bind", &body).await })

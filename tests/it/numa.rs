@@ -556,3 +556,109 @@ async fn preempt_releases_the_victims_cpus() {
     );
     env.svc.shutdown().await.unwrap();
 }
+
+/// A pod already bound to `node` with this `resource-status` (as an earlier bind wrote it).
+fn bound_with_status(name: &str, node: &str, status: &str, qos: &str) -> Value {
+    let mut p = service::pod(
+        "ml",
+        name,
+        &format!("uid-{name}"),
+        json!({"cpu": "1"}),
+        Some(node),
+        None,
+    );
+    p["metadata"]["labels"] = json!({"koordinator.sh/qosClass": qos});
+    p["metadata"]["annotations"] = json!({ RESOURCE_STATUS: status });
+    p
+}
+
+/// Issue 22 §4: one NUMA node's CPUs are counted once, whoever holds them. 2 NUMA nodes of 8
+/// CPUs (0-7, 8-15), no node NUMA policy.
+/// (a) NUMA 0 is wholly held by a cpuset written without `numaNodeResources` (as the extender
+/// writes on nodes without a NUMA policy): an LS pod with a pod-level SingleNUMANode policy
+/// must get NUMA 1, not NUMA 0's empty shared pool.
+/// (b) NUMA 1's whole pool backs an LS pod's NUMA share: a new cpuset may not take NUMA 1's
+/// CPUs (koordlet would give the LS pod an empty shared pool): a 4-CPU cpuset lands in NUMA 0's
+/// 6 free CPUs, and another 4-CPU one, with 2 left there, does not fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_numa_nodes_cpus_are_promised_once_to_cpusets_and_shares() {
+    let fake = FakeApiServer::new();
+    // (a) runs under both NUMA strategies: node a-most packs, a-least spreads.
+    let nodes = [
+        ("a-most", Some("MostAllocated")),
+        ("a-least", Some("LeastAllocated")),
+        ("b", None),
+    ];
+    for (node, strategy) in nodes {
+        let mut n = service::node(node);
+        if let Some(s) = strategy {
+            n["metadata"]["labels"]["node.koordinator.sh/numa-allocate-strategy"] = json!(s);
+        }
+        fake.create(Kind::Node, n).unwrap();
+        fake.create(
+            Kind::NodeResourceTopology,
+            koord_nrt(node, 2, 4, "None", &[]),
+        )
+        .unwrap();
+    }
+    for node in ["a-most", "a-least"] {
+        let held = bound_with_status(&format!("held-{node}"), node, r#"{"cpuset":"0-7"}"#, "LSR");
+        fake.create(Kind::Pod, held).unwrap();
+    }
+    fake.create(
+        Kind::Pod,
+        bound_with_status(
+            "share",
+            "b",
+            r#"{"numaNodeResources":[{"node":1,"resources":{"cpu":"8"}}]}"#,
+            "LS",
+        ),
+    )
+    .unwrap();
+    fake.create(
+        Kind::Pod,
+        bound_with_status("two", "b", r#"{"cpuset":"0-1"}"#, "LSR"),
+    )
+    .unwrap();
+    let env = Env::start(&fake, &[]).await;
+
+    // (a)
+    for node in ["a-most", "a-least"] {
+        let name = format!("ls-{node}");
+        let mut ls = service::pending(&name, json!({"cpu": "4", "memory": "4Gi"}));
+        ls["metadata"]["labels"] = json!({"koordinator.sh/qosClass": "LS"});
+        ls["metadata"]["annotations"] = json!({
+            "scheduling.koordinator.sh/numa-topology-spec": r#"{"numaTopologyPolicy":"SingleNUMANode"}"#});
+        fake.create(Kind::Pod, ls.clone()).unwrap();
+        env.bind(&ls, node).await.unwrap();
+        let status = annotation(&fake, &name, RESOURCE_STATUS).unwrap();
+        let (cpus, numas) = koordlet_status(&status);
+        assert!(cpus.is_empty(), "an LS pod gets no cpuset: {cpus:?}");
+        let got: Vec<u64> = numas.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            got,
+            vec![1],
+            "{node}: NUMA 0's CPUs are all in a cpuset: {numas:?}"
+        );
+    }
+
+    // (b)
+    let four = lsr_pod("four", 4, json!({}));
+    fake.create(Kind::Pod, four.clone()).unwrap();
+    env.bind(&four, "b").await.unwrap();
+    let (cpus, _) = koordlet_status(&annotation(&fake, "four", RESOURCE_STATUS).unwrap());
+    assert_eq!(cpus.len(), 4);
+    assert!(
+        cpus.iter().all(|c| (2..8).contains(c)),
+        "the cpuset took NUMA 1's shared pool or another cpuset's CPUs: {cpus:?}"
+    );
+    // NUMA 0 has 2 CPUs left, NUMA 1's 8 are the LS pod's pool: 4 more do not fit.
+    let more = lsr_pod("more", 4, json!({}));
+    fake.create(Kind::Pod, more.clone()).unwrap();
+    let err = env.bind(&more, "b").await.unwrap_err();
+    assert!(
+        err.contains("cannot place") || err.contains("insufficient"),
+        "{err}"
+    );
+    env.svc.shutdown().await.unwrap();
+}

@@ -71,8 +71,9 @@ impl Faults {
     pub fn set_link(&self, link: Link) {
         self.state.lock().0 = link;
     }
-    /// Delays this replica's pod PATCHes (the bind's annotation write).
-    pub fn set_pod_patch_delay(&self, d: Duration) {
+    /// Delays this replica's bind writes: pod PATCHes and `pods/binding` POSTs (since issue
+    /// 22 the binding is the write that carries the annotations).
+    pub fn set_pod_write_delay(&self, d: Duration) {
         self.state.lock().1 = d;
     }
     pub fn failed_lease_requests(&self) -> usize {
@@ -108,7 +109,11 @@ pub fn faulty_client(fake: &FakeApiServer, faults: Faults) -> kube::Client {
                         .unwrap());
                 }
             }
-            if req.method() == http::Method::PATCH && req.uri().path().contains("/pods/") {
+            let bind_write = req.uri().path().contains("/pods/")
+                && (req.method() == http::Method::PATCH
+                    || (req.method() == http::Method::POST
+                        && req.uri().path().ends_with("/binding")));
+            if bind_write {
                 tokio::time::sleep(patch_delay).await;
             }
             router.oneshot(req).await

@@ -103,6 +103,7 @@ impl NumaStats {
         let free = topo
             .all()
             .difference(&view.allocated)
+            .difference(&view.shared_pool)
             .difference(&view.reserved);
         let usable = topo.all().difference(&view.reserved);
         let mut zones = [NumaStat::default(); MAX_NUMA_NODES];

@@ -217,6 +217,10 @@ pub struct NodeCpuView<'a> {
     pub reserved: CpuSet,
     /// CPUs held by some pod's cpuset (reference count ≥ 1 = taken; MaxRefCount is 1).
     pub allocated: CpuSet,
+    /// Free CPUs kept for NUMA nodes' shared pools: the NUMA shares of pods without a cpuset
+    /// run there, so a new cpuset must not take them (issue 22 §4). Not free, but usable: the
+    /// pods holding those shares may go.
+    pub shared_pool: CpuSet,
     /// Held CPUs whose holder asked for PCPULevel exclusivity.
     pub pcpu_exclusive: CpuSet,
     /// Held CPUs whose holder asked for NUMANodeLevel exclusivity.

@@ -205,6 +205,7 @@ fn free_cpus(view: &NodeCpuView<'_>) -> CpuSet {
     view.topology
         .all()
         .difference(&view.allocated)
+        .difference(&view.shared_pool)
         .difference(&view.reserved)
 }
 

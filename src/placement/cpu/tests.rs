@@ -50,6 +50,7 @@ impl Node {
         NodeCpuView {
             topology: &self.topo,
             reserved: self.reserved,
+            shared_pool: CpuSet::new(),
             allocated: self.allocated,
             pcpu_exclusive: self.pcpu_exclusive,
             numa_exclusive: self.numa_exclusive,
