@@ -118,7 +118,14 @@ impl BodyAdmission {
             .with_label_values(&[reason])
             .inc();
         tracing::debug!(reason, %message, "request body refused");
-        (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
+        // The rest of the body is not read: the connection cannot carry another request, and
+        // saying so keeps a pooling client from sending its next one on a closing connection.
+        (
+            status,
+            [(header::CONNECTION, "close")],
+            axum::Json(serde_json::json!({ "error": message })),
+        )
+            .into_response()
     }
 
     /// Reads the whole body, charging each chunk to the budget before keeping it. Waits for
@@ -288,6 +295,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(response.headers()[header::CONNECTION], "close");
         assert!(text(response).await.contains("--body-limit-bytes"));
         let rejected = |r| {
             metrics
