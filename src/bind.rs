@@ -271,7 +271,10 @@ impl PodApi for KubePodApi {
     }
 
     fn binding_deadline(&self) -> std::time::Duration {
-        self.timeout
+        // kube's client retries a 429/503/504 within the call, so the binding may be sent
+        // again up to `timeout` after the first send; the server gives each send up `timeout`
+        // after it arrived.
+        self.timeout * 2
     }
 
     fn confirmed_by_watch(&self) -> bool {
