@@ -546,7 +546,8 @@ enum ReadBack {
 /// A re-read of the pod after a refused write.
 enum ReRead {
     Unbound(Box<Pod>),
-    Bound(String),
+    /// Bound (anywhere): the pod as read.
+    Bound(Box<Pod>),
 }
 
 /// How long past the API server's deadline for a binding request we still treat it as able
@@ -1053,9 +1054,10 @@ impl Binder {
             }
             current = match self.reread(args, pod_key).await {
                 Ok(ReRead::Unbound(fresh)) => *fresh,
-                Ok(ReRead::Bound(node)) => {
+                Ok(ReRead::Bound(pod)) => {
+                    let node = pod.node_name().unwrap_or_default();
                     return Err((
-                        self.bound_meanwhile(args, pod_key, &node, "patch"),
+                        self.bound_meanwhile(args, pod_key, node, "patch"),
                         AfterFailure::NotBound,
                     ));
                 }
@@ -1067,6 +1069,9 @@ impl Binder {
             .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
             .collect();
         let mut conflicts = 0;
+        // A re-read after a 409 that found the pod bound: judged as the read-back, not read
+        // again.
+        let mut bound_read = None;
         loop {
             let rv = current.metadata.resource_version.clone();
             let sent = SentBinding {
@@ -1103,7 +1108,7 @@ impl Binder {
                 // (no longer the leader, that read never writes).
                 LeaderWrite::LostMidCall => {
                     return match self
-                        .after_failed_binding(args, pod_key, written, &sent)
+                        .after_failed_binding(args, pod_key, written, &sent, None)
                         .await
                     {
                         ReadBack::Succeeded => Ok(BindOutcome::BoundDespiteError),
@@ -1126,7 +1131,7 @@ impl Binder {
                         current = *fresh;
                         continue;
                     }
-                    Ok(ReRead::Bound(_)) => {}
+                    Ok(ReRead::Bound(pod)) => bound_read = Some(*pod),
                     Err(e) => return Err((e, AfterFailure::NotBound)),
                 }
             }
@@ -1151,7 +1156,7 @@ impl Binder {
             };
             let e = api_error("create the binding", source);
             return match self
-                .after_failed_binding(args, pod_key, written, &sent)
+                .after_failed_binding(args, pod_key, written, &sent, bound_read.take())
                 .await
             {
                 ReadBack::Succeeded => {
@@ -1227,7 +1232,7 @@ impl Binder {
             });
         }
         Ok(match fresh.node_name() {
-            Some(node) => ReRead::Bound(node.to_string()),
+            Some(_) => ReRead::Bound(Box::new(fresh)),
             None => ReRead::Unbound(Box::new(fresh)),
         })
     }
@@ -1235,15 +1240,20 @@ impl Binder {
     /// A failed binding may still have taken effect (a timeout or lost answer after the API
     /// server committed it), or may still commit later. Rolling back then would leave a pod
     /// running on the node with our minors, uncounted. So read the pod back before undoing
-    /// anything.
+    /// anything. `read`: the pod as just read after the failure, if it was.
     async fn after_failed_binding(
         &self,
         args: &ExtenderBindingArgs,
         pod_key: &str,
         written: &BTreeMap<String, Option<String>>,
         sent: &SentBinding,
+        read: Option<Pod>,
     ) -> ReadBack {
-        let pod = match self.api.get_pod(&args.pod_namespace, &args.pod_name).await {
+        let read = match read {
+            Some(pod) => Ok(Some(pod)),
+            None => self.api.get_pod(&args.pod_namespace, &args.pod_name).await,
+        };
+        let pod = match read {
             Ok(Some(pod)) => pod,
             // Deleted: nothing runs, nothing to clear.
             Ok(None) => return ReadBack::NotBound { bound_to: None },

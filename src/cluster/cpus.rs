@@ -324,6 +324,8 @@ struct Derived {
     /// node's shared pool (the CPUs no cpuset holds). A new cpuset must leave the pool that many
     /// CPUs (issue 22 §4).
     shared_pool_milli: BTreeMap<NumaId, i64>,
+    /// The free CPUs kept for those pools (see [`NodeCpuView::shared_pool`]).
+    shared_pool: CpuSet,
     malformed: usize,
 }
 
@@ -584,6 +586,22 @@ impl CpuLedger {
                 }
             }
         }
+        // Keep each NUMA node's shared pool big enough for the NUMA shares of the pods that
+        // run in it (no cpuset): as many of its free CPUs as those shares need (rounded up)
+        // are not handed to a new cpuset. Which ones does not matter; the highest ids go.
+        if let (Some(t), Some(nrt)) = (topology, self.nrt.as_deref()) {
+            for (numa, milli) in &d.shared_pool_milli {
+                let keep = usize::try_from(milli.saturating_add(999) / 1000).unwrap_or(0);
+                let free = t
+                    .numa_cpus(*numa)
+                    .difference(&d.allocated)
+                    .difference(&nrt.reserved);
+                let ids: Vec<CpuId> = free.iter().collect();
+                for cpu in ids.iter().rev().take(keep) {
+                    d.shared_pool.insert(*cpu);
+                }
+            }
+        }
         d
     }
 
@@ -669,25 +687,10 @@ impl CpuLedger {
                 unresolvable: false,
             }));
         }
-        // Keep each NUMA node's shared pool big enough for the NUMA shares of the pods that
-        // run in it (no cpuset): as many of its free CPUs as those shares need (rounded up)
-        // are not handed to a new cpuset. Which ones does not matter; the highest ids go.
-        let mut shared_pool = CpuSet::new();
-        for (numa, milli) in &d.shared_pool_milli {
-            let keep = usize::try_from(milli.saturating_add(999) / 1000).unwrap_or(0);
-            let free = topology
-                .numa_cpus(*numa)
-                .difference(&d.allocated)
-                .difference(&nrt.reserved);
-            let ids: Vec<CpuId> = free.iter().collect();
-            for cpu in ids.iter().rev().take(keep) {
-                shared_pool.insert(*cpu);
-            }
-        }
         f(Ok(NodeCpuView {
             topology,
             reserved: nrt.reserved,
-            shared_pool,
+            shared_pool: d.shared_pool,
             allocated: d.allocated,
             pcpu_exclusive: d.pcpu_exclusive,
             numa_exclusive: d.numa_exclusive,

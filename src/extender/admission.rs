@@ -258,7 +258,11 @@ mod tests {
     use tower::ServiceExt;
 
     fn app(limits: BodyLimits, metrics: &Metrics) -> axum::Router {
-        let admission = BodyAdmission::new(limits, metrics.clone());
+        echo(BodyAdmission::new(limits, metrics.clone()))
+    }
+
+    /// A route answering its body's length, behind `admission`.
+    fn echo(admission: BodyAdmission) -> axum::Router {
         axum::Router::new()
             .route(
                 "/echo",
@@ -329,12 +333,7 @@ mod tests {
         // Other bodies hold the whole budget, both lanes (1050 + 350).
         let held = admission.budget.clone().acquire_many_owned(1050).await;
         let held_small = admission.small.clone().acquire_many_owned(350).await;
-        let app = axum::Router::new()
-            .route(
-                "/echo",
-                post(|body: Bytes| async move { body.len().to_string() }),
-            )
-            .layer(axum::middleware::from_fn_with_state(admission, admit));
+        let app = echo(admission);
         let request = Request::post("/echo")
             .body(Body::from(vec![b'y'; 600]))
             .unwrap();
@@ -394,12 +393,7 @@ mod tests {
             .acquire_many_owned(12 * 1024 * 1024)
             .await
             .unwrap();
-        let app = axum::Router::new()
-            .route(
-                "/echo",
-                post(|body: Bytes| async move { body.len().to_string() }),
-            )
-            .layer(axum::middleware::from_fn_with_state(admission, admit));
+        let app = echo(admission);
         let large = Request::post("/echo")
             .header(header::CONTENT_LENGTH, (2 * 1024 * 1024).to_string())
             .body(Body::from(vec![b'L'; 2 * 1024 * 1024]))

@@ -271,13 +271,7 @@ async fn every_bind_failure_class_is_counted() {
         None,
         "nothing lands without the binding"
     );
-    fake.patch_merge(
-        Kind::Pod,
-        "ml",
-        "cleanup",
-        json!({"metadata": {"annotations": {"example.com/scheduling-failed": "1"}}}),
-    )
-    .unwrap();
+    crate::gpu::record_failed_attempt(&fake, "cleanup");
     let deadline = tokio::time::Instant::now() + GUARD;
     while metric(&env.http, "dne_assumed_released_total", "path=\"probe\"").await < 1.0 {
         assert!(

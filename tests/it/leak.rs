@@ -131,14 +131,7 @@ async fn pending_pod_after_an_ambiguous_failure_is_released_once_it_changes() {
         "an annotation landed without the binding"
     );
     assert_eq!(assumed_state(&env, "n1", &p).await, "assumed");
-    env.fake
-        .patch_merge(
-            Kind::Pod,
-            "ml",
-            "p",
-            json!({"metadata": {"annotations": {"example.com/scheduling-failed": "1"}}}),
-        )
-        .unwrap();
+    crate::gpu::record_failed_attempt(&env.fake, "p");
     until_offered(&env, &next, "n1").await;
     assert_eq!(
         annotation_of(&env.fake, &p),
@@ -242,14 +235,7 @@ async fn retried_bind_to_another_node_after_an_ambiguous_failure_resolves_the_fi
     env.bind(&p, "n1").await.unwrap_err();
     let err = env.bind(&p, "n2").await.unwrap_err();
     assert!(err.contains("may still land"), "{err}");
-    env.fake
-        .patch_merge(
-            Kind::Pod,
-            "ml",
-            "p",
-            json!({"metadata": {"annotations": {"example.com/scheduling-failed": "1"}}}),
-        )
-        .unwrap();
+    crate::gpu::record_failed_attempt(&env.fake, "p");
     env.bind(&p, "n2").await.unwrap();
     assert_eq!(node_of(&env.fake, &p).as_deref(), Some("n2"));
     env.wait_committed("n2", &uid(&p)).await;

@@ -235,6 +235,19 @@ pub fn annotation_of(fake: &FakeApiServer, pod: &Value) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// What kube-scheduler does to a pod whose bind failed (it records the failure on it): any
+/// write, which moves the pod's resourceVersion on and so fences out a late binding sent
+/// before it (issue 22).
+pub fn record_failed_attempt(fake: &FakeApiServer, name: &str) {
+    fake.patch_merge(
+        Kind::Pod,
+        "ml",
+        name,
+        json!({"metadata": {"annotations": {"example.com/scheduling-failed": "1"}}}),
+    )
+    .expect("the failure is recorded on the pod");
+}
+
 pub fn node_of(fake: &FakeApiServer, pod: &Value) -> Option<String> {
     let p = fake.get(Kind::Pod, "ml", &name(pod))?;
     p["spec"]["nodeName"].as_str().map(str::to_owned)

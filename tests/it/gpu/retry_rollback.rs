@@ -90,14 +90,7 @@ async fn binding_answered_5xx_is_held_until_the_pod_changes_then_the_retry_binds
     let err = env.bind(&p, "n2").await.unwrap_err();
     assert!(err.contains("may still land"), "{err}");
     // kube-scheduler's record of the failure (any write) moves the pod's resourceVersion.
-    env.fake
-        .patch_merge(
-            Kind::Pod,
-            "ml",
-            "p",
-            json!({"metadata": {"annotations": {"example.com/scheduling-failed": "1"}}}),
-        )
-        .unwrap();
+    crate::gpu::record_failed_attempt(&env.fake, "p");
     env.bind(&p, "n1").await.unwrap();
     env.wait_committed("n1", &uid(&p)).await;
     assert!(annotation_of(&env.fake, &p).is_some());
