@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: formatting, lints, all Rust tests (unit, property, integration against the
-# in-process fake API server, the real binary end to end) and the Helm chart tests.
-# Needs only the Rust toolchain, Python 3 with venv/pip, and the package registries.
+# in-process fake API server, the real binary end to end), the Helm chart tests, and the
+# end-to-end scenarios against a real control plane (tests/e2e: etcd, kube-apiserver and
+# kube-scheduler v1.37 built from Kubernetes' Go modules).
+# Needs only the Rust toolchain, Go, Python 3 with venv/pip, and the package registries.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,3 +20,6 @@ cargo test --locked
 
 step "Helm chart tests (real Helm SDK, Kubernetes 1.33 schemas)"
 tests/chart/run.sh
+
+step "End-to-end scenarios: real kube-apiserver + kube-scheduler v1.37 and the release binary"
+scripts/e2e.sh

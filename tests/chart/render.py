@@ -6,6 +6,7 @@ deploy/device-numa-extender.yaml (the chart rendered with default values).
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -84,10 +85,11 @@ def notes(rendered: dict[str, str]) -> str:
     return next(v for k, v in rendered.items() if k.endswith("NOTES.txt"))
 
 
-def deploy_manifest() -> str:
-    """The content deploy/device-numa-extender.yaml must have."""
-    parts = [HEADER]
-    for path, text, _ in documents(render()):
+def deploy_manifest(values: dict[str, Any] | None = None) -> str:
+    """The content deploy/device-numa-extender.yaml must have (default values), or the same
+    manifest rendered with other values."""
+    parts = [HEADER] if values is None else []
+    for path, text, _ in documents(render(values)):
         parts.append(f"---\n# Source: {path}\n{text}")
     return "".join(parts)
 
@@ -97,6 +99,17 @@ def main(argv: list[str]) -> int:
         DEPLOY_FILE.write_text(deploy_manifest())
         print(f"wrote {DEPLOY_FILE.relative_to(ROOT)}")
         return 0
+    if len(argv) == 3 and argv[1] == "--values-json":
+        # Used by tests/e2e to install the chart with non-default values.
+        values = json.loads(argv[2])
+        if not isinstance(values, dict):
+            print("--values-json wants a JSON object", file=sys.stderr)
+            return 2
+        sys.stdout.write(deploy_manifest(values))
+        return 0
+    if argv[1:]:
+        print("usage: render.py [--write | --values-json '{...}']", file=sys.stderr)
+        return 2
     sys.stdout.write(deploy_manifest())
     return 0
 

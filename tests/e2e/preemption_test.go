@@ -1,0 +1,115 @@
+package e2e
+
+// Preemption through the extender's `preempt` verb: a node full of low-priority holders, then a
+// high-priority pod. kube-scheduler's default preemption proposes victims, the extender keeps
+// the nodes where those victims free what the pod needs (whole GPUs, a cpuset on one NUMA
+// node), the scheduler deletes them, and the test plays the kubelet that finishes the
+// deletions. No share is ever held twice: the oracle counts a terminating victim as a holder
+// until it is gone, and is run while the victims terminate.
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+func (cp *controlPlane) priorityClass(name string, value int32) {
+	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}
+	if _, err := cp.admin.SchedulingV1().PriorityClasses().Create(cp.ctx, pc, metav1.CreateOptions{}); err != nil {
+		cp.t.Fatal(err)
+	}
+}
+
+// playKubelet finishes the deletion of every terminating pod (grace 0), checking the oracle
+// before each, until done() holds.
+func (cp *controlPlane) playKubeletUntil(m machine, done func() bool) (victims []string) {
+	cp.t.Helper()
+	err := wait.PollUntilContextTimeout(cp.ctx, 100*time.Millisecond, hangGuard, true, func(ctx context.Context) (bool, error) {
+		cp.assertNoViolations(m)
+		pods, err := cp.admin.CoreV1().Pods(testNamespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp != nil {
+				victims = append(victims, p.Name)
+				cp.deletePodNow(p.Name)
+			}
+		}
+		return done(), nil
+	})
+	if err != nil {
+		cp.t.Fatalf("preemption never completed; victims so far %v", victims)
+	}
+	return victims
+}
+
+func TestPreemptionThroughTheExtender(t *testing.T) {
+	cp, ext := start(t, planOptions{chartValues: routeAllPods})
+	m := gpuMachine
+	cp.addNodes("gpu", 1, m)
+	ext.waitReady()
+	cp.priorityClass("low", 100)
+	cp.priorityClass("high", 1000)
+
+	// Whole GPUs: eight 1-GPU holders fill the node.
+	var low []string
+	for i := 0; i < m.gpus; i++ {
+		name := fmt.Sprintf("low-gpu-%d", i)
+		low = append(low, name)
+		cp.createPod(podSpec{name: name, priority: "low", limits: map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}})
+	}
+	held := cp.waitBound(low...)
+	minorOf := map[string]int{}
+	for name, p := range held {
+		d, err := parseDeviceAllocated(p)
+		if err != nil || len(d["gpu"]) != 1 {
+			t.Fatalf("%s: %v %v", name, d, err)
+		}
+		minorOf[name] = d["gpu"][0].Minor
+	}
+	cp.createPod(podSpec{name: "high-gpu", priority: "high", limits: map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}})
+	victims := cp.playKubeletUntil(m, func() bool { return cp.getPod("high-gpu").Spec.NodeName != "" })
+	if len(victims) != 1 {
+		t.Fatalf("victims %v, want exactly one 1-GPU holder", victims)
+	}
+	hp := cp.getPod("high-gpu")
+	d, err := parseDeviceAllocated(hp)
+	if err != nil || len(d["gpu"]) != 1 || d["gpu"][0].Minor != minorOf[victims[0]] {
+		t.Fatalf("high-gpu holds %v, want the victim %s's GPU %d", d, victims[0], minorOf[victims[0]])
+	}
+	cp.assertNoViolations(m)
+
+	// cpusets: LSR holders of 8 CPUs (4 whole cores) fill the 64 CPUs; a high-priority LSR pod
+	// needs one victim's whole cores.
+	for _, name := range append(low, "high-gpu") {
+		cp.deletePodNow(name)
+	}
+	lsr := map[string]string{"koordinator.sh/qosClass": "LSR"}
+	var holders []string
+	for i := 0; i < m.cpus()/8; i++ {
+		name := fmt.Sprintf("low-cpuset-%d", i)
+		holders = append(holders, name)
+		cp.createPod(podSpec{name: name, priority: "low", labels: lsr, limits: map[string]string{"cpu": "8", "memory": "1Gi"}})
+	}
+	cp.waitBound(holders...)
+	cp.createPod(podSpec{name: "high-cpuset", priority: "high", labels: lsr, limits: map[string]string{"cpu": "8", "memory": "1Gi"}})
+	victims = cp.playKubeletUntil(m, func() bool { return cp.getPod("high-cpuset").Spec.NodeName != "" })
+	if len(victims) != 1 {
+		t.Fatalf("victims %v, want exactly one 8-CPU holder", victims)
+	}
+	rs, err := parseResourceStatus(cp.getPod("high-cpuset"))
+	if err != nil || rs == nil {
+		t.Fatalf("high-cpuset: resource-status %v %v", rs, err)
+	}
+	cpus, _ := parseCPUList(rs.CPUSet)
+	if len(cpus) != 8 {
+		t.Fatalf("high-cpuset: cpuset %q, want 8 CPUs", rs.CPUSet)
+	}
+	cp.assertNoViolations(m)
+}

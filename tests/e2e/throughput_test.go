@@ -1,0 +1,398 @@
+package e2e
+
+// The throughput benchmark, in the manner of scheduler_perf: the same pods on the same nodes,
+// scheduled (a) by the stock scheduler alone (GPU requests as plain extended resources the
+// nodes advertise; NodeResourcesFit alone), (b) with the chart's configuration (GPU pods, whole
+// and shared) and (c) with every pod routed to the extender (LSR cpuset pods, GPU + cpuset
+// pods), at the scheduler's default percentageOfNodesToScore and at 100. Pods/s from creation to
+// bound, sampled once a second from a pod informer; CPU seconds of the extender and of
+// kube-scheduler (a separate process here, built from the same module) per 1,000 pods; the
+// extender's verb latencies from its own metrics.
+//
+// Not part of CI: DNE_E2E_BENCH=1 scripts/e2e.sh -run TestThroughput -v
+// (DNE_E2E_BENCH_NODES=1000,5000 and DNE_E2E_BENCH_PODS=1000 by default;
+// DNE_E2E_BENCH_QPS=<qps> replaces the chart's clientConnection qps (burst twice that), whose
+// 100 caps every configuration near 100 pods/s). Never asserts a speed.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+)
+
+type benchCase struct {
+	name      string
+	podSet    string // "gpu" or "cpuset"
+	extender  bool
+	routeAll  bool
+	pctOfNode string // "default" or "100"
+}
+
+type benchResult struct {
+	benchCase
+	nodes                 int
+	pods                  int
+	wall                  time.Duration
+	avg, p50              float64
+	extenderCPU, schedCPU float64 // seconds per 1,000 pods
+	latencies             string
+}
+
+func TestThroughput(t *testing.T) {
+	if os.Getenv("DNE_E2E_BENCH") == "" {
+		t.Skip("the throughput benchmark runs with DNE_E2E_BENCH=1 (see BENCHMARKS.md)")
+	}
+	nodeCounts := intsFromEnv("DNE_E2E_BENCH_NODES", []int{1000, 5000})
+	pods := intsFromEnv("DNE_E2E_BENCH_PODS", []int{1000})[0]
+	var results []benchResult
+	for _, n := range nodeCounts {
+		results = append(results, runThroughputAt(t, n, pods)...)
+	}
+	t.Log("\n" + throughputTable(results))
+}
+
+func intsFromEnv(key string, def []int) []int {
+	v := os.Getenv(key)
+	if v == "" {
+		return def
+	}
+	var out []int
+	for _, s := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			panic(fmt.Sprintf("%s: %v", key, err))
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func runThroughputAt(t *testing.T, nodes, pods int) []benchResult {
+	cp := startControlPlane(t, planOptions{})
+	routeAll, err := loadRenderedChart(routeAllPods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := gpuMachine
+	createNodesConcurrently(cp, nodes, m)
+	ext := cp.startExtender("")
+	ext.waitReady()
+
+	var results []benchResult
+	for _, pct := range []string{"default", "100"} {
+		for _, c := range []benchCase{
+			{name: "(a) stock, GPU pods", podSet: "gpu"},
+			{name: "(b) chart, GPU pods", podSet: "gpu", extender: true},
+			{name: "(a) stock, cpuset pods", podSet: "cpuset"},
+			{name: "(c) chart routeAllPods, cpuset pods", podSet: "cpuset", extender: true, routeAll: true},
+		} {
+			c.pctOfNode = pct
+			chart := cp.chart
+			if c.routeAll {
+				chart = routeAll
+			}
+			r := runThroughputCase(cp, ext, chart, c, pods)
+			r.nodes = nodes
+			t.Logf("%d nodes, %s, percentageOfNodesToScore %s: %.1f pods/s (p50 %.1f), %v; CPU/1000 pods: extender %.2fs, scheduler %.2fs; %s",
+				nodes, c.name, pct, r.avg, r.p50, r.wall.Round(time.Millisecond), r.extenderCPU, r.schedCPU, r.latencies)
+			results = append(results, r)
+		}
+	}
+	return results
+}
+
+func createNodesConcurrently(cp *controlPlane, n int, m machine) {
+	var wg sync.WaitGroup
+	next := int64(-1)
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := atomic.AddInt64(&next, 1)
+				if i >= int64(n) {
+					return
+				}
+				cp.createNodeObjects(fmt.Sprintf("node-%05d", i), m)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// editConfigForCase edits the chart's configuration: for (a) no extender, and for "default"
+// no percentageOfNodesToScore in the profile.
+func editConfigForCase(cfg string, c benchCase) (string, error) {
+	if qps := os.Getenv("DNE_E2E_BENCH_QPS"); qps != "" {
+		n, err := strconv.Atoi(qps)
+		if err != nil {
+			return "", fmt.Errorf("DNE_E2E_BENCH_QPS: %w", err)
+		}
+		cfg = regexp.MustCompile(`(?m)^(\s*)qps: \d+$`).ReplaceAllString(cfg, fmt.Sprintf("${1}qps: %d", n))
+		cfg = regexp.MustCompile(`(?m)^(\s*)burst: \d+$`).ReplaceAllString(cfg, fmt.Sprintf("${1}burst: %d", 2*n))
+	}
+	if c.pctOfNode == "default" {
+		cfg = regexp.MustCompile(`(?m)^\s*percentageOfNodesToScore:.*\n`).ReplaceAllString(cfg, "")
+	} else if !strings.Contains(cfg, "percentageOfNodesToScore: 100") {
+		return "", fmt.Errorf("the chart's profile no longer sets percentageOfNodesToScore: 100")
+	}
+	if !c.extender {
+		i := strings.Index(cfg, "extenders:")
+		if i < 0 {
+			return "", fmt.Errorf("no extenders: in the chart's scheduler config")
+		}
+		cfg = cfg[:strings.LastIndex(cfg[:i], "\n")+1]
+	}
+	return cfg, nil
+}
+
+func benchPod(c benchCase, i int, schedulerName string) *corev1.Pod {
+	p := podSpec{name: fmt.Sprintf("bench-%05d", i), scheduler: schedulerName}
+	switch {
+	case c.podSet == "gpu" && i%2 == 0:
+		p.limits = map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
+	case c.podSet == "gpu":
+		p.limits = map[string]string{"cpu": "1", "memory": "1Gi", "koordinator.sh/gpu-memory-ratio": "50"}
+	case i%2 == 0:
+		p.labels = map[string]string{"koordinator.sh/qosClass": "LSR"}
+		p.limits = map[string]string{"cpu": "4", "memory": "4Gi"}
+	default:
+		p.labels = map[string]string{"koordinator.sh/qosClass": "LSR"}
+		p.limits = map[string]string{"cpu": "4", "memory": "4Gi", "nvidia.com/gpu": "1"}
+	}
+	return (&controlPlane{chart: &renderedChart{SchedulerConfig: "- schedulerName: " + schedulerName}}).pod(p)
+}
+
+func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart, c benchCase, n int) benchResult {
+	t := cp.t
+	sched := cp.startSchedulerWithConfig(chart, ext.urlPrefix(), func(cfg string) (string, error) {
+		return editConfigForCase(cfg, c)
+	})
+	defer func() {
+		cp.stopScheduler()
+		cp.deleteAllPods()
+	}()
+
+	// Count bound pods from an informer, as scheduler_perf's throughputCollector does.
+	var bound, lastBoundAt int64
+	seen := sync.Map{}
+	factory := informers.NewSharedInformerFactoryWithOptions(cp.admin, 0, informers.WithNamespace(testNamespace))
+	inf := factory.Core().V1().Pods().Informer()
+	onPod := func(obj any) {
+		if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+			if _, dup := seen.LoadOrStore(p.Name, true); !dup {
+				atomic.AddInt64(&bound, 1)
+				atomic.StoreInt64(&lastBoundAt, time.Now().UnixNano())
+			}
+		}
+	}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onPod, UpdateFunc: func(_, o any) { onPod(o) }})
+	stop := make(chan struct{})
+	defer close(stop)
+	factory.Start(stop)
+	cache.WaitForCacheSync(stop, inf.HasSynced)
+
+	// Wait for the scheduler to hold its Lease (first pod bound) with one warm-up pod, not
+	// counted, so leader election is not measured.
+	warm := benchPod(c, n, schedulerName(chart))
+	warm.Name = "bench-warmup"
+	if _, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, warm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(cp.ctx, 100*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
+		return atomic.LoadInt64(&bound) >= 1, nil
+	}); err != nil {
+		t.Fatalf("%s: warm-up pod never bound: %v", c.name, cp.schedulingEvents("bench-warmup"))
+	}
+	base := atomic.LoadInt64(&bound)
+
+	extCPU0, schedCPU0 := procCPUSeconds(ext.cmd.Process.Pid), procCPUSeconds(sched.cmd.Process.Pid)
+	metrics0 := ext.metrics()
+	start := time.Now()
+	go createPodsConcurrently(cp, c, n, schedulerName(chart))
+	var samples []float64
+	last := base
+	for {
+		time.Sleep(time.Second)
+		now := atomic.LoadInt64(&bound)
+		samples = append(samples, float64(now-last))
+		last = now
+		if now-base >= int64(n) {
+			break
+		}
+		if time.Since(start) > 30*time.Minute {
+			t.Fatalf("%s: %d of %d pods bound after 30m", c.name, now-base, n)
+		}
+	}
+	// From the first creation to the informer seeing the last pod bound.
+	wall := time.Unix(0, atomic.LoadInt64(&lastBoundAt)).Sub(start)
+	extCPU, schedCPU := procCPUSeconds(ext.cmd.Process.Pid)-extCPU0, procCPUSeconds(sched.cmd.Process.Pid)-schedCPU0
+	lat := verbLatencies(metrics0, ext.metrics())
+	if !c.extender {
+		lat = "extender not called"
+	}
+	return benchResult{
+		benchCase: c, pods: n, wall: wall,
+		avg: float64(n) / wall.Seconds(), p50: median(samples),
+		extenderCPU: extCPU * 1000 / float64(n), schedCPU: schedCPU * 1000 / float64(n),
+		latencies: lat,
+	}
+}
+
+func createPodsConcurrently(cp *controlPlane, c benchCase, n int, sched string) {
+	var wg sync.WaitGroup
+	next := int64(-1)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := atomic.AddInt64(&next, 1)
+				if i >= int64(n) {
+					return
+				}
+				_, _ = cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, benchPod(c, int(i), sched), metav1.CreateOptions{})
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func (cp *controlPlane) deleteAllPods() {
+	zero := int64(0)
+	_ = cp.admin.CoreV1().Pods(testNamespace).DeleteCollection(cp.ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+	_ = wait.PollUntilContextTimeout(cp.ctx, 200*time.Millisecond, hangGuard, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.admin.CoreV1().Pods(testNamespace).List(ctx, metav1.ListOptions{Limit: 1})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+}
+
+// procCPUSeconds is utime+stime of a process from /proc (clock ticks of 1/100 s).
+func procCPUSeconds(pid int) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return math.NaN()
+	}
+	s := string(raw)
+	fields := strings.Fields(s[strings.LastIndex(s, ")")+2:])
+	utime, _ := strconv.ParseFloat(fields[11], 64)
+	stime, _ := strconv.ParseFloat(fields[12], 64)
+	return (utime + stime) / 100
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+var sampleLine = regexp.MustCompile(`^dne_http_request_duration_seconds_(sum|count|bucket)\{([^}]*)\} (\S+)$`)
+
+// verbLatencies summarises the extender's own request-duration histogram over the run: per verb,
+// count, mean and the bucket bound under which 99% fell.
+func verbLatencies(before, after string) string {
+	type hist struct {
+		sum, count float64
+		buckets    map[float64]float64
+	}
+	parse := func(text string) map[string]*hist {
+		out := map[string]*hist{}
+		sc := bufio.NewScanner(strings.NewReader(text))
+		for sc.Scan() {
+			m := sampleLine.FindStringSubmatch(sc.Text())
+			if m == nil || !strings.Contains(m[2], `outcome="ok"`) {
+				continue
+			}
+			verb := regexp.MustCompile(`verb="([^"]*)"`).FindStringSubmatch(m[2])[1]
+			h := out[verb]
+			if h == nil {
+				h = &hist{buckets: map[float64]float64{}}
+				out[verb] = h
+			}
+			v, _ := strconv.ParseFloat(m[3], 64)
+			switch m[1] {
+			case "sum":
+				h.sum += v
+			case "count":
+				h.count += v
+			case "bucket":
+				le := regexp.MustCompile(`le="([^"]*)"`).FindStringSubmatch(m[2])[1]
+				bound, _ := strconv.ParseFloat(le, 64)
+				h.buckets[bound] += v
+			}
+		}
+		return out
+	}
+	b, a := parse(before), parse(after)
+	var parts []string
+	for _, verb := range []string{"filter", "prioritize", "bind", "preempt"} {
+		ha := a[verb]
+		if ha == nil {
+			continue
+		}
+		hb := b[verb]
+		if hb == nil {
+			hb = &hist{buckets: map[float64]float64{}}
+		}
+		count := ha.count - hb.count
+		if count == 0 {
+			continue
+		}
+		var bounds []float64
+		for le := range ha.buckets {
+			bounds = append(bounds, le)
+		}
+		sort.Float64s(bounds)
+		p99 := math.Inf(1)
+		for _, le := range bounds {
+			if ha.buckets[le]-hb.buckets[le] >= 0.99*count {
+				p99 = le
+				break
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s n=%.0f mean=%.2fms p99<=%gms", verb, count, (ha.sum-hb.sum)/count*1000, p99*1000))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func throughputTable(rs []benchResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| nodes | pctOfNodesToScore | case | pods | wall | pods/s avg | pods/s p50 | ratio to (a) | extender CPU s/1000 pods | scheduler CPU s/1000 pods | extender verbs |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|\n")
+	baseline := map[string]float64{}
+	for _, r := range rs {
+		key := fmt.Sprintf("%d/%s/%s", r.nodes, r.pctOfNode, r.podSet)
+		ratio := "1"
+		if !r.extender {
+			baseline[key] = r.avg
+		} else if base := baseline[key]; base > 0 {
+			ratio = fmt.Sprintf("%.2f", r.avg/base)
+		}
+		extCPU := "-"
+		if r.extender {
+			extCPU = fmt.Sprintf("%.2f", r.extenderCPU)
+		}
+		fmt.Fprintf(&b, "| %d | %s | %s | %d | %v | %.1f | %.1f | %s | %s | %.2f | %s |\n",
+			r.nodes, r.pctOfNode, r.name, r.pods, r.wall.Round(100*time.Millisecond), r.avg, r.p50, ratio, extCPU, r.schedCPU, r.latencies)
+	}
+	return b.String()
+}
