@@ -208,9 +208,13 @@ impl Service {
                         Some(c) => c,
                         None => kube_client(&args).await?,
                     };
+                    let pod_api = KubePodApi::new(client.clone(), args.request_timeout);
                     if let Some(mode) = args.leader_mode() {
                         // Not the leader until the first successful acquire.
                         readiness.set_leader(false);
+                        // Each acquisition waits out the bindings a previous leader may still
+                        // land (issue 22, fencing; `Readiness::pods_current`).
+                        readiness.set_takeover_window(pod_api.binding_deadline());
                         let stop = CancellationToken::new();
                         let task = tokio::spawn(crate::leader::run(
                             client.clone(),
@@ -227,10 +231,7 @@ impl Service {
                         args.rediscover_interval,
                         shutdown.clone(),
                     ));
-                    (
-                        Arc::new(KubePodApi::new(client, args.request_timeout)),
-                        None,
-                    )
+                    (Arc::new(pod_api), None)
                 }
             };
 

@@ -142,7 +142,7 @@ impl Metrics {
             pod_fences: reg!(IntCounterVec::new(
                 Opts::new(
                     "pod_fences_total",
-                    "Times binds were held until a fresh pod relist, by reason (became_leader, watch_error)."
+                    "Times binds were held until a fresh pod relist, by reason (became_leader, takeover_window, watch_error)."
                 ),
                 &["reason"]
             )),
@@ -362,7 +362,7 @@ impl Metrics {
         for age in ASSUMED_AGE_BUCKETS {
             self.assumed_entries.with_label_values(&[age]);
         }
-        for reason in ["became_leader", "watch_error"] {
+        for reason in ["became_leader", "takeover_window", "watch_error"] {
             self.pod_fences.with_label_values(&[reason]);
         }
         for stage in ["patch", "binding", "probe"] {

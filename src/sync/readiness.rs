@@ -123,6 +123,11 @@ pub struct Readiness {
     /// replica became leader, or after a pod watch error, until a relist that began afterwards
     /// has been applied. Binds refuse to decide meanwhile.
     pods_fenced: AtomicBool,
+    /// How long a binding the previous leader sent may still land after this replica becomes
+    /// leader ([`crate::bind::PodApi::binding_deadline`]; 0 = none). See [`Self::pods_current`].
+    takeover_window_nanos: AtomicU64,
+    /// The end of the current takeover window as [`BootInstant`] nanoseconds (0: none).
+    takeover_until: AtomicU64,
     /// Per kind (by `Kind::index`): asks that kind's watcher to start over with a fresh list.
     restart: [tokio::sync::Notify; Kind::ALL.len()],
     max_staleness: Option<Duration>,
@@ -182,6 +187,8 @@ impl Readiness {
             leader_until: AtomicU64::new(0),
             leader_changed: tokio::sync::watch::Sender::new(()),
             pods_fenced: AtomicBool::new(false),
+            takeover_window_nanos: AtomicU64::new(0),
+            takeover_until: AtomicU64::new(0),
             restart: Default::default(),
             max_staleness,
             started: Instant::now(),
@@ -353,15 +360,22 @@ impl Readiness {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
 
+    /// Sets the takeover window: after becoming leader, binds wait this long (and then for a
+    /// relist begun afterwards) because a binding the previous leader sent may land that late.
+    pub fn set_takeover_window(&self, window: Duration) {
+        self.takeover_window_nanos.store(
+            u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+
     /// Becoming leader raises the pod fence: the previous leader's last binds may not have
-    /// reached this replica's pod watch yet.
+    /// reached this replica's pod watch yet, or may not even have landed (see
+    /// [`Self::pods_current`]).
     pub fn set_leader(&self, leader: bool) {
         let was = self.leader.swap(leader, Ordering::SeqCst);
         if leader && !was {
-            let mut kinds = self.kinds.lock();
-            if let Some(k) = kinds.get_mut(&Kind::Pods) {
-                self.raise_pod_fence(k, "became_leader");
-            }
+            self.begin_takeover();
         }
         if !leader {
             self.leader_until.store(0, Ordering::SeqCst);
@@ -377,10 +391,20 @@ impl Readiness {
         let lapsed = previous != 0 && BootInstant::now().as_nanos() >= previous;
         self.set_leader(true);
         if lapsed {
-            let mut kinds = self.kinds.lock();
-            if let Some(k) = kinds.get_mut(&Kind::Pods) {
-                self.raise_pod_fence(k, "became_leader");
-            }
+            self.begin_takeover();
+        }
+    }
+
+    /// Fences the pod cache for a new leadership term and opens the takeover window.
+    fn begin_takeover(&self) {
+        let window = self.takeover_window_nanos.load(Ordering::SeqCst);
+        if window > 0 {
+            let until = BootInstant::now().as_nanos().saturating_add(window);
+            self.takeover_until.store(until, Ordering::SeqCst);
+        }
+        let mut kinds = self.kinds.lock();
+        if let Some(k) = kinds.get_mut(&Kind::Pods) {
+            self.raise_pod_fence(k, "became_leader");
         }
     }
 
@@ -423,7 +447,35 @@ impl Readiness {
     /// Whether the pod cache holds every bind completed before the last fence: binds decide
     /// only then. A failover or a pod watch gap could otherwise hide another writer's pods
     /// from this replica and let it hand out what they hold.
+    ///
+    /// After a takeover that is not enough: the previous leader checked its leadership before
+    /// each write, but a binding it sent just before losing the Lease can still be applied by
+    /// the API server until that request's own deadline (`?timeout=`, and kube's client may
+    /// resend a 504'd binding once: [`crate::bind::PodApi::binding_deadline`]), after this
+    /// replica's first relist. Its pod is not written meanwhile, so the binding's
+    /// resourceVersion precondition does not stop it. So for the takeover window binds wait,
+    /// and when it has passed the fence is raised once more: only a relist begun after every
+    /// such binding has landed (or never will) lifts it. Residual window: a previous leader
+    /// that stalls for longer than the Lease between its leadership check and the send (a
+    /// frozen VM) sends a binding no timer here can see; only a fence the API server enforces
+    /// would close that.
     pub fn pods_current(&self) -> bool {
+        let until = self.takeover_until.load(Ordering::SeqCst);
+        if until != 0 {
+            if BootInstant::now().as_nanos() < until {
+                return false;
+            }
+            if self
+                .takeover_until
+                .compare_exchange(until, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                let mut kinds = self.kinds.lock();
+                if let Some(k) = kinds.get_mut(&Kind::Pods) {
+                    self.raise_pod_fence(k, "takeover_window");
+                }
+            }
+        }
         !self.pods_fenced.load(Ordering::SeqCst)
     }
 
@@ -502,6 +554,8 @@ impl Readiness {
 
     pub fn report(&self) -> ReadinessReport {
         let now = Instant::now();
+        // Before the kinds lock: pods_current may take it (the takeover window's end).
+        let binds_wait_for_pod_relist = !self.pods_current();
         let mut reasons = Vec::new();
         if self.shutting_down.load(Ordering::SeqCst) {
             reasons.push("shutting down".to_string());
@@ -561,7 +615,7 @@ impl Readiness {
             ready: reasons.is_empty(),
             standby_ready,
             reasons,
-            binds_wait_for_pod_relist: !self.pods_current(),
+            binds_wait_for_pod_relist,
             kinds: report_kinds,
         }
     }
@@ -722,6 +776,36 @@ mod tests {
             !r.report().standby_ready,
             "a standby shutting down is not standby-ready"
         );
+    }
+
+    #[test]
+    fn a_takeover_waits_out_the_previous_leaders_bindings_then_needs_a_relist() {
+        let r = readiness(&[]);
+        r.on_init(Kind::Pods);
+        r.on_init_done(Kind::Pods, 0, 0);
+        r.set_takeover_window(Duration::from_millis(50));
+        r.set_leader(false);
+        r.set_leader(true);
+        // A relist inside the window does not lift the fence: a binding the previous leader
+        // sent may still be applied after it.
+        r.on_init(Kind::Pods);
+        r.on_init_done(Kind::Pods, 0, 0);
+        assert!(!r.pods_current(), "inside the takeover window");
+        // Ordering, not timing: the window has certainly ended once we slept past it.
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            !r.pods_current(),
+            "the window has ended, but no relist has begun since"
+        );
+        assert!(r.report().binds_wait_for_pod_relist);
+        r.on_init(Kind::Pods);
+        r.on_init_done(Kind::Pods, 0, 0);
+        assert!(r.pods_current(), "a relist begun after the window lifts it");
+        let fences = |why: &str| r.metrics.pod_fences.with_label_values(&[why]).get();
+        assert_eq!((fences("became_leader"), fences("takeover_window")), (1, 1));
+        // Staying leader opens no new window.
+        r.set_leader(true);
+        assert!(r.pods_current());
     }
 
     #[test]

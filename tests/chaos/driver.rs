@@ -328,6 +328,8 @@ fn bind_error_class(e: &str) -> &'static str {
         "bind_binding_failed"
     } else if e.contains("read the pod") {
         "bind_read_failed"
+    } else if e.contains("catching up") {
+        "bind_cache_not_current"
     } else if e.contains("not the leader") || e.contains("not ready") {
         "bind_not_leader"
     } else if e.contains("already bound") {
@@ -523,6 +525,33 @@ impl Driver {
     }
 
     /// Index of the one ready replica (a Service routes only to ready endpoints).
+    /// A replica that just took over refuses binds ("catching up") while it waits out the
+    /// bindings its predecessor may still land (issue 22 §5), then relists; kube-scheduler
+    /// backs off meanwhile. So does the driver: otherwise every takeover would burn its
+    /// scheduling rounds on refusals. No random draw happens here (how long it waits is
+    /// timing), so a seed still replays the same events.
+    async fn wait_binds_allowed(&mut self, leader: usize) {
+        let deadline = Instant::now() + GUARD;
+        let mut waited = false;
+        while Instant::now() < deadline {
+            let Some((_, report)) = self.replicas[leader].http.try_get("/readyz").await else {
+                break;
+            };
+            if report["binds_wait_for_pod_relist"] != json!(true) {
+                break;
+            }
+            waited = true;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if waited {
+            *self
+                .report
+                .cycles
+                .entry("waited_for_takeover".into())
+                .or_default() += 1;
+        }
+    }
+
     async fn wait_leader(&mut self) -> usize {
         let deadline = Instant::now() + GUARD;
         loop {
@@ -1114,6 +1143,7 @@ impl Driver {
 
     async fn schedule_round(&mut self) {
         let leader = self.wait_leader().await;
+        self.wait_binds_allowed(leader).await;
         let forbidden = Arc::new(self.current_forbidden());
         let mut pending = self.names(Self::pending);
         let k = 1 + self.rng.below(4);

@@ -15,7 +15,7 @@ use device_numa_extender::app::Service;
 use serde_json::{Value, json};
 
 use crate::support::service::{self, Faults, Http, Link};
-use crate::support::{FakeApiServer, Kind};
+use crate::support::{FakeApiServer, Kind, WriteFault, WriteOp};
 
 const GPUS: i32 = 4;
 /// Only stops a hung test; never a bound the code must meet.
@@ -38,6 +38,10 @@ fn elect_flags_with(identity: &str, lease: &str, renew_deadline: &str) -> Vec<St
         renew_deadline,
         "--leader-elect-retry-period",
         "100ms",
+        // Each takeover waits out twice this (the bindings a previous leader may still land)
+        // before binding: short, so the tests do not wait out the 10 s default twice.
+        "--request-timeout",
+        "3s",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -74,6 +78,23 @@ fn cluster(pods: usize) -> (FakeApiServer, Vec<Value>) {
 }
 
 // ---- observations ---------------------------------------------------------------------------
+
+/// Binds through `http`, retrying while a new leader waits out the bindings its predecessor
+/// may still land (`cache_not_current`), as kube-scheduler retries a failed bind.
+async fn bind_after_takeover(http: &Http, body: &Value) -> (u16, Value) {
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        let (status, answer) = http.post("/bind", body).await;
+        if !answer["Error"]
+            .as_str()
+            .is_some_and(|e| e.contains("catching up"))
+        {
+            return (status, answer);
+        }
+        assert!(Instant::now() < deadline, "still catching up: {answer}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 async fn ready(http: &Http) -> bool {
     http.ready_status().await == Some(200)
@@ -212,9 +233,7 @@ async fn exactly_one_replica_is_ready_and_binds_while_standby_stays_synced() {
     );
     assert!(fake.get(Kind::Pod, "ml", "p0").unwrap()["spec"]["nodeName"].is_null());
 
-    let (status, ok) = lh
-        .post("/bind", &service::binding_args(&pods[0], "n1"))
-        .await;
+    let (status, ok) = bind_after_takeover(lh, &service::binding_args(&pods[0], "n1")).await;
     assert_eq!((status, &ok["Error"]), (200, &json!("")), "{ok}");
     // Becoming leader fenced the leader's pod cache once; the bind above went through, so the
     // relist lifted it, and /readyz says so. The standby never became leader.
@@ -271,9 +290,7 @@ async fn graceful_shutdown_hands_over_through_the_released_lease_not_its_expiry(
         .get(Kind::Lease, "default", "device-numa-extender")
         .unwrap();
     assert_eq!(lease["spec"]["holderIdentity"], "b", "{lease}");
-    let (status, ok) = hb
-        .post("/bind", &service::binding_args(&pods[0], "n1"))
-        .await;
+    let (status, ok) = bind_after_takeover(&hb, &service::binding_args(&pods[0], "n1")).await;
     assert_eq!((status, &ok["Error"]), (200, &json!("")), "{ok}");
     assert_lease_rbac(&fake);
     b.shutdown().await.unwrap();
@@ -601,6 +618,10 @@ fn free_port() -> u16 {
 }
 
 fn spawn_replica(kubeconfig: &Path, identity: &str, log: &Path) -> Replica {
+    spawn_replica_with(kubeconfig, identity, log, &[])
+}
+
+fn spawn_replica_with(kubeconfig: &Path, identity: &str, log: &Path, extra: &[&str]) -> Replica {
     let port = free_port();
     let mut args: Vec<String> = vec![
         "serve".into(),
@@ -613,7 +634,15 @@ fn spawn_replica(kubeconfig: &Path, identity: &str, log: &Path) -> Replica {
         "--log-level".into(),
         "info".into(),
     ];
-    args.extend(elect_flags(identity));
+    // `extra` overrides a flag elect_flags sets (clap refuses a flag given twice).
+    let mut elect = elect_flags(identity);
+    for flag in extra.iter().filter(|f| f.starts_with("--")) {
+        if let Some(at) = elect.iter().position(|f| f == flag) {
+            elect.drain(at..at + 2);
+        }
+    }
+    args.extend(elect);
+    args.extend(extra.iter().map(|s| s.to_string()));
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
         .args(&args)
         .stdout(std::process::Stdio::null())
@@ -670,8 +699,8 @@ async fn sigkilled_leader_is_replaced_by_the_standby_and_nothing_is_allocated_tw
             bind_error(&rs).unwrap().contains("not the leader"),
             "{rs:?}"
         );
-        let rl = https[leader].try_post("/bind", &body).await;
-        assert_eq!(bind_error(&rl), None, "{rl:?}");
+        let (_, rl) = bind_after_takeover(&https[leader], &body).await;
+        assert_eq!(rl["Error"], json!(""), "{rl}");
         successes += 1;
     }
 
@@ -744,4 +773,100 @@ async fn inconsistent_lease_timings_are_refused_at_start() {
         .err()
         .expect("renew deadline = lease duration must be refused");
     assert!(err.to_string().contains("renew-deadline"), "{err}");
+}
+
+/// Issue 22 §5, fencing: the leader sends a binding, the API server applies it only later, and
+/// meanwhile the leader is SIGKILLed and the standby takes over. The new leader's pod cache
+/// cannot show a binding that has not landed, and the binding's resourceVersion precondition
+/// does not stop it (nothing else writes that pod). The new leader must not give away what it
+/// claims: it waits out the bindings the old leader can still land (twice `--request-timeout`
+/// after taking over), then relists. Without that wait the new leader binds another pod to the
+/// same GPU and the late binding lands on top.
+#[tokio::test]
+async fn a_binding_the_old_leader_sent_that_lands_after_the_takeover_is_never_given_away() {
+    // n1 has 4 GPUs: three pods fill three of them, x and y both want the fourth.
+    let (fake, pods) = cluster(5);
+    let served = fake.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    served.write_kubeconfig(&kubeconfig).unwrap();
+    // The old leader's binding carries `?timeout=` 10 s: the API server may apply it until
+    // then, well after the standby takes over (lease 2 s).
+    let flags = ["--request-timeout", "10s"];
+    let mut replicas = [
+        spawn_replica_with(&kubeconfig, "a", &dir.path().join("a.log"), &flags),
+        spawn_replica_with(&kubeconfig, "b", &dir.path().join("b.log"), &flags),
+    ];
+    let https: Vec<Http> = replicas.iter().map(|r| r.http.clone()).collect();
+    let leader = wait_one_leader(&[&https[0], &https[1]], HANG_GUARD).await;
+    let standby = 1 - leader;
+    let bind = |i: usize, pod: &Value| {
+        let http = https[i].clone();
+        let body = service::binding_args(pod, "n1");
+        async move { http.try_post("/bind", &body).await }
+    };
+    // Fill three GPUs through the leader (retrying while it is still fenced after taking the
+    // lease).
+    let deadline = Instant::now() + 2 * HANG_GUARD;
+    for pod in &pods[..3] {
+        loop {
+            let r = bind(leader, pod).await;
+            match bind_error(&r) {
+                None => break,
+                Some(e) => assert!(
+                    Instant::now() < deadline && !e.contains("cannot place"),
+                    "{e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // x's binding reaches the API server, which answers 500 at once and applies it later.
+    let (x, y) = (&pods[3], &pods[4]);
+    fake.push_write_fault(WriteOp::PodBinding, WriteFault::LandsLate(1));
+    let r = bind(leader, x).await;
+    assert!(bind_error(&r).is_some(), "x's binding answered: {r:?}");
+    assert!(fake.late_write_arrived(1));
+    replicas[leader].child.kill().unwrap();
+    replicas[leader].child.wait().unwrap();
+
+    // The standby takes over. Its first bind of y is answered before x's binding lands.
+    let deadline = Instant::now() + HANG_GUARD;
+    let first = loop {
+        let r = bind(standby, y).await;
+        match bind_error(&r) {
+            Some(e) if e.contains("not the leader") => {
+                assert!(Instant::now() < deadline, "the standby never took over");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => break other,
+        }
+    };
+    // Now x's binding lands, still inside the API server's deadline for it.
+    fake.land_late_write(1);
+    let deadline = Instant::now() + HANG_GUARD;
+    while fake.late_write_outcome(1).is_none() {
+        assert!(Instant::now() < deadline, "the late binding never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        fake.late_write_outcome(1),
+        Some(201),
+        "x's late binding must land for this test to mean anything"
+    );
+    // y keeps being retried, as kube-scheduler would, until the new leader answers for good.
+    let mut last = first;
+    let deadline = Instant::now() + 2 * HANG_GUARD;
+    while let Some(e) = &last {
+        if e.contains("cannot place") || e.contains("does not fit") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "y never got a final answer: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        last = bind_error(&bind(standby, y).await);
+    }
+    let bound = assert_no_double_allocation(&fake);
+    assert_eq!(bound, 4, "x and the three fillers hold the four GPUs");
+    let y_now = fake.get(Kind::Pod, "ml", "p4").unwrap();
+    assert!(y_now["spec"]["nodeName"].is_null(), "y was bound: {y_now}");
 }
