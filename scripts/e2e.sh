@@ -4,6 +4,8 @@
 # scheduler configuration, and the extender's release binary.
 #   scripts/e2e.sh                  build the release binary and run every scenario
 #   scripts/e2e.sh -run Preemption  extra args go to `go test`
+#   DNE_E2E_LOGS=/tmp/e2e-logs      keep every extender and kube-scheduler log there
+#   DNE_E2E_LOG=/tmp/cp.log         the in-process etcd/kube-apiserver log (default: a temp file)
 # Needs Go (see tests/e2e/go.mod) and the module proxy; the first build of the control plane
 # takes tens of minutes on 2 cores, later ones seconds (GOCACHE).
 set -euo pipefail

@@ -356,6 +356,7 @@ func (cp *controlPlane) startSchedulerWithConfig(chart *renderedChart, urlPrefix
 	cp.sched = s
 	t.Cleanup(func() {
 		s.kill()
+		keepLog(t, s.logPath)
 		if t.Failed() {
 			t.Logf("kube-scheduler log %s (tail):\n%s", s.logPath, tail(s.logPath, 40))
 		}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -96,6 +97,7 @@ func (cp *controlPlane) startExtenderAs(podName, listen string, extraArgs ...str
 	cp.extender = e
 	t.Cleanup(func() {
 		e.kill()
+		keepLog(t, e.logPath)
 		if t.Failed() {
 			t.Logf("extender log %s (tail):\n%s", e.logPath, tail(e.logPath, 60))
 		}
@@ -176,4 +178,19 @@ func metricLines(text, name string) string {
 		}
 	}
 	return strings.Join(out, "; ")
+}
+
+// keepLog copies a component's log to $DNE_E2E_LOGS (when set) before the test's temp dir goes.
+func keepLog(t *testing.T, path string) {
+	dir := os.Getenv("DNE_E2E_LOGS")
+	if dir == "" {
+		return
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	_ = os.MkdirAll(dir, 0o755)
+	name := strings.ReplaceAll(t.Name(), "/", "_") + "-" + filepath.Base(path)
+	_ = os.WriteFile(filepath.Join(dir, name), raw, 0o644)
 }
