@@ -330,6 +330,12 @@ fn bind_error_class(e: &str) -> &'static str {
         "bind_read_failed"
     } else if e.contains("catching up") {
         "bind_cache_not_current"
+    } else if e.contains("by another write while this bind decided") {
+        "bind_bound_meanwhile"
+    } else if e.contains("may still land") {
+        "bind_previous_binding_pending"
+    } else if e.contains("without a device allocation it needs") {
+        "bind_bound_without_allocation"
     } else if e.contains("not the leader") || e.contains("not ready") {
         "bind_not_leader"
     } else if e.contains("already bound") {
@@ -1227,6 +1233,22 @@ impl Driver {
                 .or_default()
                 .push(forbidden.clone());
             tasks.push((uid, tokio::spawn(cycle(http.clone(), pod, nodes.clone()))));
+        }
+        // Now and then another scheduler binds one of these pods while the extender is
+        // deciding for it (issue 22): a Binding that carries no allocation, refused (409) when
+        // ours landed first. The pod then holds nothing of ours, and the bind must not leave
+        // an allocation behind for it.
+        if self.rng.chance(6) {
+            let name = chosen[self.rng.below(chosen.len())].clone();
+            let node = self.rng.pick(&NODES).copied().unwrap_or(NODES[0]);
+            let outcome = match self.fake.bind_pod(NS, &name, node) {
+                Ok(_) => "foreign_bound",
+                Err(_) => "foreign_refused",
+            };
+            self.note(format!(
+                "  another scheduler binds {name} -> {node}: {outcome}"
+            ));
+            *self.report.cycles.entry(outcome.into()).or_default() += 1;
         }
         for (uid, t) in tasks {
             let (c, node) = t.await.unwrap_or((Cycle::NotReady, String::new()));

@@ -12,7 +12,9 @@ package e2e
 // Not part of CI: DNE_E2E_BENCH=1 scripts/e2e.sh -run TestThroughput -v
 // (DNE_E2E_BENCH_NODES=1000,5000 and DNE_E2E_BENCH_PODS=1000 by default;
 // DNE_E2E_BENCH_QPS=<qps> replaces the chart's clientConnection qps (burst twice that), whose
-// 100 caps every configuration near 100 pods/s). Never asserts a speed.
+// 100 caps every configuration near 100 pods/s; DNE_E2E_BENCH_CASES=<regexp> runs only the cases
+// whose "<name> <percentage>" matches; DNE_E2E_BENCH_PERF=<dir> records `perf` profiles of the
+// extender and kube-scheduler for each case). Never asserts a speed.
 
 import (
 	"bufio"
@@ -20,6 +22,8 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -103,6 +107,9 @@ func runThroughputAt(t *testing.T, nodes, pods int) []benchResult {
 			{name: "(c) chart routeAllPods, cpuset pods", podSet: "cpuset", extender: true, routeAll: true},
 		} {
 			c.pctOfNode = pct
+			if only := os.Getenv("DNE_E2E_BENCH_CASES"); only != "" && !regexp.MustCompile(only).MatchString(c.name+" "+pct) {
+				continue
+			}
 			chart := cp.chart
 			if c.routeAll {
 				chart = routeAll
@@ -222,6 +229,8 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	}
 	base := atomic.LoadInt64(&bound)
 
+	stopProfiles := startProfiles(cp, c, map[string]int{"extender": ext.cmd.Process.Pid, "kube-scheduler": sched.cmd.Process.Pid})
+	defer stopProfiles()
 	extCPU0, schedCPU0 := procCPUSeconds(ext.cmd.Process.Pid), procCPUSeconds(sched.cmd.Process.Pid)
 	metrics0 := ext.metrics()
 	start := time.Now()
@@ -242,6 +251,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	}
 	// From the first creation to the informer seeing the last pod bound.
 	wall := time.Unix(0, atomic.LoadInt64(&lastBoundAt)).Sub(start)
+	stopProfiles()
 	extCPU, schedCPU := procCPUSeconds(ext.cmd.Process.Pid)-extCPU0, procCPUSeconds(sched.cmd.Process.Pid)-schedCPU0
 	lat := verbLatencies(metrics0, ext.metrics())
 	if !c.extender {
@@ -252,6 +262,37 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 		avg: float64(n) / wall.Seconds(), p50: median(samples),
 		extenderCPU: extCPU * 1000 / float64(n), schedCPU: schedCPU * 1000 / float64(n),
 		latencies: lat,
+	}
+}
+
+// startProfiles runs `perf record` on each process for the measured part of a case when
+// DNE_E2E_BENCH_PERF names a directory (files <case>-<process>.data); the returned func stops
+// them (idempotent). Read with `perf report -i <file> --no-children`.
+func startProfiles(cp *controlPlane, c benchCase, pids map[string]int) func() {
+	dir := os.Getenv("DNE_E2E_BENCH_PERF")
+	if dir == "" {
+		return func() {}
+	}
+	_ = os.MkdirAll(dir, 0o755)
+	slug := regexp.MustCompile(`[^a-z0-9]+`).ReplaceAllString(strings.ToLower(c.name+"-"+c.pctOfNode), "-")
+	var cmds []*exec.Cmd
+	for name, pid := range pids {
+		out := filepath.Join(dir, slug+"-"+name+".data")
+		cmd := exec.Command("perf", "record", "-F", "499", "-g", "-p", strconv.Itoa(pid), "-o", out)
+		if err := cmd.Start(); err != nil {
+			cp.t.Logf("perf record: %v", err)
+			continue
+		}
+		cmds = append(cmds, cmd)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			for _, cmd := range cmds {
+				_ = cmd.Process.Signal(os.Interrupt)
+				_ = cmd.Wait()
+			}
+		})
 	}
 }
 
