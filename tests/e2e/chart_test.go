@@ -19,7 +19,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
@@ -94,8 +93,6 @@ func loadRenderedChart(valuesJSON string) (*renderedChart, error) {
 					out.ExtenderArgs = c.Args
 				}
 			}
-		default:
-			_ = runtime.Object(o)
 		}
 	}
 	if out.ServiceAccount == nil || out.ExtenderArgs == nil {

@@ -15,7 +15,6 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -68,7 +67,7 @@ type controlPlane struct {
 	adminKubeconfig    string
 	extenderKubeconfig string
 
-	sched    *schedulerProc
+	sched    *childProc
 	extender *extenderProc
 }
 
@@ -324,7 +323,7 @@ func (cp *controlPlane) startScheduler(urlPrefix string) {
 }
 
 // startSchedulerWithConfig starts kube-scheduler with the chart's configuration after edit.
-func (cp *controlPlane) startSchedulerWithConfig(chart *renderedChart, urlPrefix string, edit func(string) (string, error)) *schedulerProc {
+func (cp *controlPlane) startSchedulerWithConfig(chart *renderedChart, urlPrefix string, edit func(string) (string, error)) *childProc {
 	t := cp.t
 	cfg, err := chart.schedulerConfigFor(cp.adminKubeconfig, urlPrefix)
 	if err == nil && edit != nil {
@@ -337,30 +336,10 @@ func (cp *controlPlane) startSchedulerWithConfig(chart *renderedChart, urlPrefix
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := &schedulerProc{logPath: strings.TrimSuffix(file, ".yaml") + ".log", exited: make(chan struct{})}
-	logFile, err := os.Create(s.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// --secure-port=0: no health endpoint (and no port to collide); the test watches the pods.
-	s.cmd = exec.Command(schedulerBinary, "--config="+file, "--secure-port=0", "--v=2")
-	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = s.cmd.Wait()
-		logFile.Close()
-		close(s.exited)
-	}()
+	cmd := exec.Command(schedulerBinary, "--config="+file, "--secure-port=0", "--v=2")
+	s := startChild(t, "kube-scheduler", cmd, strings.TrimSuffix(file, ".yaml")+".log", 40)
 	cp.sched = s
-	t.Cleanup(func() {
-		s.kill()
-		keepLog(t, s.logPath)
-		if t.Failed() {
-			t.Logf("kube-scheduler log %s (tail):\n%s", s.logPath, tail(s.logPath, 40))
-		}
-	})
 	return s
 }
 
@@ -369,22 +348,6 @@ func (cp *controlPlane) stopScheduler() {
 		cp.sched.kill()
 		cp.sched = nil
 	}
-}
-
-type schedulerProc struct {
-	cmd     *exec.Cmd
-	logPath string
-	exited  chan struct{}
-}
-
-func (s *schedulerProc) kill() {
-	select {
-	case <-s.exited:
-		return
-	default:
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.exited
 }
 
 // compactEtcd compacts etcd at its current revision: every watch older than that relists (410).

@@ -14,20 +14,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
-	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 type extenderProc struct {
-	cp      *controlPlane
-	cmd     *exec.Cmd
-	listen  string
-	probe   string
-	logPath string
-	exited  chan struct{}
+	*childProc
+	cp     *controlPlane
+	listen string
+	probe  string
 }
 
 // extenderBinary is the release binary (scripts/e2e.sh builds it), or DNE_E2E_BINARY.
@@ -70,59 +66,33 @@ func (cp *controlPlane) startExtenderAs(podName, listen string, extraArgs ...str
 	if listen == "" {
 		listen = freeLoopbackAddr()
 	}
-	e := &extenderProc{cp: cp, listen: listen, probe: freeLoopbackAddr(), exited: make(chan struct{})}
+	e := &extenderProc{cp: cp, listen: listen, probe: freeLoopbackAddr()}
 	args := append(cp.chart.extenderArgsFor(e.listen, e.probe), extraArgs...)
-	e.logPath = filepath.Join(cp.dir, fmt.Sprintf("extender-%d.log", time.Now().UnixNano()))
-	logFile, err := os.Create(e.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.cmd = exec.Command(bin, args...)
-	e.cmd.Stdout = logFile
-	e.cmd.Stderr = logFile
+	cmd := exec.Command(bin, args...)
 	// POD_NAME / POD_NAMESPACE come from the downward API in the chart.
-	e.cmd.Env = append(os.Environ(),
+	cmd.Env = append(os.Environ(),
 		"KUBECONFIG="+cp.extenderKubeconfig,
 		"POD_NAME="+podName,
 		"POD_NAMESPACE="+cp.chart.Namespace,
 	)
-	if err := e.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = e.cmd.Wait()
-		logFile.Close()
-		close(e.exited)
-	}()
+	logPath := filepath.Join(cp.dir, fmt.Sprintf("extender-%d.log", time.Now().UnixNano()))
+	e.childProc = startChild(t, "extender", cmd, logPath, 60)
 	cp.extender = e
-	t.Cleanup(func() {
-		e.kill()
-		keepLog(t, e.logPath)
-		if t.Failed() {
-			t.Logf("extender log %s (tail):\n%s", e.logPath, tail(e.logPath, 60))
-		}
-	})
 	return e
 }
 
 func (e *extenderProc) urlPrefix() string { return "http://" + e.listen }
 
-// kill sends SIGKILL (a crash, not a shutdown) and waits for the process to be gone.
-func (e *extenderProc) kill() {
-	select {
-	case <-e.exited:
-		return
-	default:
-	}
-	_ = e.cmd.Process.Signal(syscall.SIGKILL)
-	<-e.exited
-}
+// readyz is the status code of GET /readyz?standby=ok (the chart's readiness probe in
+// scheduler mode), 0 when the process does not answer.
+func (e *extenderProc) readyz() int { return e.probeStatus("/readyz?standby=ok") }
 
-// readyz is the status code of GET /readyz?standby=ok (the chart's readiness probe), 0 when
-// the process does not answer.
-func (e *extenderProc) readyz() int {
+// readyzPlain is GET /readyz (standalone mode's readiness probe: a standby is not ready).
+func (e *extenderProc) readyzPlain() int { return e.probeStatus("/readyz") }
+
+func (e *extenderProc) probeStatus(path string) int {
 	client := http.Client{Timeout: 5 * time.Second}
-	resp, err := client.Get("http://" + e.probe + "/readyz?standby=ok")
+	resp, err := client.Get("http://" + e.probe + path)
 	if err != nil {
 		return 0
 	}
@@ -157,18 +127,6 @@ func (e *extenderProc) metrics() string {
 	return string(b)
 }
 
-func tail(path string, lines int) string {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	all := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
-	if len(all) > lines {
-		all = all[len(all)-lines:]
-	}
-	return strings.Join(all, "\n")
-}
-
 // metricLines are the sample lines of a metrics text whose name contains `name`.
 func metricLines(text, name string) string {
 	var out []string
@@ -178,19 +136,4 @@ func metricLines(text, name string) string {
 		}
 	}
 	return strings.Join(out, "; ")
-}
-
-// keepLog copies a component's log to $DNE_E2E_LOGS (when set) before the test's temp dir goes.
-func keepLog(t *testing.T, path string) {
-	dir := os.Getenv("DNE_E2E_LOGS")
-	if dir == "" {
-		return
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return
-	}
-	_ = os.MkdirAll(dir, 0o755)
-	name := strings.ReplaceAll(t.Name(), "/", "_") + "-" + filepath.Base(path)
-	_ = os.WriteFile(filepath.Join(dir, name), raw, 0o644)
 }

@@ -59,16 +59,6 @@ func (s *readinessService) serve(w http.ResponseWriter, r *http.Request) {
 	http.Error(w, "no ready endpoints", http.StatusServiceUnavailable)
 }
 
-// readyzPlain is GET /readyz (standalone mode's readiness probe: a standby is not ready).
-func (e *extenderProc) readyzPlain() int {
-	resp, err := http.Get("http://" + e.probe + "/readyz")
-	if err != nil {
-		return 0
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
-
 // binds is the extender's count of successful binds from its own metrics.
 func (e *extenderProc) binds() string {
 	return metricLines(e.metrics(), `dne_binds_total{outcome="bound"}`)

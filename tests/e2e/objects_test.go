@@ -194,19 +194,23 @@ const testNamespace = "default"
 
 var metav1CreateOptions = metav1.CreateOptions{}
 
+// pod builds the pod; with no scheduler named, the chart's.
 func (cp *controlPlane) pod(p podSpec) *corev1.Pod {
+	if p.scheduler == "" {
+		p.scheduler = schedulerName(cp.chart)
+	}
+	return newPod(p)
+}
+
+func newPod(p podSpec) *corev1.Pod {
 	limits := corev1.ResourceList{}
 	for k, v := range p.limits {
 		limits[corev1.ResourceName(k)] = resource.MustParse(v)
 	}
-	sched := p.scheduler
-	if sched == "" {
-		sched = schedulerName(cp.chart)
-	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: testNamespace, Labels: p.labels, Annotations: p.annots},
 		Spec: corev1.PodSpec{
-			SchedulerName:     sched,
+			SchedulerName:     p.scheduler,
 			PriorityClassName: p.priority,
 			Containers: []corev1.Container{{
 				Name: "main", Image: "registry.example/app:1",

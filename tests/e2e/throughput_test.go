@@ -125,22 +125,7 @@ func runThroughputAt(t *testing.T, nodes, pods int) []benchResult {
 }
 
 func createNodesConcurrently(cp *controlPlane, n int, m machine) {
-	var wg sync.WaitGroup
-	next := int64(-1)
-	for w := 0; w < 16; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := atomic.AddInt64(&next, 1)
-				if i >= int64(n) {
-					return
-				}
-				cp.createNodeObjects(fmt.Sprintf("node-%05d", i), m)
-			}
-		}()
-	}
-	wg.Wait()
+	parallelFor(n, 16, func(i int) { cp.createNodeObjects(fmt.Sprintf("node-%05d", i), m) })
 }
 
 // editConfigForCase edits the chart's configuration: for (a) no extender, and for "default"
@@ -183,7 +168,7 @@ func benchPod(c benchCase, i int, schedulerName string) *corev1.Pod {
 		p.labels = map[string]string{"koordinator.sh/qosClass": "LSR"}
 		p.limits = map[string]string{"cpu": "4", "memory": "4Gi", "nvidia.com/gpu": "1"}
 	}
-	return (&controlPlane{chart: &renderedChart{SchedulerConfig: "- schedulerName: " + schedulerName}}).pod(p)
+	return newPod(p)
 }
 
 func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart, c benchCase, n int) benchResult {
@@ -229,9 +214,9 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	}
 	base := atomic.LoadInt64(&bound)
 
-	stopProfiles := startProfiles(cp, c, map[string]int{"extender": ext.cmd.Process.Pid, "kube-scheduler": sched.cmd.Process.Pid})
+	stopProfiles := startProfiles(cp, c, map[string]int{"extender": ext.pid(), "kube-scheduler": sched.pid()})
 	defer stopProfiles()
-	extCPU0, schedCPU0 := procCPUSeconds(ext.cmd.Process.Pid), procCPUSeconds(sched.cmd.Process.Pid)
+	extCPU0, schedCPU0 := procCPUSeconds(ext.pid()), procCPUSeconds(sched.pid())
 	metrics0 := ext.metrics()
 	start := time.Now()
 	go createPodsConcurrently(cp, c, n, schedulerName(chart))
@@ -252,7 +237,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	// From the first creation to the informer seeing the last pod bound.
 	wall := time.Unix(0, atomic.LoadInt64(&lastBoundAt)).Sub(start)
 	stopProfiles()
-	extCPU, schedCPU := procCPUSeconds(ext.cmd.Process.Pid)-extCPU0, procCPUSeconds(sched.cmd.Process.Pid)-schedCPU0
+	extCPU, schedCPU := procCPUSeconds(ext.pid())-extCPU0, procCPUSeconds(sched.pid())-schedCPU0
 	lat := verbLatencies(metrics0, ext.metrics())
 	if !c.extender {
 		lat = "extender not called"
@@ -297,22 +282,9 @@ func startProfiles(cp *controlPlane, c benchCase, pids map[string]int) func() {
 }
 
 func createPodsConcurrently(cp *controlPlane, c benchCase, n int, sched string) {
-	var wg sync.WaitGroup
-	next := int64(-1)
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := atomic.AddInt64(&next, 1)
-				if i >= int64(n) {
-					return
-				}
-				_, _ = cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, benchPod(c, int(i), sched), metav1.CreateOptions{})
-			}
-		}()
-	}
-	wg.Wait()
+	parallelFor(n, 8, func(i int) {
+		_, _ = cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, benchPod(c, i, sched), metav1.CreateOptions{})
+	})
 }
 
 func (cp *controlPlane) deleteAllPods() {
