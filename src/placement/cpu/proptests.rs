@@ -1,7 +1,16 @@
-//! Property tests of [`super::place`] and [`super::fast_feasible`] against a brute-force
-//! reference written from the view alone: it rebuilds cores from the raw `CpuDetail`s, resolves
-//! the policies from the raw fields, and counts eligible CPUs per NUMA node directly. It calls
-//! neither the accumulator, nor the hint code, nor `CpuTopology::cores`.
+//! Property tests of [`super::place`] and [`super::fast_feasible`] / [`super::fast_score`].
+//!
+//! **Independent oracles** (written from the view's raw fields and the specification, calling
+//! none of the placement code): the brute-force feasibility checks and [`oracle`], which
+//! enumerates every NUMA subset, counts eligible CPUs per NUMA node from the raw `CpuDetail`s,
+//! applies the documented hint rules and scores with the formula of reference §1.7 written
+//! out again. It judges the outcome (fits, fails, unresolvable), the chosen NUMA hint and the
+//! score of `place` and the summary's score. A planted bug, `hint_score` ranking hints with
+//! the node strategy instead of `numaScoringStrategy`, passed every comparison here before
+//! the oracle (both sides share `hint_score`) and fails it now.
+//!
+//! **Regression checks only** (both sides share `resolve`, `NumaStats`, `decide` and the
+//! scorer): summary == `place`, summary score == `score_or_zero`.
 
 use std::collections::BTreeMap;
 
@@ -269,6 +278,286 @@ fn check_cpuset_shape(node: &Node, d: &RefDemand, p: &CpuPlacement) -> Result<()
     Ok(())
 }
 
+/// What the specification says `place` must answer, computed by [`oracle`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expected {
+    /// Nothing CPU/NUMA-related to decide (`Ok(None)`).
+    Nothing,
+    /// Does not fit; `unresolvable` when freeing pods can never help.
+    Fails { unresolvable: bool },
+    /// Fits at node level (no NUMA hint): the score.
+    NodeLevel { score: i64 },
+    /// Fits on the NUMA nodes of `mask` (bit = NUMA id): the score.
+    Numa { mask: u16, score: i64 },
+}
+
+/// The scoring rule of reference §1.7, written out again: per resource with a positive
+/// allocatable and a positive weight, LeastAllocated `(alloc − used)·100 / alloc` (0 when
+/// over), MostAllocated `min(used, alloc)·100 / alloc`, with `used` = requested + the pod;
+/// the node score is the weighted mean, integer division throughout.
+fn spec_score(
+    strategy: CpuScoreStrategy,
+    scoring: &CpuScoring,
+    cpu: (i64, i64, i64),
+    mem: (i64, i64, i64),
+) -> i64 {
+    let (mut num, mut den) = (0i128, 0i128);
+    for (w, (alloc, requested, pod)) in [(scoring.cpu_weight, cpu), (scoring.memory_weight, mem)] {
+        if alloc <= 0 || w <= 0 {
+            continue;
+        }
+        let (alloc, used) = (alloc as i128, requested.max(0) as i128 + pod.max(0) as i128);
+        let s = match strategy {
+            CpuScoreStrategy::LeastAllocated if used > alloc => 0,
+            CpuScoreStrategy::LeastAllocated => (alloc - used) * 100 / alloc,
+            CpuScoreStrategy::MostAllocated => used.min(alloc) * 100 / alloc,
+        };
+        num += w as i128 * s;
+        den += w as i128;
+    }
+    if den == 0 { 0 } else { (num / den) as i64 }
+}
+
+/// The CPU ids of NUMA node `numa`, read from the raw details.
+fn raw_numa_cpus(node: &Node, numa: NumaId) -> CpuSet {
+    let mut s = CpuSet::new();
+    for d in node.topo.cpus() {
+        if d.numa == numa {
+            s.insert(d.id);
+        }
+    }
+    s
+}
+
+/// The independent oracle for [`place`] without devices, from the raw node, the reference's
+/// own policy reading and the specification (reference §1.4–1.7 and the deviations the
+/// `hints` module documents: "preferred" = the fewest NUMA nodes that could hold the request
+/// *by capacity*; Restricted admits only preferred hints; exclusivity demotes; the best hint
+/// is preferred first, then fewest NUMA nodes, then the highest `numaScoringStrategy` score,
+/// then the lowest ids; BestEffort falls back to every NUMA node). It enumerates every NUMA
+/// subset and counts eligible CPUs per NUMA node from the CPU details; it calls none of
+/// `resolve`, `NumaStats`, `Table`, `choose`, `decide`, `placement_score` or `score`.
+fn oracle(node: &Node, req: &PodCpuRequest, d: &RefDemand, scoring: &CpuScoring) -> Expected {
+    let threads = node.topo.cpus().len()
+        / node
+            .topo
+            .cpus()
+            .iter()
+            .map(|c| (c.socket, c.core))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+    let numa_active = d.numa != NumaPolicy::None && (req.cpu_milli > 0 || req.memory_bytes > 0);
+    if d.cpuset.is_none() && !numa_active {
+        return Expected::Nothing;
+    }
+    let n = node.zones.len();
+    let zone_cpus: Vec<CpuSet> = node
+        .zones
+        .iter()
+        .map(|z| raw_numa_cpus(node, z.id))
+        .collect();
+    // A NUMA node's used cpu counts its NUMA shares or its cpuset CPUs, whichever is larger.
+    let used_cpu = |i: usize| {
+        node.usage[i]
+            .cpu_milli
+            .max(zone_cpus[i].intersection(&node.allocated).len() as i64 * 1000)
+    };
+    let amounts = |members: &[usize]| {
+        let cpu_alloc: i64 = members.iter().map(|&i| node.zones[i].cpu_milli).sum();
+        let cpu_req: i64 = members.iter().map(|&i| used_cpu(i)).sum();
+        let mem_alloc: i64 = members.iter().map(|&i| node.zones[i].memory_bytes).sum();
+        let mem_req: i64 = members.iter().map(|&i| node.usage[i].memory_bytes).sum();
+        (
+            (cpu_alloc, cpu_req, req.cpu_milli),
+            (mem_alloc, mem_req, req.memory_bytes),
+        )
+    };
+    if d.numa == NumaPolicy::None || n == 0 {
+        // Node level: the cpuset comes from the whole node.
+        if let Some((policy, required, cpus)) = d.cpuset {
+            let usable = {
+                let mut held_free = node.clone();
+                held_free.allocated = CpuSet::new();
+                eligible_count(&held_free, node.topo.all(), policy, required)
+            };
+            if usable < cpus {
+                return Expected::Fails { unresolvable: true };
+            }
+            if eligible_count(node, node.topo.all(), policy, required) < cpus {
+                return Expected::Fails {
+                    unresolvable: false,
+                };
+            }
+        }
+        let all: Vec<usize> = (0..n).collect();
+        let (mut cpu, mem) = amounts(&all);
+        cpu.1 = cpu.1.max(node.allocated.len() as i64 * 1000);
+        return Expected::NodeLevel {
+            score: spec_score(scoring.node_strategy, scoring, cpu, mem),
+        };
+    }
+    // Per NUMA node: what the pod could get now and what it could get were every pod gone,
+    // in the split's unit (whole cores for a required FullPCPUs cpuset).
+    let units = |i: usize, capacity: bool| -> (i64, i64) {
+        let z = node.zones[i];
+        let milli = if capacity {
+            z.cpu_milli
+        } else {
+            z.cpu_milli - node.usage[i].cpu_milli
+        }
+        .max(0);
+        let mem = if capacity {
+            z.memory_bytes
+        } else {
+            z.memory_bytes - node.usage[i].memory_bytes
+        }
+        .max(0);
+        let cpu = match d.cpuset {
+            None => milli,
+            Some((policy, required, _)) => {
+                let mut scope = node.clone();
+                if capacity {
+                    scope.allocated = CpuSet::new();
+                }
+                let cpus = eligible_count(&scope, zone_cpus[i], policy, required) as i64;
+                let per = if required && policy == CpuBindPolicy::FullPcpus {
+                    threads as i64
+                } else {
+                    1
+                };
+                (cpus / per).min(milli / (1000 * per))
+            }
+        };
+        (cpu, mem)
+    };
+    let cpu_need = match d.cpuset {
+        None => req.cpu_milli.max(0),
+        Some((CpuBindPolicy::FullPcpus, true, cpus)) => (cpus / threads) as i64,
+        Some((_, _, cpus)) => cpus as i64,
+    };
+    let mem_need = req.memory_bytes.max(0);
+    // A subset holds one resource when every member has some and the sum covers the need.
+    let holds = |members: &[usize], capacity: bool, which: usize, need: i64| {
+        need <= 0
+            || (members.iter().all(|&i| {
+                let u = units(i, capacity);
+                (if which == 0 { u.0 } else { u.1 }) > 0
+            }) && members
+                .iter()
+                .map(|&i| {
+                    let u = units(i, capacity);
+                    if which == 0 { u.0 } else { u.1 }
+                })
+                .sum::<i64>()
+                >= need)
+    };
+    let fits = |members: &[usize], capacity: bool| {
+        holds(members, capacity, 0, cpu_need) && holds(members, capacity, 1, mem_need)
+    };
+    let subsets: Vec<Vec<usize>> = (1u32..(1 << n))
+        .map(|bits| (0..n).filter(|i| bits & (1 << i) != 0).collect())
+        .collect();
+    let mask_of = |members: &[usize]| {
+        members
+            .iter()
+            .fold(0u16, |m, &i| m | (1u16 << node.zones[i].id))
+    };
+    let all: Vec<usize> = (0..n).collect();
+    let total = |capacity: bool, which: usize| -> i64 {
+        all.iter()
+            .map(|&i| {
+                let u = units(i, capacity);
+                if which == 0 { u.0 } else { u.1 }
+            })
+            .sum()
+    };
+    if total(true, 0) < cpu_need || total(true, 1) < mem_need {
+        return Expected::Fails { unresolvable: true };
+    }
+    let min_by_capacity = subsets.iter().filter(|s| fits(s, true)).map(Vec::len).min();
+    let single = d.numa == NumaPolicy::SingleNumaNode;
+    match min_by_capacity {
+        None if d.numa != NumaPolicy::BestEffort => return Expected::Fails { unresolvable: true },
+        Some(k) if single && k > 1 => return Expected::Fails { unresolvable: true },
+        _ => {}
+    }
+    let demoted = |members: &[usize]| {
+        d.exclusive_required
+            && members.iter().any(|&i| {
+                if members.len() > 1 {
+                    node.usage[i].single_numa_pods > 0
+                } else {
+                    node.usage[i].multi_numa_pods > 0
+                }
+            })
+    };
+    // (preferred, size, hint score, mask): the best is the greatest under
+    // preferred ↑, size ↓, score ↑, mask ↓.
+    let best = subsets
+        .iter()
+        .filter(|s| !single || s.len() == 1)
+        .filter(|s| fits(s, false))
+        .map(|s| {
+            let preferred = Some(s.len()) == min_by_capacity && !demoted(s);
+            let (cpu, mem) = amounts(s);
+            let hint = spec_score(scoring.numa_strategy, scoring, cpu, mem);
+            (preferred, s.clone(), hint)
+        })
+        .max_by(|a, b| {
+            (
+                a.0,
+                std::cmp::Reverse(a.1.len()),
+                a.2,
+                std::cmp::Reverse(mask_of(&a.1)),
+            )
+                .cmp(&(
+                    b.0,
+                    std::cmp::Reverse(b.1.len()),
+                    b.2,
+                    std::cmp::Reverse(mask_of(&b.1)),
+                ))
+        });
+    let chosen = match best {
+        Some((preferred, s, _)) if preferred || d.numa == NumaPolicy::BestEffort => s,
+        None if d.numa == NumaPolicy::BestEffort => {
+            // Every NUMA node, contributing or not: the sums must cover the request.
+            if total(false, 0) < cpu_need || total(false, 1) < mem_need {
+                return Expected::Fails {
+                    unresolvable: false,
+                };
+            }
+            all
+        }
+        _ => {
+            return Expected::Fails {
+                unresolvable: false,
+            };
+        }
+    };
+    let (cpu, mem) = amounts(&chosen);
+    Expected::Numa {
+        mask: mask_of(&chosen),
+        score: spec_score(scoring.node_strategy, scoring, cpu, mem),
+    }
+}
+
+/// `place`'s answer in the oracle's terms.
+fn observed(got: &Result<Option<CpuPlacement>, CpuFitError>) -> Expected {
+    match got {
+        Ok(None) => Expected::Nothing,
+        Err(e) => Expected::Fails {
+            unresolvable: e.unresolvable,
+        },
+        Ok(Some(p)) => match p.affinity {
+            None => Expected::NodeLevel { score: p.score },
+            Some(m) => Expected::Numa {
+                mask: m.0,
+                score: p.score,
+            },
+        },
+    }
+}
+
 fn check(seed: u64) -> Result<(), TestCaseError> {
     let mut r = Rng(seed | 1);
     let node = gen_node(&mut r);
@@ -291,6 +580,19 @@ fn check(seed: u64) -> Result<(), TestCaseError> {
         prop_assert!(got.as_ref().is_err_and(|e| e.unresolvable), "{:?}", got);
         return Ok(());
     };
+    // The independent oracle: outcome, hint and score, for `place` and for the summary.
+    let want = oracle(&node, &req, &d, &scoring);
+    prop_assert_eq!(observed(&got), want, "place vs the oracle: {:?}", got);
+    let want_score = match want {
+        Expected::Nothing => None,
+        Expected::Fails { .. } => Some(0),
+        Expected::NodeLevel { score } | Expected::Numa { score, .. } => Some(score),
+    };
+    prop_assert_eq!(
+        fast_score(&summary, &req, false, &scoring),
+        Some(want_score),
+        "summary score vs the oracle"
+    );
     let p = match &got {
         Ok(Some(p)) => p,
         Ok(None) => {
