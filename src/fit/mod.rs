@@ -590,14 +590,37 @@ mod aligned_tests {
     };
     use crate::model::nrt::NodeResourceTopology;
     use crate::model::quantity::Quantity;
+    use crate::placement::cpu::proptests::{Expected, oracle, reference_resolve};
     use crate::placement::device::allocate::fit_with;
     use crate::placement::device::pod_device_request;
     use proptest::prelude::*;
     use serde_json::json;
 
+    /// What a node built by [`node_with_facts`] holds, as the test recorded it: the oracle's
+    /// input, never read back from the ledgers under test.
+    struct Facts {
+        /// Per GPU minor: its NUMA node and the percent of it the holders took.
+        gpus: Vec<(u32, u32)>,
+        cpusets: Vec<CpuSet>,
+    }
+
+    fn node(gpus: i32, gpu_holders: &[(u16, u8)], cpusets: &[(u16, u16)]) -> NodeState {
+        node_with_facts(gpus, gpu_holders, cpusets).0
+    }
+
     /// 2 NUMA nodes × 8 cores × 2 threads (NUMA n: CPUs 16n..16n+15), `gpus` GPUs split
     /// evenly over the NUMA nodes.
-    fn node(gpus: i32, gpu_holders: &[(u16, u8)], cpusets: &[(u16, u16)]) -> NodeState {
+    fn node_with_facts(
+        gpus: i32,
+        gpu_holders: &[(u16, u8)],
+        cpusets: &[(u16, u16)],
+    ) -> (NodeState, Facts) {
+        let mut facts = Facts {
+            gpus: (0..gpus)
+                .map(|m| ((m * 2 / gpus.max(1)) as u32, 0))
+                .collect(),
+            cpusets: Vec::new(),
+        };
         let detail: Vec<_> = (0..32)
             .map(|id| json!({"id": id, "core": id / 2, "socket": id / 16, "node": id / 16}))
             .collect();
@@ -657,6 +680,9 @@ mod aligned_tests {
             if let Ok(a) = fit_on_numa(&state.devices, &req, &[], &scoring, Some(NumaMask(*mask)))
                 .or_else(|_| fit_with(&state.devices, &req, &[], &scoring))
             {
+                for entry in a.0.values().flatten() {
+                    facts.gpus[entry.minor as usize].1 += u32::from(*ratio);
+                }
                 state.devices.record(
                     PodUid::new(format!("g{i}")),
                     RecordedAllocation::Allocated(a),
@@ -672,6 +698,7 @@ mod aligned_tests {
                 continue;
             }
             taken = taken.union(&set);
+            facts.cpusets.push(set);
             state.cpus.record(
                 PodUid::new(format!("c{i}")),
                 RecordedCpus::Allocated(crate::cluster::cpus::CpuAllocation {
@@ -682,7 +709,32 @@ mod aligned_tests {
                 EntryState::Committed,
             );
         }
-        state
+        (state, facts)
+    }
+
+    /// The independent oracle's view of the node: the CPU side as placement's reference
+    /// `Node` built from the recorded cpusets (every cpuset pod counted on the NUMA nodes it
+    /// touches), and whether `want` whole GPUs are free on the NUMA nodes of a mask, counted
+    /// from the recorded holdings.
+    fn oracle_node(facts: &Facts) -> crate::placement::cpu::tests::Node {
+        use crate::placement::cpu::accumulator::synthetic_topology;
+        let mut n = crate::placement::cpu::tests::Node::new(
+            synthetic_topology(2, 1, 8, 2),
+            64 * crate::placement::cpu::tests::GI,
+        );
+        for set in &facts.cpusets {
+            n.hold(&set.to_string());
+        }
+        n
+    }
+
+    fn whole_gpus_free(facts: &Facts, mask: u16, want: u32) -> bool {
+        let free = facts
+            .gpus
+            .iter()
+            .filter(|(numa, used)| mask & (1 << numa) != 0 && *used == 0)
+            .count();
+        free >= want as usize
     }
 
     fn pod(requests: &serde_json::Value, numa_policy: Option<&str>) -> Pod {
@@ -721,6 +773,11 @@ mod aligned_tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(400))]
 
+        /// Independent: the full decision and its CPU score against placement's oracle
+        /// (NUMA subsets, raw CPU details, the §1.7 formula) with a device model counted
+        /// from the holdings this test recorded; a planted bug (device hints never demoting
+        /// a wider CPU hint) passed the rest and fails this. Regression only: the snapshot
+        /// answer and score equal the full ones (both share `place::decide` and the scorer).
         #[test]
         fn aligned_check_equals_the_full_decision(
             gpus in 0i32..=8,
@@ -730,10 +787,23 @@ mod aligned_tests {
             want_cpus in 1u32..=20,
             policy in prop_oneof![Just("BestEffort"), Just("Restricted"), Just("SingleNUMANode")],
         ) {
-            let state = node(gpus, &gpu_holders, &cpusets);
+            let (state, facts) = node_with_facts(gpus, &gpu_holders, &cpusets);
             let scoring = ScoringConfig::default();
             let (devices, needs, fast) = gpu_cpu_pod(want_gpus, want_cpus, policy);
             let full = decide(Some(&state), &needs, &[], &scoring).map(|_| ());
+            // The independent oracle judges the full decision and its score.
+            let req = needs.cpu.as_ref().expect("cpu needs");
+            let reference = oracle_node(&facts);
+            let refd = reference_resolve(&reference, req).expect("resolvable");
+            let gpus_fit = |mask: u16| whole_gpus_free(&facts, mask, want_gpus);
+            let want = oracle(&reference, req, &refd, &scoring.cpu, Some(&gpus_fit));
+            // The placement's answer, then the devices under its affinity.
+            let (want_fit, want_score) = match want {
+                Expected::Numa { mask, score } => (gpus_fit(mask), score),
+                Expected::Fails { .. } => (false, 0),
+                other => panic!("a NUMA-aligned pod gets a NUMA hint or fails: {other:?}"),
+            };
+            prop_assert_eq!(full.is_ok(), want_fit, "full decision vs the oracle: {:?} {:?}", full, want);
             // Filter's answer from the node's snapshot view.
             let summary = NodeSummary::of(&state);
             let got = snapshot_fit(
@@ -750,7 +820,6 @@ mod aligned_tests {
                 prop_assert_eq!(got, full);
             }
             // Prioritize's CPU score on the fast path equals the full placement's.
-            let req = needs.cpu.as_ref().expect("cpu needs");
             let full_score = state.cpus.with_view(&[], &scoring.cpu, |view| {
                 let view = view.ok()?;
                 let mut aligned = |mask: NumaMask| {
@@ -769,6 +838,7 @@ mod aligned_tests {
                 ),
                 Some(full_score)
             );
+            prop_assert_eq!(full_score, Some(want_score), "CPU score vs the oracle");
         }
 
         /// One request's shared memo over a fleet (nodes drawn from a few device states and

@@ -30,9 +30,9 @@ pub mod summary;
 pub mod topology;
 
 #[cfg(test)]
-mod proptests;
+pub(crate) mod proptests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use place::{place, score_or_zero};
 pub use summary::{CpuSummary, fast_aligned, fast_aligned_score, fast_feasible, fast_score};

@@ -158,14 +158,14 @@ fn gen_scoring(r: &mut Rng) -> CpuScoring {
 /// The reference's own reading of the policies. `None` = the pair conflicts (or the request
 /// is malformed for a cpuset): unresolvable.
 #[derive(Debug, Clone, Copy)]
-struct RefDemand {
+pub(crate) struct RefDemand {
     /// (policy, required, cpus) of the cpuset, if any.
     cpuset: Option<(CpuBindPolicy, bool, usize)>,
     numa: NumaPolicy,
     exclusive_required: bool,
 }
 
-fn reference_resolve(node: &Node, req: &PodCpuRequest) -> Option<RefDemand> {
+pub(crate) fn reference_resolve(node: &Node, req: &PodCpuRequest) -> Option<RefDemand> {
     let threads = {
         let mut per_core: BTreeMap<(u32, u32), usize> = BTreeMap::new();
         for d in node.topo.cpus() {
@@ -214,7 +214,12 @@ fn reference_resolve(node: &Node, req: &PodCpuRequest) -> Option<RefDemand> {
 }
 
 /// Eligible free CPUs among `cpus` for the cpuset (counted from raw details).
-fn eligible_count(node: &Node, cpus: CpuSet, policy: CpuBindPolicy, required: bool) -> usize {
+pub(crate) fn eligible_count(
+    node: &Node,
+    cpus: CpuSet,
+    policy: CpuBindPolicy,
+    required: bool,
+) -> usize {
     let free = cpus.difference(&node.allocated).difference(&node.reserved);
     if !required {
         return free.len();
@@ -280,7 +285,7 @@ fn check_cpuset_shape(node: &Node, d: &RefDemand, p: &CpuPlacement) -> Result<()
 
 /// What the specification says `place` must answer, computed by [`oracle`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Expected {
+pub(crate) enum Expected {
     /// Nothing CPU/NUMA-related to decide (`Ok(None)`).
     Nothing,
     /// Does not fit; `unresolvable` when freeing pods can never help.
@@ -337,7 +342,17 @@ fn raw_numa_cpus(node: &Node, numa: NumaId) -> CpuSet {
 /// then the lowest ids; BestEffort falls back to every NUMA node). It enumerates every NUMA
 /// subset and counts eligible CPUs per NUMA node from the CPU details; it calls none of
 /// `resolve`, `NumaStats`, `Table`, `choose`, `decide`, `placement_score` or `score`.
-fn oracle(node: &Node, req: &PodCpuRequest, d: &RefDemand, scoring: &CpuScoring) -> Expected {
+///
+/// `devices`, when the pod also asks for devices: whether they fit on the NUMA nodes of a mask
+/// (bit = NUMA id), judged by the caller's own model. Device hints are the masks it accepts,
+/// preferred at the fewest NUMA nodes it accepts; a merged hint must satisfy both sides.
+pub(crate) fn oracle(
+    node: &Node,
+    req: &PodCpuRequest,
+    d: &RefDemand,
+    scoring: &CpuScoring,
+    devices: Option<&dyn Fn(u16) -> bool>,
+) -> Expected {
     let threads = node.topo.cpus().len()
         / node
             .topo
@@ -346,7 +361,8 @@ fn oracle(node: &Node, req: &PodCpuRequest, d: &RefDemand, scoring: &CpuScoring)
             .map(|c| (c.socket, c.core))
             .collect::<std::collections::BTreeSet<_>>()
             .len();
-    let numa_active = d.numa != NumaPolicy::None && (req.cpu_milli > 0 || req.memory_bytes > 0);
+    let numa_active = d.numa != NumaPolicy::None
+        && (req.cpu_milli > 0 || req.memory_bytes > 0 || devices.is_some());
     if d.cpuset.is_none() && !numa_active {
         return Expected::Nothing;
     }
@@ -491,14 +507,24 @@ fn oracle(node: &Node, req: &PodCpuRequest, d: &RefDemand, scoring: &CpuScoring)
                 }
             })
     };
+    let considered = |s: &&Vec<usize>| !single || s.len() == 1;
+    let device_ok = |s: &[usize]| devices.is_none_or(|f| f(mask_of(s)));
+    let device_min = subsets
+        .iter()
+        .filter(considered)
+        .filter(|s| device_ok(s))
+        .map(Vec::len)
+        .min();
     // (preferred, size, hint score, mask): the best is the greatest under
     // preferred ↑, size ↓, score ↑, mask ↓.
     let best = subsets
         .iter()
-        .filter(|s| !single || s.len() == 1)
-        .filter(|s| fits(s, false))
+        .filter(considered)
+        .filter(|s| fits(s, false) && device_ok(s))
         .map(|s| {
-            let preferred = Some(s.len()) == min_by_capacity && !demoted(s);
+            let preferred = Some(s.len()) == min_by_capacity
+                && (devices.is_none() || Some(s.len()) == device_min)
+                && !demoted(s);
             let (cpu, mem) = amounts(s);
             let hint = spec_score(scoring.numa_strategy, scoring, cpu, mem);
             (preferred, s.clone(), hint)
@@ -521,6 +547,8 @@ fn oracle(node: &Node, req: &PodCpuRequest, d: &RefDemand, scoring: &CpuScoring)
         Some((preferred, s, _)) if preferred || d.numa == NumaPolicy::BestEffort => s,
         None if d.numa == NumaPolicy::BestEffort => {
             // Every NUMA node, contributing or not: the sums must cover the request.
+            // The devices are then the caller's to allocate under that affinity: `place`
+            // does not ask them here.
             if total(false, 0) < cpu_need || total(false, 1) < mem_need {
                 return Expected::Fails {
                     unresolvable: false,
@@ -581,7 +609,7 @@ fn check(seed: u64) -> Result<(), TestCaseError> {
         return Ok(());
     };
     // The independent oracle: outcome, hint and score, for `place` and for the summary.
-    let want = oracle(&node, &req, &d, &scoring);
+    let want = oracle(&node, &req, &d, &scoring, None);
     prop_assert_eq!(observed(&got), want, "place vs the oracle: {:?}", got);
     let want_score = match want {
         Expected::Nothing => None,
@@ -798,6 +826,12 @@ proptest! {
             && d.numa != NumaPolicy::BestEffort
         {
             prop_assert!(a.0 & ok_masks == a.0, "affinity {:?} not accepted", a);
+        }
+        // The independent oracle, with the same device hints.
+        if let Some(d) = reference_resolve(&node, &req) {
+            let accepted = |m: u16| m & !ok_masks == 0;
+            let want = oracle(&node, &req, &d, &CpuScoring::default(), Some(&accepted));
+            prop_assert_eq!(observed(&got), want, "place with devices vs the oracle: {:?}", got);
         }
     }
 }
