@@ -829,6 +829,7 @@ mod tests {
     use crate::model::node::Node;
     use crate::model::nrt::NodeResourceTopology;
     use crate::model::pod::Pod;
+    use crate::placement::device::index::dim_of;
     use proptest::prelude::*;
     use proptest::strategy::ValueTree;
     use serde_json::json;
@@ -1012,23 +1013,202 @@ mod tests {
         }
     }
 
+    /// The raw facts the ops gave each node, kept by the test itself: the independent
+    /// oracle's input.
+    #[derive(Default)]
+    struct Model {
+        gpus: BTreeMap<u8, u8>,
+        topology: BTreeMap<u8, &'static str>,
+        pods: BTreeMap<u8, (u8, Option<(u8, u8)>, Option<&'static str>, &'static str)>,
+        /// Assumed binds: (node, uid) → minor, 20 % each.
+        binds: BTreeMap<(u8, u8), u8>,
+    }
+
+    impl Model {
+        fn apply(&mut self, cluster: &ClusterState, op: &Op) {
+            match op {
+                Op::Device(i, g) => {
+                    match g {
+                        Some(g) => self.gpus.insert(*i, *g),
+                        None => self.gpus.remove(i),
+                    };
+                }
+                Op::Topology(i, p) => {
+                    match p {
+                        Some(p) => self.topology.insert(*i, p),
+                        None => self.topology.remove(i),
+                    };
+                }
+                Op::Pod {
+                    uid,
+                    node,
+                    gpu,
+                    cpus,
+                    phase,
+                } => {
+                    self.pods.insert(*uid, (*node, *gpu, *cpus, phase));
+                }
+                Op::DeletePod(uid) => {
+                    self.pods.remove(uid);
+                }
+                // Bind records only on a node the caches already hold.
+                Op::Bind(i, uid, minor) => {
+                    if cluster.with_existing_node(&node_name(*i), |_| ()).is_some() {
+                        self.binds.insert((*i, *uid), *minor);
+                    }
+                }
+                Op::Rollback(i, uid) => {
+                    self.binds.remove(&(*i, *uid));
+                }
+                Op::Node(..) | Op::Build => {}
+            }
+        }
+
+        /// Per GPU of node `i`: (free `gpu-memory-ratio`, NUMA node), from the holdings of
+        /// running pods and assumed binds, summed here.
+        fn gpu_frees(&self, i: u8) -> Option<Vec<(i64, u32)>> {
+            let g = *self.gpus.get(&i)?;
+            let mut used = vec![0i64; usize::from(g)];
+            let pods = self.pods.values().filter(|p| p.0 == i && p.3 == "Running");
+            for (minor, ratio) in pods.filter_map(|p| p.1) {
+                if let Some(u) = used.get_mut(usize::from(minor)) {
+                    *u += i64::from(ratio);
+                }
+            }
+            for (_, minor) in self.binds.iter().filter(|((n, _), _)| *n == i) {
+                if let Some(u) = used.get_mut(usize::from(*minor)) {
+                    *u += 20;
+                }
+            }
+            Some(
+                (0..g)
+                    .map(|m| ((100 - used[usize::from(m)]).max(0), u32::from(m / 4)))
+                    .collect(),
+            )
+        }
+
+        /// Per NUMA node of node `i` (CPU n on NUMA n / 4): (free CPUs, CPUs in cpusets).
+        fn cpu_counts(&self, i: u8) -> Option<[(u16, u16); 2]> {
+            self.topology.get(&i)?;
+            let mut held = [false; 8];
+            let pods = self.pods.values().filter(|p| p.0 == i && p.3 == "Running");
+            for list in pods.filter_map(|p| p.2) {
+                let (a, b) = list.split_once('-').unwrap_or((list, list));
+                for c in a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap() {
+                    held[c] = true;
+                }
+            }
+            let on = |z: usize| held[4 * z..4 * z + 4].iter().filter(|h| **h).count() as u16;
+            Some([(4 - on(0), on(0)), (4 - on(1), on(1))])
+        }
+
+        /// What the published snapshot says of node `i` against the facts; `Err` names the
+        /// difference.
+        fn check(&self, cluster: &ClusterState, i: u8) -> Result<(), String> {
+            let snapshot = cluster.read_snapshot();
+            let name = node_name(i);
+            let view = snapshot.node(&name);
+            let Some(view) = view else {
+                if self.gpus.contains_key(&i) || self.topology.contains_key(&i) {
+                    return Err(format!("{name}: missing, though it has a Device or an NRT"));
+                }
+                return Ok(());
+            };
+            let ratio = dim_of(crate::model::device::GPU_MEMORY_RATIO).expect("indexed");
+            match (self.gpu_frees(i), view.devices) {
+                (None, DeviceView::Missing { held }) => {
+                    let holds = self
+                        .pods
+                        .values()
+                        .any(|p| p.0 == i && p.3 == "Running" && p.1.is_some())
+                        || self.binds.keys().any(|(n, _)| *n == i);
+                    if held != holds {
+                        return Err(format!("{name}: held {held}, the facts {holds}"));
+                    }
+                }
+                (Some(want), DeviceView::Indexed(index)) => {
+                    let gpu = crate::model::device::DeviceType::Gpu;
+                    let mut got: Vec<(i64, u32)> = Vec::new();
+                    for group in index.frees(&gpu) {
+                        for _ in 0..group.count {
+                            got.push((group.dims[ratio], group.numa.expect("NUMA known")));
+                        }
+                    }
+                    // Groups carry milli-units.
+                    let mut want_sorted: Vec<(i64, u32)> =
+                        want.iter().map(|(r, numa)| (r * 1000, *numa)).collect();
+                    want_sorted.sort_unstable();
+                    got.sort_unstable();
+                    if got != want_sorted {
+                        return Err(format!(
+                            "{name}: free GPUs {got:?}, the facts {want_sorted:?}"
+                        ));
+                    }
+                    let sums = index.sums(&gpu);
+                    let free: i64 = want.iter().map(|w| w.0).sum();
+                    if sums.free[ratio] != free || sums.total[ratio] != 100 * want.len() as i64 {
+                        return Err(format!("{name}: sums {sums:?}, the facts free {free}"));
+                    }
+                }
+                (want, got) => {
+                    return Err(format!("{name}: devices {got:?}, the facts {want:?}"));
+                }
+            }
+            if let Some(want) = self.cpu_counts(i) {
+                let summary = view
+                    .cpu
+                    .summary
+                    .as_ref()
+                    .map_err(|e| format!("{name}: no CPU summary with an NRT: {e:?}"))?;
+                let got: Vec<(u16, u16)> = summary
+                    .stats
+                    .zones()
+                    .iter()
+                    .map(|z| (z.free_cpus, z.allocated_cpus))
+                    .collect();
+                if got != want {
+                    return Err(format!(
+                        "{name}: CPUs (free, held) {got:?}, the facts {want:?}"
+                    ));
+                }
+            }
+            Ok(())
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(96))]
 
         /// Sequential: any sequence, with the full build anywhere (or first read) in it.
+        ///
+        /// Independent: [`Model`] keeps the raw facts of every op and recomputes what the
+        /// snapshot must say of each node (presence, each GPU's free share and NUMA node, the
+        /// sums, free and held CPUs per NUMA node) with its own arithmetic; a planted bug
+        /// (the ledger counting an assumed bind's share twice) passed the rebuild comparison and fails
+        /// this. Regression only: `check_snapshot` (published == `NodeSummary::of` rebuilt,
+        /// the same function on both sides) proves publication and versioning.
         #[test]
         fn snapshot_equals_a_rebuild_after_any_sequence(
             ops in proptest::collection::vec(op(70), 1..250),
         ) {
             let cluster = ClusterState::new();
             let mut pods = BTreeMap::new();
+            let mut model = Model::default();
             for op in &ops {
                 apply(&cluster, &mut pods, op);
+                model.apply(&cluster, op);
                 if cluster.snapshot_built() {
                     prop_assert_eq!(cluster.check_snapshot(), Ok(()), "after {:?}", op);
+                    for i in 0..70 {
+                        prop_assert_eq!(model.check(&cluster, i), Ok(()), "after {:?}", op);
+                    }
                 }
             }
             prop_assert_eq!(cluster.check_snapshot(), Ok(()));
+            cluster.build_snapshot();
+            for i in 0..70 {
+                prop_assert_eq!(model.check(&cluster, i), Ok(()));
+            }
         }
 
         /// The in-order resolver answers what a linear search of the interned names answers,
