@@ -1013,13 +1013,21 @@ mod tests {
         }
     }
 
+    /// A pod as the ops described it.
+    struct ModelPod {
+        node: u8,
+        gpu: Option<(u8, u8)>,
+        cpus: Option<&'static str>,
+        running: bool,
+    }
+
     /// The raw facts the ops gave each node, kept by the test itself: the independent
     /// oracle's input.
     #[derive(Default)]
     struct Model {
         gpus: BTreeMap<u8, u8>,
         topology: BTreeMap<u8, &'static str>,
-        pods: BTreeMap<u8, (u8, Option<(u8, u8)>, Option<&'static str>, &'static str)>,
+        pods: BTreeMap<u8, ModelPod>,
         /// Assumed binds: (node, uid) → minor, 20 % each.
         binds: BTreeMap<(u8, u8), u8>,
     }
@@ -1046,7 +1054,13 @@ mod tests {
                     cpus,
                     phase,
                 } => {
-                    self.pods.insert(*uid, (*node, *gpu, *cpus, phase));
+                    let pod = ModelPod {
+                        node: *node,
+                        gpu: *gpu,
+                        cpus: *cpus,
+                        running: *phase == "Running",
+                    };
+                    self.pods.insert(*uid, pod);
                 }
                 Op::DeletePod(uid) => {
                     self.pods.remove(uid);
@@ -1069,8 +1083,8 @@ mod tests {
         fn gpu_frees(&self, i: u8) -> Option<Vec<(i64, u32)>> {
             let g = *self.gpus.get(&i)?;
             let mut used = vec![0i64; usize::from(g)];
-            let pods = self.pods.values().filter(|p| p.0 == i && p.3 == "Running");
-            for (minor, ratio) in pods.filter_map(|p| p.1) {
+            let pods = self.pods.values().filter(|p| p.node == i && p.running);
+            for (minor, ratio) in pods.filter_map(|p| p.gpu) {
                 if let Some(u) = used.get_mut(usize::from(minor)) {
                     *u += i64::from(ratio);
                 }
@@ -1091,12 +1105,11 @@ mod tests {
         fn cpu_counts(&self, i: u8) -> Option<[(u16, u16); 2]> {
             self.topology.get(&i)?;
             let mut held = [false; 8];
-            let pods = self.pods.values().filter(|p| p.0 == i && p.3 == "Running");
-            for list in pods.filter_map(|p| p.2) {
+            let pods = self.pods.values().filter(|p| p.node == i && p.running);
+            for list in pods.filter_map(|p| p.cpus) {
                 let (a, b) = list.split_once('-').unwrap_or((list, list));
-                for c in a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap() {
-                    held[c] = true;
-                }
+                let (a, b) = (a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap());
+                held[a..=b].iter_mut().for_each(|h| *h = true);
             }
             let on = |z: usize| held[4 * z..4 * z + 4].iter().filter(|h| **h).count() as u16;
             Some([(4 - on(0), on(0)), (4 - on(1), on(1))])
@@ -1120,7 +1133,7 @@ mod tests {
                     let holds = self
                         .pods
                         .values()
-                        .any(|p| p.0 == i && p.3 == "Running" && p.1.is_some())
+                        .any(|p| p.node == i && p.running && p.gpu.is_some())
                         || self.binds.keys().any(|(n, _)| *n == i);
                     if held != holds {
                         return Err(format!("{name}: held {held}, the facts {holds}"));
