@@ -885,7 +885,10 @@ mod tests {
             ((2u8..=4), (1u8..=60)).prop_map(|(n, r)| Req::Shared(n, r)),
         ]
     }
-    fn arb_layout() -> impl Strategy<Value = Vec<(DeviceType, DeviceSlot)>> {
+    /// One GPU as the test describes it: minor, NUMA node, PCIe switch, healthy, memory GiB.
+    type GpuFact = (i32, i32, String, bool, i64);
+
+    fn arb_layout() -> impl Strategy<Value = Vec<GpuFact>> {
         (1usize..=16, 1i32..=4, 1usize..=4)
             .prop_flat_map(|(n, numas, per_numa)| {
                 (
@@ -901,22 +904,98 @@ mod tests {
                         let pcie = format!("pci{numa}-{}", usize::from(pcie) % per_numa);
                         // ~1 in 8 GPUs unhealthy (both flags + a bit of the numa draw).
                         let healthy = !(sick && small && numa == 0);
-                        gpu(i as i32, numa, &pcie, healthy, if small { 16 } else { 40 })
+                        (i as i32, numa, pcie, healthy, if small { 16 } else { 40 })
                     })
                     .collect()
             })
     }
 
-    /// Brute force: devices where a whole card (core 100, ratio 100, all memory) is free.
-    fn model_whole_free(l: &DeviceLedger) -> usize {
-        let free = l.free(&[]);
-        l.devices()
-            .unwrap()
-            .slots(&DeviceType::Gpu)
-            .filter(|s| s.healthy && free[&DeviceType::Gpu].get(&s.minor) == Some(&s.total))
+    fn slots_of(facts: &[GpuFact]) -> Vec<(DeviceType, DeviceSlot)> {
+        facts
+            .iter()
+            .map(|(minor, numa, pcie, healthy, mem)| gpu(*minor, *numa, pcie, *healthy, *mem))
+            .collect()
+    }
+
+    /// A `Quantity` string in milli-units, read here without the crate's parser: an integer
+    /// with an optional binary or decimal suffix (all the annotations hold).
+    fn milli(q: &str) -> i128 {
+        let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
+        let (digits, suffix) = q.split_at(split);
+        let n: i128 = digits.parse().unwrap_or_else(|_| panic!("quantity {q:?}"));
+        let scale: i128 = match suffix {
+            "" => 1000,
+            "m" => 1,
+            "k" => 1_000_000,
+            "M" => 1_000_000_000,
+            "G" => 1_000_000_000_000,
+            "Ki" => 1000 << 10,
+            "Mi" => 1000 << 20,
+            "Gi" => 1000 << 30,
+            "Ti" => 1000 << 40,
+            _ => panic!("quantity {q:?}: unexpected suffix"),
+        };
+        n * scale
+    }
+
+    /// The capacity model: what every recorded pod holds, summed per (minor, resource) in
+    /// milli-units from its `device-allocated` annotation as koordlet would read it (plain
+    /// JSON), never from the ledger.
+    fn held_by_annotations(
+        annotations: &BTreeMap<PodUid, String>,
+    ) -> BTreeMap<(i64, String), i128> {
+        let mut held = BTreeMap::new();
+        for a in annotations.values() {
+            let v: serde_json::Value = serde_json::from_str(a).expect("annotation JSON");
+            for entry in v["gpu"].as_array().expect("gpu list") {
+                let minor = entry["minor"].as_i64().expect("minor");
+                for (name, q) in entry["resources"].as_object().expect("resources") {
+                    *held.entry((minor, name.clone())).or_default() +=
+                        milli(q.as_str().expect("quantity string"));
+                }
+            }
+        }
+        held
+    }
+
+    /// Nothing held beyond a GPU's capacity, nothing on an unhealthy or absent GPU.
+    fn assert_model_within_capacity(
+        facts: &[GpuFact],
+        held: &BTreeMap<(i64, String), i128>,
+    ) -> Result<(), TestCaseError> {
+        for ((minor, name), amount) in held {
+            let gpu = facts.iter().find(|f| i64::from(f.0) == *minor);
+            let Some((_, _, _, true, mem_gi)) = gpu else {
+                return Err(TestCaseError::fail(format!(
+                    "{name} held on unhealthy or absent GPU {minor}"
+                )));
+            };
+            let cap: i128 = match name.as_str() {
+                GPU_CORE | GPU_MEMORY_RATIO => 100 * 1000,
+                GPU_MEMORY => (i128::from(*mem_gi) << 30) * 1000,
+                other => return Err(TestCaseError::fail(format!("unexpected resource {other}"))),
+            };
+            prop_assert!(
+                *amount <= cap,
+                "GPU {minor} {name}: held {amount} > capacity {cap} (milli)"
+            );
+        }
+        Ok(())
+    }
+
+    /// Brute force from the model: healthy GPUs nothing holds any of.
+    fn model_whole_free(facts: &[GpuFact], held: &BTreeMap<(i64, String), i128>) -> usize {
+        facts
+            .iter()
+            .filter(|f| {
+                f.3 && !held
+                    .iter()
+                    .any(|((m, _), a)| *m == i64::from(f.0) && *a > 0)
+            })
             .count()
     }
 
+    /// The ledger's own bookkeeping (a regression check of `used`, not the oracle).
     fn assert_within_capacity(l: &DeviceLedger) -> Result<(), TestCaseError> {
         let devices = l.devices().unwrap();
         for (t, by_minor) in l.used() {
@@ -942,20 +1021,27 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
+        /// Independent: the capacity model sums what every recorded pod holds from its
+        /// `device-allocated` annotation (plain JSON, quantities read by the test) and judges
+        /// capacity and the whole-GPU brute force by it; a planted bug (the ledger counting
+        /// only a pod's first device) passed the ledger's own checks and fails this.
+        /// Regression only: the ledger's `used` within its totals, removal restoring state.
         #[test]
         fn never_over_capacity_complete_for_whole_gpus_and_removal_restores(
             layout in arb_layout(),
             reqs in proptest::collection::vec(arb_req(), 1..24),
             remove_order in proptest::collection::vec(any::<proptest::sample::Index>(), 24),
         ) {
-            let mut l = ledger(layout);
+            let mut l = ledger(slots_of(&layout));
             let mut history = vec![(l.free(&[]), l.used().clone())];
             let mut recorded = Vec::new();
+            // The oracle's input: every recorded pod's annotation.
+            let mut annotations: BTreeMap<PodUid, String> = BTreeMap::new();
             for (i, r) in reqs.iter().enumerate() {
                 let parsed = r.parse();
                 let res = fit(&l, &parsed, &[]);
                 if let Req::Whole(n) = r {
-                    let model = model_whole_free(&l);
+                    let model = model_whole_free(&layout, &held_by_annotations(&annotations));
                     prop_assert_eq!(res.is_ok(), model >= usize::from(*n),
                         "whole-GPU fit disagrees with brute force ({} free, asked {})", model, n);
                 }
@@ -964,7 +1050,9 @@ mod tests {
                     let ms: BTreeSet<i32> = gpus.iter().map(|e| e.minor).collect();
                     prop_assert_eq!(ms.len(), parsed.types[&DeviceType::Gpu].count);
                     let uid = PodUid::new(format!("p{i}"));
+                    annotations.insert(uid.clone(), a.to_annotation());
                     l.record(uid.clone(), RecordedAllocation::Allocated(a), EntryState::Committed);
+                    assert_model_within_capacity(&layout, &held_by_annotations(&annotations))?;
                     assert_within_capacity(&l)?;
                     recorded.push(uid);
                     history.push((l.free(&[]), l.used().clone()));
