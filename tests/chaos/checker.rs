@@ -196,6 +196,9 @@ pub struct Checker {
     pub violations: Vec<String>,
     pub checks: u64,
     pub allocations_seen: u64,
+    /// (uid, node, cpuset) of non-empty cpusets already judged by invariant 3.
+    seen_cpusets: BTreeSet<(String, String, String)>,
+    pub cpusets_seen: u64,
     /// Every CPU id each node's NodeResourceTopology has ever listed in its
     /// `node.koordinator.sh/cpu-topology` annotation (the union, as with `capacity`).
     cpu_ids: BTreeMap<String, BTreeSet<u32>>,
@@ -407,6 +410,15 @@ impl Checker {
                             "step {step}: pod {} holds CPU {bad} on {node}, which its topology does not have",
                             name(pod)
                         ));
+                    }
+                    if !set.is_empty()
+                        && self.seen_cpusets.insert((
+                            uid(pod).to_string(),
+                            node.to_string(),
+                            cpuset.clone(),
+                        ))
+                    {
+                        self.cpusets_seen += 1;
                     }
                     let owners = cpus.entry(node).or_default();
                     for cpu in set {

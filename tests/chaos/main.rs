@@ -55,16 +55,12 @@ async fn chaos_run() {
         "chaos found {} violations (seed {seed}):\n{text}",
         report.violations.len()
     );
-    // The run must have exercised what it claims to (a run that never binds proves nothing).
+    // The run must have exercised what it claims to: a run that never binds, judges no
+    // allocation or cpuset, or never kills a leader proves nothing.
+    let unmet = report.unmet_minimums();
     assert!(
-        report.cycles.get("bound").copied().unwrap_or(0) > 0,
-        "no pod was ever bound:\n{text}"
-    );
-    // And judged what it bound: a run whose checker never saw an allocation proves nothing.
-    // (A quiescence count > 0 would always hold: every run ends with one.)
-    assert!(
-        report.allocations_seen > 0,
-        "no allocation was ever judged:\n{text}"
+        unmet.is_empty(),
+        "the run did not exercise {unmet:?} (seed {seed}):\n{text}"
     );
 }
 
@@ -309,5 +305,80 @@ mod checker_self_test {
         let xs: Vec<u64> = (0..5).map(|_| a.next_u64()).collect();
         let ys: Vec<u64> = (0..5).map(|_| b.next_u64()).collect();
         assert_eq!(xs, ys);
+    }
+}
+
+// ---- the minimums can fail: a report that misses one names it --------------------------------
+
+mod minimums_self_test {
+    use super::driver::{EVENT_LABELS, Report, plan};
+    use super::prng::Rng;
+
+    fn full_report() -> Report {
+        let mut r = Report {
+            enabled: EVENT_LABELS.to_vec(),
+            allocations_seen: 3,
+            cpusets_seen: 2,
+            ..Report::default()
+        };
+        for label in EVENT_LABELS {
+            r.events.insert(label, 1);
+        }
+        r.cycles.insert("bound".into(), 5);
+        r.fault_hits.insert("binding".into(), 1);
+        r.late_writes.insert("applied".into(), 1);
+        r
+    }
+
+    #[test]
+    fn a_report_that_exercised_everything_meets_the_minimums() {
+        assert_eq!(full_report().unmet_minimums(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn each_missing_minimum_is_named() {
+        let mut r = full_report();
+        for kill in [
+            "sigkill_leader_failover",
+            "sigkill_leader_restart",
+            "sigterm_leader",
+            "sigkill_both",
+        ] {
+            r.events.remove(kill);
+        }
+        r.cpusets_seen = 0;
+        r.late_writes.clear();
+        let unmet = r.unmet_minimums();
+        for want in [
+            "event class sigterm_leader never drawn",
+            "no leader kills or terminations",
+            "no cpusets judged",
+            "no late-landing writes",
+        ] {
+            assert!(
+                unmet.iter().any(|u| u == want),
+                "{want} missing from {unmet:?}"
+            );
+        }
+        assert_eq!(unmet.len(), 7, "{unmet:?}");
+    }
+
+    #[test]
+    fn the_plan_draws_every_enabled_class_even_in_a_short_run() {
+        let mut weights: Vec<u32> = vec![1; EVENT_LABELS.len()];
+        weights[0] = 1000;
+        weights[1] = 1000;
+        weights[5] = 0;
+        for seed in 1..50 {
+            let schedule = plan(&mut Rng::new(seed), 60, &weights);
+            assert_eq!(schedule.len(), 60);
+            for (class, w) in weights.iter().enumerate() {
+                assert_eq!(
+                    schedule.contains(&class),
+                    *w > 0,
+                    "seed {seed} class {class}"
+                );
+            }
+        }
     }
 }
