@@ -85,22 +85,23 @@ async fn writes_during_the_initial_list_pages_end_in_the_fresh_bootstrap_cache()
         }),
     )
     .unwrap();
-    fake.set_list_delay(Kind::Pod, Duration::from_millis(500));
+    // Every pod list page waits at a gate the test opens one page at a time: each burst
+    // below lands between two pages by construction, not within a delay.
+    fake.hold_lists(Kind::Pod);
 
     let svc = service::start(&fake, &[]).await;
     let http = Http::new(svc.addr);
 
     // Burst 1: the first page's request has arrived but its snapshot is not taken yet.
     service::eventually(TIMEOUT, "the first pod list request", || {
-        fake.requests()
-            .iter()
-            .any(|r| r.path == "/api/v1/pods" && !r.query.contains("watch"))
+        fake.held_lists(Kind::Pod) == 1
     })
     .await;
     fake.delete(Kind::Pod, "default", "p0001").unwrap();
     fake.create(Kind::Pod, gpu_pod("q-early", "uid-q-early", "n1", &[7]))
         .unwrap();
     fake.set_pod_phase("default", "p0002", "Succeeded").unwrap();
+    fake.pass_lists(Kind::Pod, 1);
 
     // Burst 2: between page 1 and page 2 (page 1 listed, pages 2-3 come from its snapshot).
     wait_readyz(&http, "the first page to be buffered", |b| {
@@ -138,6 +139,7 @@ async fn writes_during_the_initial_list_pages_end_in_the_fresh_bootstrap_cache()
     fake.delete(Kind::NodeResourceTopology, "", "n2").unwrap();
     fake.create(Kind::Pod, cpu_pod("q-mid", "uid-q-mid", "n3"))
         .unwrap();
+    fake.pass_lists(Kind::Pod, 1);
 
     // Burst 3: between page 2 and page 3.
     wait_readyz(&http, "the second page to be buffered", |b| {
@@ -153,15 +155,13 @@ async fn writes_during_the_initial_list_pages_end_in_the_fresh_bootstrap_cache()
     .unwrap();
     fake.delete(Kind::Node, "", "n2").unwrap();
 
+    // Page 3 is still held: the writes above raced the list, not followed it.
     let (status, body) = http.get("/readyz").await;
-    assert_eq!(
-        status, 503,
-        "the writes above must have raced the list, not followed it: {body}"
-    );
+    assert_eq!(status, 503, "the pod list is not complete: {body}");
+    fake.release_lists(Kind::Pod);
     http.wait_ready(TIMEOUT).await;
     wait_for_all_watches(&fake, TIMEOUT).await;
 
-    fake.set_list_delay(Kind::Pod, Duration::ZERO);
     let want = fresh_snapshot(&fake, &[]).await;
     eventually_equal(&svc.state.cluster, &want, TIMEOUT).await;
 
@@ -227,10 +227,10 @@ async fn relist_after_410_replaces_gone_and_recreated_objects_without_losing_rea
         })
     };
 
-    // Hold re-watches back long enough that every change below is invisible to the watches,
-    // then compact past them: each re-watch gets the in-stream 410 and must relist.
+    // Hold re-watches back until every change below is made (invisible to the watches), then
+    // compact past them: each re-watch gets the in-stream 410 and must relist.
     for kind in service::WATCHED {
-        fake.set_watch_delay(kind, Duration::from_millis(1500));
+        fake.hold_watches(kind);
     }
     fake.close_watches();
     fake.delete(Kind::Pod, "default", "gone").unwrap();
@@ -253,7 +253,7 @@ async fn relist_after_410_replaces_gone_and_recreated_objects_without_losing_rea
         .unwrap();
     fake.compact();
     for kind in service::WATCHED {
-        fake.set_watch_delay(kind, Duration::ZERO);
+        fake.release_watches(kind);
     }
 
     for kind in ["nodes", "pods", "devices", "noderesourcetopologies"] {
@@ -314,8 +314,8 @@ async fn pod_before_its_device_and_nrt_keeps_its_allocation() {
         .unwrap();
     fake.create(Kind::NodeResourceTopology, service::nrt("n0"))
         .unwrap();
-    fake.set_list_delay(Kind::Device, Duration::from_millis(1500));
-    fake.set_list_delay(Kind::NodeResourceTopology, Duration::from_millis(1500));
+    fake.hold_lists(Kind::Device);
+    fake.hold_lists(Kind::NodeResourceTopology);
 
     let svc = service::start(&fake, &[]).await;
     let http = Http::new(svc.addr);
@@ -340,6 +340,8 @@ async fn pod_before_its_device_and_nrt_keeps_its_allocation() {
     );
     assert!(n0["topology"].is_null());
 
+    fake.release_lists(Kind::Device);
+    fake.release_lists(Kind::NodeResourceTopology);
     http.wait_ready(TIMEOUT).await;
     let snap = svc.state.cluster.snapshot();
     let gpus = &snap["n0"]["devices"]["types"]["gpu"];

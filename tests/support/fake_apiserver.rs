@@ -405,6 +405,35 @@ struct KindState {
     /// While `Some`, events for open watch streams are kept here instead of sent (a watch that
     /// lags behind etcd); [`FakeApiServer::release_watch_events`] sends them in order.
     held_events: Option<Vec<Arc<LogEntry>>>,
+    /// While `Some`, list requests (every page) wait here: see [`FakeApiServer::hold_lists`].
+    list_gate: Option<Arc<Gate>>,
+    /// While `Some`, watch requests wait here: see [`FakeApiServer::hold_watches`].
+    watch_gate: Option<Arc<Gate>>,
+}
+
+/// Holds requests until the test lets them through: an ordering a test waits for, where a
+/// delay would be a window a loaded machine can miss.
+pub(crate) struct Gate {
+    passes: tokio::sync::Semaphore,
+    waiting: AtomicU64,
+}
+
+impl Gate {
+    fn new() -> Arc<Self> {
+        Arc::new(Gate {
+            passes: tokio::sync::Semaphore::new(0),
+            waiting: AtomicU64::new(0),
+        })
+    }
+
+    /// Waits for a pass (or for the gate to be opened for good).
+    pub(crate) async fn wait(&self) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        if let Ok(permit) = self.passes.acquire().await {
+            permit.forget();
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 struct Inner {
@@ -1184,6 +1213,58 @@ impl FakeApiServer {
 
     pub fn set_watch_delay(&self, kind: Kind, delay: Duration) {
         self.inner.lock().ks(kind).watch_delay = delay;
+    }
+
+    /// From now on every list request (page) of the kind waits at a gate until
+    /// [`Self::pass_lists`] lets it through or [`Self::release_lists`] opens the gate.
+    pub fn hold_lists(&self, kind: Kind) {
+        self.inner
+            .lock()
+            .ks(kind)
+            .list_gate
+            .get_or_insert_with(Gate::new);
+    }
+
+    /// Lets `n` held (or future) list requests of the kind through.
+    pub fn pass_lists(&self, kind: Kind, n: usize) {
+        if let Some(g) = &self.inner.lock().ks(kind).list_gate {
+            g.passes.add_permits(n);
+        }
+    }
+
+    /// Opens the kind's list gate for good: held requests go on, new ones are not held.
+    pub fn release_lists(&self, kind: Kind) {
+        if let Some(g) = self.inner.lock().ks(kind).list_gate.take() {
+            g.passes.close();
+        }
+    }
+
+    /// List requests of the kind waiting at its gate now.
+    pub fn held_lists(&self, kind: Kind) -> u64 {
+        let g = self.inner.lock().ks(kind).list_gate.clone();
+        g.map_or(0, |g| g.waiting.load(Ordering::SeqCst))
+    }
+
+    /// [`Self::hold_lists`] for watch requests: a watch (re)start of the kind waits until
+    /// [`Self::release_watches`].
+    pub fn hold_watches(&self, kind: Kind) {
+        self.inner
+            .lock()
+            .ks(kind)
+            .watch_gate
+            .get_or_insert_with(Gate::new);
+    }
+
+    pub fn release_watches(&self, kind: Kind) {
+        if let Some(g) = self.inner.lock().ks(kind).watch_gate.take() {
+            g.passes.close();
+        }
+    }
+
+    /// Watch requests of the kind waiting at its gate now.
+    pub fn held_watches(&self, kind: Kind) -> u64 {
+        let g = self.inner.lock().ks(kind).watch_gate.clone();
+        g.map_or(0, |g| g.waiting.load(Ordering::SeqCst))
     }
 
     /// The next `count` HTTP writes of the kind (create, update, patch, delete, and for pods

@@ -345,8 +345,6 @@ pub enum Fault {
     /// carries the annotations, or a stale-annotation removal before it), another scheduler
     /// binds the pod to this node.
     BindElsewhereBeforeCommit(String),
-    /// The bind's commit write of a pod is held back this long (a slow API server).
-    DelayCommit(Duration),
     /// The bind's commit write of a pod waits until the notify fires (an API server that is
     /// slow for as long as the test needs).
     HoldCommit(Arc<tokio::sync::Notify>),
@@ -456,7 +454,6 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
             Fault::RefuseBindingThenReads(_) => is_bind,
             Fault::HoldPodList { .. } => false,
             Fault::BindElsewhereBeforeCommit(_)
-            | Fault::DelayCommit(_)
             | Fault::HoldCommit(_)
             | Fault::AnnotateAndBindElsewhereBeforeCommit { .. }
             | Fault::TouchBeforeCommit => is_commit,
@@ -495,10 +492,6 @@ async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> R
                 .fake
                 .bind_pod(&ns, &name, &node)
                 .expect("the competing bind succeeds");
-            next.run(request).await
-        }
-        Some(Fault::DelayCommit(d)) => {
-            tokio::time::sleep(d).await;
             next.run(request).await
         }
         Some(Fault::HoldCommit(release)) => {

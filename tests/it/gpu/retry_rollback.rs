@@ -221,9 +221,10 @@ async fn retried_bind_of_a_bound_pod_succeeds_once_and_never_moves_it() {
 async fn duplicate_bind_in_flight_is_refused_without_disturbing_the_first() {
     let p = pending("p", whole_gpus(1));
     let (env, faults) = setup(&[&p], true).await;
-    faults
-        .unwrap()
-        .push(Fault::DelayCommit(Duration::from_millis(300)));
+    // The first bind's commit is held until the duplicate has been answered: an ordering,
+    // not a delay the duplicate must beat.
+    let release = Arc::new(tokio::sync::Notify::new());
+    faults.unwrap().push(Fault::HoldCommit(release.clone()));
     let first = {
         let http = env.http.clone();
         let p = p.clone();
@@ -241,6 +242,7 @@ async fn duplicate_bind_in_flight_is_refused_without_disturbing_the_first() {
     .await;
     let err = env.bind(&p, "n1").await.unwrap_err();
     assert!(err.contains("in progress"), "{err}");
+    release.notify_one();
     tokio::time::timeout(WAIT, first)
         .await
         .unwrap()

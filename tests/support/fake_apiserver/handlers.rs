@@ -583,7 +583,7 @@ struct ListOut<'a> {
 
 async fn list(fake: FakeApiServer, r: &ResourcePath, q: &HashMap<String, String>) -> Response {
     let kind = r.kind;
-    let (fail, delay) = {
+    let (fail, delay, gate) = {
         let mut g = fake.inner.lock();
         let ks = g.ks(kind);
         ks.list_pages_since_arm += 1;
@@ -605,10 +605,13 @@ async fn list(fake: FakeApiServer, r: &ResourcePath, q: &HashMap<String, String>
             }
             None => None,
         });
-        (fail, ks.list_delay)
+        (fail, ks.list_delay, ks.list_gate.clone())
     };
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
+    }
+    if let Some(gate) = gate {
+        gate.wait().await;
     }
     if let Some(code) = fail {
         return status_response(&ApiError::injected(code));
@@ -710,7 +713,7 @@ fn event_line(ty: &str, object: &Value) -> Bytes {
 
 async fn watch(fake: FakeApiServer, r: &ResourcePath, q: &HashMap<String, String>) -> Response {
     let kind = r.kind;
-    let (fail, delay, interval) = {
+    let (fail, delay, interval, gate) = {
         let mut g = fake.inner.lock();
         let interval = g.bookmark_interval;
         let ks = g.ks(kind);
@@ -725,7 +728,7 @@ async fn watch(fake: FakeApiServer, r: &ResourcePath, q: &HashMap<String, String
             }
             None => None,
         };
-        (fail, ks.watch_delay, interval)
+        (fail, ks.watch_delay, interval, ks.watch_gate.clone())
     };
     if let Some(code) = fail {
         return status_response(&ApiError::injected(code));
@@ -754,6 +757,9 @@ async fn watch(fake: FakeApiServer, r: &ResourcePath, q: &HashMap<String, String
     let send_initial = q.get("sendInitialEvents").is_some_and(|b| truthy(b));
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
+    }
+    if let Some(gate) = gate {
+        gate.wait().await;
     }
     let api_version = kind.api_version_for(&r.version);
     let (in_tx, in_rx) = mpsc::unbounded_channel();
