@@ -353,14 +353,15 @@ async fn restart_rebuilds_the_same_cpu_ledger_and_a_relist_frees_a_deleted_pods_
     // so the pod watch must relist; the diff frees its CPUs.
     let (_, ready) = env.http.get("/readyz").await;
     let relists = ready["kinds"]["pods"]["relists"].as_u64().unwrap_or(0);
+    // Re-watches are held until the deletion is compacted away.
     for kind in service::WATCHED {
-        fake.set_watch_delay(kind, Duration::from_millis(1500));
+        fake.hold_watches(kind);
     }
     fake.close_watches();
     fake.delete(Kind::Pod, "ml", "r1").unwrap();
     fake.compact();
     for kind in service::WATCHED {
-        fake.set_watch_delay(kind, Duration::ZERO);
+        fake.release_watches(kind);
     }
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {

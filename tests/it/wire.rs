@@ -157,7 +157,8 @@ async fn golden_bodies_with_every_key_lower_cased() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_filter_answer_is_pascal_case_with_nulls() {
     let fake = FakeApiServer::new();
-    fake.set_list_delay(Kind::Pod, Duration::from_secs(5));
+    // The pod list is held for the whole test: the service cannot become ready.
+    fake.hold_lists(Kind::Pod);
     let svc = service::start(&fake, &[]).await;
     let http = Http::new(svc.addr);
     let r = post_fixture(&http, "/filter", "filter-names.json").await;
