@@ -124,7 +124,41 @@ pub async fn termination_signal() {
 pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let service = Service::start(args, None).await?;
     termination_signal().await;
-    service.shutdown().await
+    // Registered before `/readyz` starts failing: a second signal sent by anyone who saw the
+    // 503 is never missed.
+    let second = second_termination_signal();
+    service.shutdown_unless(second).await
+}
+
+/// The next SIGTERM or SIGINT from now on (an operator's second Ctrl-C, or a test that saw
+/// `/readyz` fail): the listeners are registered when this is called, not when it is awaited.
+fn second_termination_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            let recv = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = recv(term) => {},
+                _ = recv(int) => {},
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 /// A running service: the HTTP servers, sync tasks, leader election and housekeeping.
@@ -401,9 +435,23 @@ impl Service {
     /// then gives up the lease: a bind still in flight writes while we are the only leader,
     /// and the standby that takes over sees its result instead of allocating the same device.
     pub async fn shutdown(self) -> Result<(), ServeError> {
+        self.shutdown_unless(std::future::pending()).await
+    }
+
+    /// [`Self::shutdown`], but `cut_short` ending first ends the shutdown delay early (a
+    /// second termination signal: the operator insists).
+    pub async fn shutdown_unless(
+        self,
+        cut_short: impl std::future::Future<Output = ()>,
+    ) -> Result<(), ServeError> {
         tracing::info!(delay = ?self.shutdown_delay, "termination requested: failing /readyz, then stopping");
         self.state.readiness.set_shutting_down();
-        tokio::time::sleep(self.shutdown_delay).await;
+        tokio::select! {
+            _ = tokio::time::sleep(self.shutdown_delay) => {}
+            _ = cut_short => {
+                tracing::info!("second termination signal: ending the shutdown delay early");
+            }
+        }
         self.shutdown.cancel();
         let result = match self.server.await {
             Ok(r) => r,

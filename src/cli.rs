@@ -171,7 +171,8 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_ASSUME_TTL", value_parser = parse_duration, default_value = "5m")]
     pub assume_ttl: Duration,
 
-    /// On SIGTERM/SIGINT, how long to keep serving with /readyz failing before stopping.
+    /// On SIGTERM/SIGINT, how long to keep serving with /readyz failing before stopping; a
+    /// second SIGTERM/SIGINT meanwhile stops at once.
     #[arg(long, env = "DNE_SHUTDOWN_DELAY", value_parser = parse_duration, default_value = "3s")]
     pub shutdown_delay: Duration,
 

@@ -31,7 +31,9 @@ impl Running {
         let listen = addr.to_string();
         let child = Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
             .arg("serve")
-            .args(["--listen", &listen, "--shutdown-delay", "1s"])
+            // Long enough that no poll can miss it: `terminate` ends it with a second SIGTERM
+            // once it has seen the 503.
+            .args(["--listen", &listen, "--shutdown-delay", "120s"])
             .args(args)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .env_remove("KUBECONFIG")
@@ -115,10 +117,11 @@ pub(crate) async fn wait_ready(http: &Http, p: &mut Running) -> Value {
     }
 }
 
-/// SIGTERM: `/readyz` fails during `--shutdown-delay`, then the process exits 0.
+/// SIGTERM: `/readyz` fails during `--shutdown-delay` (120 s here); a second SIGTERM, sent
+/// once the 503 was seen, ends the delay; the process exits 0. Orderings, with hang guards.
 pub(crate) async fn terminate(http: &Http, p: &mut Running) {
     p.sigterm();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
     loop {
         match http.try_get("/readyz").await {
             Some((503, body)) => {
@@ -136,11 +139,12 @@ pub(crate) async fn terminate(http: &Http, p: &mut Running) {
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "/readyz still 200 after SIGTERM"
+            "/readyz still 200 {TIMEOUT:?} after SIGTERM"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let status = p.wait_exit(Duration::from_secs(15)).await;
+    p.sigterm();
+    let status = p.wait_exit(TIMEOUT).await;
     assert!(status.success(), "exit status {status}:\n{}", p.log());
 }
 
