@@ -35,20 +35,23 @@ async fn requests(http: &Http, verb: &str, outcome: &str) -> f64 {
         .sum()
 }
 
-/// A 1-GPU node `n1`, a pending pod `p` asking for it, and the service with a 1 s
-/// `--request-timeout`.
-async fn one_gpu_and_a_pending_pod() -> (FakeApiServer, serde_json::Value, Env) {
+/// A 1-GPU node `n1`, a pending pod `p` asking for it, and the service with
+/// `--request-timeout request_timeout`. Requests the test expects to be answered get a
+/// timeout no loaded machine reaches; only requests meant to time out get a short one.
+async fn one_gpu_and_a_pending_pod(
+    request_timeout: &str,
+) -> (FakeApiServer, serde_json::Value, Env) {
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 1, &[]);
     let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
     fake.create(Kind::Pod, p.clone()).unwrap();
-    let env = Env::start(&fake, &["--request-timeout", "1s"]).await;
+    let env = Env::start(&fake, &["--request-timeout", request_timeout]).await;
     (fake, p, env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() {
-    let (fake, p, env) = one_gpu_and_a_pending_pod().await;
+    let (fake, p, env) = one_gpu_and_a_pending_pod("600s").await;
 
     // bad_request: not JSON.
     let (status, _) = env
@@ -76,8 +79,11 @@ async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() 
         metric(&env.http, "dne_binds_total", "outcome=\"pod_not_found\"").await,
         1.0
     );
+    env.svc.shutdown().await.unwrap();
 
-    // timeout: the binding applies but its answer hangs past --request-timeout.
+    // timeout: the binding applies but its answer hangs past a 1 s --request-timeout (only
+    // this request, and the probes, which no timeout applies to, go to this service).
+    let env = Env::start(&fake, &["--request-timeout", "1s"]).await;
     fake.push_write_fault(
         WriteOp::PodBinding,
         WriteFault::AppliedThenHang(Duration::from_secs(3)),
@@ -139,7 +145,9 @@ async fn request_outcomes_bad_request_not_ready_error_and_timeout_are_counted() 
 /// guard, so without the bind's own timeout the entry would never go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bind_gives_up_on_an_api_write_that_never_answers() {
-    let (fake, p, env) = one_gpu_and_a_pending_pod().await;
+    // Long enough for the retried bind at the end to be answered on a loaded machine; the
+    // test waits about twice this.
+    let (fake, p, env) = one_gpu_and_a_pending_pod("5s").await;
     fake.push_write_fault(WriteOp::PodBinding, WriteFault::NeverAnswers);
     let (status, body) = env
         .http
@@ -189,7 +197,6 @@ async fn every_bind_failure_class_is_counted() {
     .unwrap();
     let refused = mk("refused", one());
     let cleanup = mk("cleanup", one());
-    let slow = mk("slow", one());
     let env = Env::start(&fake, &[]).await;
     let class =
         async |c: &str| metric(&env.http, "dne_binds_total", &format!("outcome=\"{c}\"")).await;
@@ -281,10 +288,22 @@ async fn every_bind_failure_class_is_counted() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // A duplicate of a bind still in flight (its binding's answer hangs) is refused.
+    env.svc.shutdown().await.unwrap();
+}
+
+/// A duplicate of a bind still in flight (its binding's answer hangs until the test ends it,
+/// after the duplicate was answered) is refused and counted. The request timeout is far
+/// beyond the guard, so only the orderings decide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_of_a_bind_in_flight_is_refused_and_counted() {
+    let fake = FakeApiServer::new();
+    service::add_gpu_node(&fake, "n1", 1, &[]);
+    let slow = service::pending("slow", json!({"nvidia.com/gpu": "1"}));
+    fake.create(Kind::Pod, slow.clone()).unwrap();
+    let env = Env::start(&fake, &["--request-timeout", "600s"]).await;
     fake.push_write_fault(
         WriteOp::PodBinding,
-        WriteFault::AppliedThenHang(Duration::from_secs(2)),
+        WriteFault::AppliedThenHang(Duration::from_secs(600)),
     );
     let http = env.http.clone();
     let first_args = service::binding_args(&slow, "n1");
@@ -299,7 +318,11 @@ async fn every_bind_failure_class_is_counted() {
     }
     let dup = env.bind(&slow, "n1").await.unwrap_err();
     assert!(dup.contains("already in progress"), "{dup}");
-    assert_eq!(class("in_progress").await, 1.0);
+    assert_eq!(
+        metric(&env.http, "dne_binds_total", "outcome=\"in_progress\"").await,
+        1.0
+    );
+    fake.end_hanging_answers();
     let _ = tokio::time::timeout(GUARD, first)
         .await
         .expect("first bind ends");

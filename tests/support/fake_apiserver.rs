@@ -357,6 +357,7 @@ pub enum WriteFault {
     /// Applied, then the connection is cut after the headers (the body never arrives).
     AppliedThenDrop,
     /// Applied, then the answer is held this long (past the client's timeout) before a 504.
+    /// (At most this long: [`FakeApiServer::end_hanging_answers`] ends it earlier.)
     AppliedThenHang(Duration),
     /// The answer is lost at once (500) while the write stays in flight, and is applied only
     /// when [`FakeApiServer::land_late_write`] is called with this id: its preconditions are
@@ -886,6 +887,9 @@ pub struct FakeApiServer {
     inner: Arc<Mutex<Inner>>,
     /// Answers currently held back by [`WriteFault::AppliedThenHang`].
     hanging: Arc<AtomicU64>,
+    /// Ends every answer [`WriteFault::AppliedThenHang`] holds now (see
+    /// [`Self::end_hanging_answers`]).
+    pub(crate) end_hangs: Arc<tokio::sync::Notify>,
     /// Writes in flight under [`WriteFault::LandsLate`], by id.
     pub(crate) late: Arc<Mutex<HashMap<u64, LateWrite>>>,
 }
@@ -920,6 +924,7 @@ impl FakeApiServer {
                 fault_hits: BTreeMap::new(),
             })),
             hanging: Arc::new(AtomicU64::new(0)),
+            end_hangs: Arc::default(),
             late: Arc::default(),
         }
     }
@@ -1322,6 +1327,12 @@ impl FakeApiServer {
     /// Whether the [`WriteFault::LandsLate`] write `id` reached the server.
     pub fn late_write_arrived(&self, id: u64) -> bool {
         self.late.lock().get(&id).is_some_and(|w| w.arrived)
+    }
+
+    /// Ends every answer [`WriteFault::AppliedThenHang`] holds back now (they answer 504 at
+    /// once): a test ends a hang when its ordering is done, not after a duration.
+    pub fn end_hanging_answers(&self) {
+        self.end_hangs.notify_waiters();
     }
 
     /// Answers currently held back by [`WriteFault::AppliedThenHang`].

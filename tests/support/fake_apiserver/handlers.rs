@@ -376,17 +376,22 @@ async fn resource(
         return status_response(&ApiError::injected(500));
     }
     let hanging = fake.hanging.clone();
+    let end_hangs = fake.end_hangs.clone();
     let response = resource_inner(fake, method, r, q, content_type, body, whole_object).await;
     match fault {
         Some(f) if f != WriteFault::Pass && response.status().is_success() => {
-            lose_answer(f, &hanging).await
+            lose_answer(f, &hanging, &end_hangs).await
         }
         _ => response,
     }
 }
 
 /// The answer to a write that was applied but whose answer a [`WriteFault`] loses.
-async fn lose_answer(fault: WriteFault, hanging: &AtomicU64) -> Response {
+async fn lose_answer(
+    fault: WriteFault,
+    hanging: &AtomicU64,
+    end_hangs: &tokio::sync::Notify,
+) -> Response {
     match fault {
         WriteFault::Pass => status_response(&ApiError::injected(500)),
         WriteFault::Refuse(code) | WriteFault::AppliedThenStatus(code) => {
@@ -414,9 +419,17 @@ async fn lose_answer(fault: WriteFault, hanging: &AtomicU64) -> Response {
                     self.0.fetch_sub(1, Ordering::SeqCst);
                 }
             }
+            // Registered before the hang is counted: a test that saw the count and ends the
+            // hangs never misses this one.
+            let ended = end_hangs.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
             hanging.fetch_add(1, Ordering::SeqCst);
             let _held = Held(hanging);
-            tokio::time::sleep(d).await;
+            tokio::select! {
+                _ = tokio::time::sleep(d) => {}
+                _ = ended => {}
+            }
             status_response(&ApiError::injected(504))
         }
     }
