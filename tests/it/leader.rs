@@ -2,9 +2,10 @@
 //! standbys keep synced caches, failover (graceful, partition, SIGKILL) hands over in the
 //! right order (the old leader stops before the new one starts; a graceful handover goes
 //! through the released Lease, not its expiry), and no GPU is allocated twice across a
-//! failover. Follow mode only reads the scheduler's Lease. Lease timings are short (lease 2 s,
-//! renew deadline 1 s, retry 100 ms) so failovers happen quickly, but no test asserts how
-//! quickly: every wait is a [`HANG_GUARD`] that only stops a hung test.
+//! failover. Follow mode only reads the scheduler's Lease. Lease timings (see [`elect_flags`])
+//! let failovers by expiry happen within seconds while a spurious re-election would need a
+//! stall of several seconds; no test asserts how quickly anything happens: every wait is a
+//! [`HANG_GUARD`] that only stops a hung test.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,9 +24,16 @@ const HANG_GUARD: Duration = Duration::from_secs(60);
 /// Samples taken while checking that two replicas are never ready at once (~20 ms apart).
 const SAMPLES: usize = 100;
 
+/// Lease 10 s, renew deadline 8 s: a leader loses its lease only after 8 s without a renewal,
+/// which no scheduling delay on a loaded test machine reaches, so no test sees a spurious
+/// re-election; a failover by expiry takes up to 10 s. Tests where failover is not the
+/// subject use [`STEADY`].
 fn elect_flags(identity: &str) -> Vec<String> {
-    elect_flags_with(identity, "2s", "1s")
+    elect_flags_with(identity, "10s", "8s")
 }
+
+/// A lease that never lapses within a test: leadership changes only by a graceful handover.
+const STEADY: (&str, &str) = ("1h", "30s");
 
 fn elect_flags_with(identity: &str, lease: &str, renew_deadline: &str) -> Vec<String> {
     [
@@ -204,8 +212,9 @@ fn bind_error(resp: &Result<(u16, Value), String>) -> Option<String> {
 #[tokio::test]
 async fn exactly_one_replica_is_ready_and_binds_while_standby_stays_synced() {
     let (fake, pods) = cluster(2);
-    let a = service::start(&fake, &as_strs(&elect_flags("a"))).await;
-    let b = service::start(&fake, &as_strs(&elect_flags("b"))).await;
+    let steady = |id| elect_flags_with(id, STEADY.0, STEADY.1);
+    let a = service::start(&fake, &as_strs(&steady("a"))).await;
+    let b = service::start(&fake, &as_strs(&steady("b"))).await;
     let (ha, hb) = (Http::new(a.addr), Http::new(b.addr));
     let leader = wait_one_leader(&[&ha, &hb], HANG_GUARD).await;
     let (lh, sh) = if leader == 0 { (&ha, &hb) } else { (&hb, &ha) };
@@ -268,10 +277,10 @@ async fn exactly_one_replica_is_ready_and_binds_while_standby_stays_synced() {
 #[tokio::test]
 async fn graceful_shutdown_hands_over_through_the_released_lease_not_its_expiry() {
     let (fake, pods) = cluster(1);
-    let a = service::start(&fake, &as_strs(&elect_flags_with("a", "1h", "10s"))).await;
+    let a = service::start(&fake, &as_strs(&elect_flags_with("a", STEADY.0, STEADY.1))).await;
     let ha = Http::new(a.addr);
     ha.wait_ready(HANG_GUARD).await;
-    let b = service::start(&fake, &as_strs(&elect_flags_with("b", "1h", "10s"))).await;
+    let b = service::start(&fake, &as_strs(&elect_flags_with("b", STEADY.0, STEADY.1))).await;
     let hb = Http::new(b.addr);
     // b synced but standing by.
     service::eventually(HANG_GUARD, "b synced", || b.state.readiness.all_synced()).await;
@@ -791,8 +800,16 @@ async fn a_binding_the_old_leader_sent_that_lands_after_the_takeover_is_never_gi
     let kubeconfig = dir.path().join("kubeconfig");
     served.write_kubeconfig(&kubeconfig).unwrap();
     // The old leader's binding carries `?timeout=` 10 s: the API server may apply it until
-    // then, well after the standby takes over (lease 2 s).
-    let flags = ["--request-timeout", "10s"];
+    // then, well after the standby takes over (lease 4 s; renew deadline 3 s, the stall a
+    // spurious re-election before the kill would need).
+    let flags = [
+        "--request-timeout",
+        "10s",
+        "--leader-elect-lease-duration",
+        "4s",
+        "--leader-elect-renew-deadline",
+        "3s",
+    ];
     let mut replicas = [
         spawn_replica_with(&kubeconfig, "a", &dir.path().join("a.log"), &flags),
         spawn_replica_with(&kubeconfig, "b", &dir.path().join("b.log"), &flags),
