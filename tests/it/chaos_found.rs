@@ -78,6 +78,18 @@ async fn bind_refuses_while_the_pod_watch_is_down() {
         ),
     )
     .unwrap();
+    // The bind comes once the service knows the watch is down (its fence is raised when the
+    // watcher reports the failed restart), as in the test below: an ordering, not a race
+    // between the cut and the bind.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while env
+        .metric("dne_pod_fences_total", "reason=\"watch_error\"")
+        .await
+        < 1.0
+    {
+        assert!(tokio::time::Instant::now() < deadline, "no fence raised");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 
     let result = env.bind(&p, "n1").await;
     let holders: Vec<String> = fake
