@@ -303,84 +303,151 @@ mod tests {
         assert_eq!(r["koordinator.sh/gpu-memory-ratio"], q("30"));
     }
 
-    /// The map-based computation this module used before it accumulated borrowed names, kept
-    /// as the definition the fast path must equal.
+    /// The definition the fast path must equal, written again from the Kubernetes rules
+    /// (effective requests: containers summed, limits standing in for absent requests, init
+    /// containers' peak with restartable sidecars, overhead added, zeros dropped) with its own
+    /// quantity reader and its own table of koordinator's deprecated names
+    /// (`apis/extension/deprecated.go`, reference §2.2). It uses neither `Quantity::parse`
+    /// nor `canonicalize_resource_names`; amounts are milli-units. Errors are only told apart
+    /// as "bad quantity" or "negative", by resource.
     mod reference {
-        use super::super::*;
-        use crate::model::device::canonicalize_resource_names;
+        use std::collections::BTreeMap;
 
-        fn parse_list(
-            list: Option<&ResourceList>,
-            container: &str,
-            field: &'static str,
-        ) -> Result<Requests, RequestError> {
-            let mut out = Requests::new();
-            for (name, value) in list.into_iter().flatten() {
-                let q = Quantity::parse(value).map_err(|source| RequestError::InvalidQuantity {
-                    container: container.to_string(),
-                    field,
-                    resource: name.clone(),
-                    value: value.clone(),
-                    source,
-                })?;
-                if q.milli() < 0 {
-                    return Err(RequestError::Negative {
-                        container: container.to_string(),
-                        field,
-                        resource: name.clone(),
-                        value: value.clone(),
-                    });
-                }
-                out.insert(name.clone(), q);
-            }
-            Ok(canonicalize_resource_names(out))
+        use crate::model::pod::{Container, PodSpec, ResourceList};
+
+        pub type Milli = BTreeMap<String, i128>;
+
+        #[derive(Debug, PartialEq, Eq)]
+        pub enum Bad {
+            Quantity(String),
+            Negative(String),
         }
-        fn container_requests(c: &Container) -> Result<Requests, RequestError> {
-            let mut req = parse_list(c.resources.requests.as_ref(), &c.name, "requests")?;
-            for (name, q) in parse_list(c.resources.limits.as_ref(), &c.name, "limits")? {
-                req.entry(name).or_insert(q);
+
+        /// Decimal and binary suffixes; a number with an optional sign and fraction.
+        pub fn milli(s: &str) -> Option<i128> {
+            let (sign, rest) = match s.strip_prefix('-') {
+                Some(r) => (-1, r),
+                None => (1, s.strip_prefix('+').unwrap_or(s)),
+            };
+            let end = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .unwrap_or(rest.len());
+            let (number, suffix) = rest.split_at(end);
+            let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+            if whole.is_empty() && frac.is_empty() {
+                return None;
+            }
+            // value = digits / 10^frac.len() × scale / 1000, in milli: digits × scale_milli.
+            let digits: i128 = format!("{whole}{frac}").parse().ok()?;
+            let scale_milli: i128 = match suffix {
+                "" => 1000,
+                "m" => 1,
+                "k" => 1_000_000,
+                "M" => 1_000_000_000,
+                "G" => 1_000_000_000_000,
+                "T" => 1_000_000_000_000_000,
+                "Ki" => 1000 << 10,
+                "Mi" => 1000 << 20,
+                "Gi" => 1000 << 30,
+                "Ti" => 1000 << 40,
+                _ => return None,
+            };
+            let scaled = digits * scale_milli;
+            let div = 10i128.pow(frac.len() as u32);
+            // Kubernetes rounds a fraction of a milli-unit up.
+            Some(sign * ((scaled + div - 1) / div))
+        }
+
+        fn canonical(name: &str) -> &str {
+            match name {
+                "kubernetes.io/gpu" => "koordinator.sh/gpu",
+                "kubernetes.io/gpu-core" => "koordinator.sh/gpu-core",
+                "kubernetes.io/gpu-memory" => "koordinator.sh/gpu-memory",
+                "kubernetes.io/gpu-memory-ratio" => "koordinator.sh/gpu-memory-ratio",
+                "kubernetes.io/rdma" => "koordinator.sh/rdma",
+                "kubernetes.io/fpga" => "koordinator.sh/fpga",
+                other => other,
+            }
+        }
+
+        fn parse_list(list: Option<&ResourceList>) -> Result<Milli, Bad> {
+            let mut current = Milli::new();
+            let mut deprecated = Milli::new();
+            for (name, value) in list.into_iter().flatten() {
+                let v = milli(value).ok_or_else(|| Bad::Quantity(name.clone()))?;
+                if v < 0 {
+                    return Err(Bad::Negative(name.clone()));
+                }
+                let to = canonical(name);
+                if to == name {
+                    current.insert(name.clone(), v);
+                } else {
+                    deprecated.insert(to.to_string(), v);
+                }
+            }
+            // The current name wins over its deprecated spelling.
+            for (name, v) in deprecated {
+                current.entry(name).or_insert(v);
+            }
+            Ok(current)
+        }
+
+        fn container(c: &Container) -> Result<Milli, Bad> {
+            let mut req = parse_list(c.resources.requests.as_ref())?;
+            for (name, v) in parse_list(c.resources.limits.as_ref())? {
+                req.entry(name).or_insert(v);
             }
             Ok(req)
         }
-        fn add_into(acc: &mut Requests, other: &Requests) {
-            for (name, q) in other {
-                let e = acc.entry(name.clone()).or_insert(Quantity::ZERO);
-                *e = *e + *q;
+
+        fn add(acc: &mut Milli, other: &Milli) {
+            for (name, v) in other {
+                *acc.entry(name.clone()).or_default() += v;
             }
         }
-        fn max_into(acc: &mut Requests, other: &Requests) {
-            for (name, q) in other {
-                let e = acc.entry(name.clone()).or_insert(Quantity::ZERO);
-                if *q > *e {
-                    *e = *q;
-                }
+
+        fn max(acc: &mut Milli, other: &Milli) {
+            for (name, v) in other {
+                let e = acc.entry(name.clone()).or_default();
+                *e = (*e).max(*v);
             }
         }
-        pub fn pod_requests(spec: &PodSpec) -> Result<Requests, RequestError> {
-            let mut reqs = Requests::new();
+
+        pub fn pod_requests(spec: &PodSpec) -> Result<Milli, Bad> {
+            let mut reqs = Milli::new();
             for c in &spec.containers {
-                add_into(&mut reqs, &container_requests(c)?);
+                add(&mut reqs, &container(c)?);
             }
-            let mut sidecars = Requests::new();
-            let mut init_peak = Requests::new();
+            let mut sidecars = Milli::new();
+            let mut init_peak = Milli::new();
             for c in &spec.init_containers {
-                let own = container_requests(c)?;
+                let own = container(c)?;
                 let during = if c.restart_policy.as_deref() == Some("Always") {
-                    add_into(&mut reqs, &own);
-                    add_into(&mut sidecars, &own);
+                    add(&mut reqs, &own);
+                    add(&mut sidecars, &own);
                     sidecars.clone()
                 } else {
                     let mut t = own;
-                    add_into(&mut t, &sidecars);
+                    add(&mut t, &sidecars);
                     t
                 };
-                max_into(&mut init_peak, &during);
+                max(&mut init_peak, &during);
             }
-            max_into(&mut reqs, &init_peak);
-            let overhead = parse_list(spec.overhead.as_ref(), "<pod overhead>", "overhead")?;
-            add_into(&mut reqs, &overhead);
-            reqs.retain(|_, q| !q.is_zero());
+            max(&mut reqs, &init_peak);
+            add(&mut reqs, &parse_list(spec.overhead.as_ref())?);
+            reqs.retain(|_, v| *v != 0);
             Ok(reqs)
+        }
+
+        #[test]
+        fn the_reference_reader_reads_what_kubernetes_writes() {
+            assert_eq!(milli("250m"), Some(250));
+            assert_eq!(milli("2"), Some(2000));
+            assert_eq!(milli("1.5Gi"), Some(1500 << 30));
+            assert_eq!(milli("-1"), Some(-1000));
+            assert_eq!(milli("0.0001"), Some(1));
+            assert_eq!(milli("two"), None);
+            assert_eq!(milli(""), None);
         }
     }
 
@@ -439,13 +506,24 @@ mod tests {
         }
 
         proptest! {
+            /// Independent: the reference above (own quantity reader, own name table).
             #[test]
-            fn fast_path_equals_the_map_definition(spec in spec()) {
+            fn fast_path_equals_the_independent_definition(spec in spec()) {
+                use super::reference::{Bad, Milli};
                 let want = super::reference::pod_requests(&spec);
-                prop_assert_eq!(&pod_requests(&spec), &want);
+                let as_milli = |r: &Requests| -> Milli {
+                    r.iter().map(|(k, q)| (k.clone(), i128::from(q.milli()))).collect()
+                };
+                let kind = |e: &RequestError| match e {
+                    RequestError::InvalidQuantity { resource, .. } => Bad::Quantity(resource.clone()),
+                    RequestError::Negative { resource, .. } => Bad::Negative(resource.clone()),
+                };
+                let got = pod_requests(&spec);
+                prop_assert_eq!(got.as_ref().map(as_milli).map_err(kind), want);
+                // The compact form equals the map form exactly.
                 let compact = pod_requests_compact(&spec);
-                prop_assert_eq!(compact.clone().map(|c| c.to_map()), want.clone());
-                if let (Ok(c), Ok(w)) = (&compact, &want) {
+                prop_assert_eq!(compact.clone().map(|c| c.to_map()), got.clone());
+                if let (Ok(c), Ok(w)) = (&compact, &got) {
                     prop_assert_eq!(c.len(), w.len());
                     for (name, q) in w {
                         prop_assert_eq!(c.get(name), Some(q));
