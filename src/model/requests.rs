@@ -512,7 +512,7 @@ mod tests {
                 use super::reference::{Bad, Milli};
                 let want = super::reference::pod_requests(&spec);
                 let as_milli = |r: &Requests| -> Milli {
-                    r.iter().map(|(k, q)| (k.clone(), i128::from(q.milli()))).collect()
+                    r.iter().map(|(k, q)| (k.clone(), q.milli())).collect()
                 };
                 let kind = |e: &RequestError| match e {
                     RequestError::InvalidQuantity { resource, .. } => Bad::Quantity(resource.clone()),
