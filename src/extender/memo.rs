@@ -86,6 +86,8 @@ pub struct Memo<V> {
     hits: u32,
     /// Nodes answered from the snapshot, memo or not (the metric's total).
     answered: u64,
+    /// [`SMALL_TABLE`]; a test sets the release value in a debug build.
+    small_table: usize,
 }
 
 /// The table's hash of a key: the fingerprints are already uniform, so their low bits do.
@@ -106,7 +108,16 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
             lookups: 0,
             hits: 0,
             answered: 0,
+            small_table: SMALL_TABLE,
         }
+    }
+
+    /// This memo with another small-table threshold (tests: the release value in a debug
+    /// build, so the table-only path is tested too).
+    #[cfg(test)]
+    fn with_small_table(mut self, small_table: usize) -> Self {
+        self.small_table = small_table;
+        self
     }
 
     /// The answer for a candidate: from the memo or `decide` when the snapshot holds it,
@@ -131,7 +142,7 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
         let answer = self.by_key(key, || decide(Some(found.view())));
         // A small table stays in cache and answers as fast as a slot: filling slots would only
         // cost (a request over a periodic fleet would write every node's slot, every time).
-        if self.table.len() > SMALL_TABLE {
+        if self.table.len() > self.small_table {
             if self.by_index.len() <= i {
                 self.by_index.resize_with(i + 1, || None);
             }
@@ -456,6 +467,79 @@ mod tests {
             0,
             "the table is out while a request holds it"
         );
+    }
+
+    /// The release build's path: up to [`SMALL_TABLE`] keys the memo answers from its table
+    /// alone and fills no per-node slot; past it, slots. Judged against the GPU count each
+    /// node was given (not a re-decision), over two requests, at the release threshold and
+    /// at the debug one.
+    #[test]
+    fn the_small_table_answers_alone_and_slots_start_past_it() {
+        use crate::cluster::ClusterState;
+        use crate::cluster::snapshot::DeviceView;
+        use crate::model::device::{Device, DeviceType};
+
+        let device = |gpus: u32| {
+            let devices: Vec<_> = (0..gpus)
+                .map(|m| {
+                    serde_json::json!({"type": "gpu", "id": format!("GPU-{m}"), "minor": m,
+                    "health": true, "resources": {"koordinator.sh/gpu-core": "100",
+                    "koordinator.sh/gpu-memory": "80Gi", "koordinator.sh/gpu-memory-ratio": "100"}})
+                })
+                .collect();
+            let d: Device = serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "n"}, "spec": {"devices": devices}}),
+            )
+            .expect("device");
+            crate::cluster::devices::NodeDevices::from_device(&d).0
+        };
+        // 600 nodes: node i has 1 + i % kinds GPUs, so `kinds` distinct fingerprints.
+        let gpus_of = |i: u32, kinds: u32| 1 + i % kinds;
+        let decide = |view: Option<NodeView<'_>>| match view.map(|v| v.devices) {
+            Some(DeviceView::Indexed(index)) => index
+                .totals(&DeviceType::Gpu)
+                .iter()
+                .map(|g| u32::from(g.count))
+                .sum::<u32>(),
+            other => panic!("an indexed node: {other:?}"),
+        };
+        for (kinds, threshold, slots_expected) in [
+            (40, SMALL_TABLE.max(256), false),
+            (300, SMALL_TABLE.max(256), true),
+            (40, 0, true),
+        ] {
+            let cluster = ClusterState::new();
+            cluster.build_snapshot();
+            for i in 0..600u32 {
+                cluster.set_devices(&format!("n{i:04}"), Some(device(gpus_of(i, kinds))));
+            }
+            let snapshot = cluster.read_snapshot();
+            let cache = MemoCache::default();
+            for request in 0..2 {
+                let mut memo = cache.take(1, true, false).with_small_table(threshold);
+                let mut finder = snapshot.finder();
+                for i in 0..600u32 {
+                    let found = finder.find(&format!("n{i:04}"));
+                    assert_eq!(
+                        memo.answer(found, decide),
+                        gpus_of(i, kinds),
+                        "kinds {kinds} threshold {threshold} request {request} node {i}"
+                    );
+                }
+                assert_eq!(
+                    !memo.by_index.is_empty(),
+                    slots_expected,
+                    "kinds {kinds} threshold {threshold}: slots {}",
+                    memo.by_index.len()
+                );
+                let (lookups, hits) = memo.stats();
+                assert_eq!(lookups, 600);
+                // The first request decides each fingerprint once; the second none.
+                let first_hits = 600 - kinds;
+                assert_eq!(hits, if request == 0 { first_hits } else { 600 });
+                cache.give_back(memo, table_limit(600));
+            }
+        }
     }
 
     #[test]
