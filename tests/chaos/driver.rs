@@ -509,6 +509,8 @@ pub struct Driver {
     /// [`WriteFault::LandsLate`] writes armed and not yet landed, by id.
     late: Vec<u64>,
     next_late: u64,
+    /// Pod name of every uid a scheduling round chose.
+    pod_names: BTreeMap<String, String>,
     _dir: tempfile::TempDir,
 }
 
@@ -560,6 +562,7 @@ impl Driver {
             bind_in_watch_gaps: cfg.bind_in_watch_gaps,
             late: Vec::new(),
             next_late: 0,
+            pod_names: BTreeMap::new(),
             _dir: dir,
         };
         d.wait_leader().await;
@@ -728,7 +731,20 @@ impl Driver {
             self.dump_ledgers = true;
         }
         self.report.violations.append(&mut self.checker.violations);
+        // A late-landing binding still in flight carries the allocation decided in the round
+        // that sent it: its pod's rounds are kept until it lands (`land_late` settles them),
+        // or its allocation would be judged against the state when it lands (a Device deleted
+        // meanwhile read as "allocated while its Device was missing").
+        let in_flight: BTreeSet<String> = self
+            .late
+            .iter()
+            .filter_map(|id| self.fake.late_write_pod(*id))
+            .collect();
         for uid in std::mem::take(&mut self.settle) {
+            let pod = self.pod_names.get(&uid);
+            if pod.is_some_and(|p| in_flight.contains(p)) {
+                continue;
+            }
             self.rounds.remove(&uid);
         }
     }
@@ -829,6 +845,16 @@ impl Driver {
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         self.note(format!("  late write {id}: {outcome}"));
+        // Its pod's kept rounds judge the allocation it carried at the next check, then go.
+        if let Some(pod) = self.fake.late_write_pod(id) {
+            let uids: Vec<String> = self
+                .pod_names
+                .iter()
+                .filter(|(_, name)| **name == pod)
+                .map(|(uid, _)| uid.clone())
+                .collect();
+            self.settle.extend(uids);
+        }
         *self.report.late_writes.entry(outcome).or_default() += 1;
     }
 
@@ -1323,6 +1349,7 @@ impl Driver {
                 .entry(uid.clone())
                 .or_default()
                 .push(forbidden.clone());
+            self.pod_names.insert(uid.clone(), name.clone());
             tasks.push((uid, tokio::spawn(cycle(http.clone(), pod, nodes.clone()))));
         }
         // Now and then another scheduler binds one of these pods while the extender is

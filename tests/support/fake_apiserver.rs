@@ -900,6 +900,8 @@ pub(crate) struct LateWrite {
     pub(crate) land: Arc<tokio::sync::Notify>,
     /// The write reached the server (its fault was consumed).
     pub(crate) arrived: bool,
+    /// The name of the object it writes (the pod, for a binding), once it arrived.
+    pub(crate) pod: Option<String>,
     pub(crate) outcome: Option<u16>,
 }
 
@@ -1322,6 +1324,11 @@ impl FakeApiServer {
     /// (2xx: applied; 409: a precondition failed; 504: past its deadline), `None` before.
     pub fn late_write_outcome(&self, id: u64) -> Option<u16> {
         self.late.lock().get(&id).and_then(|w| w.outcome)
+    }
+
+    /// The object (pod) the [`WriteFault::LandsLate`] write `id` writes, once it arrived.
+    pub fn late_write_pod(&self, id: u64) -> Option<String> {
+        self.late.lock().get(&id).and_then(|w| w.pod.clone())
     }
 
     /// Whether the [`WriteFault::LandsLate`] write `id` reached the server.

@@ -356,6 +356,7 @@ async fn resource(
             let mut late = fake.late.lock();
             let w = late.entry(id).or_default();
             w.arrived = true;
+            w.pod = r.name.clone();
             w.land.clone()
         };
         let late = fake.late.clone();
