@@ -171,6 +171,13 @@ impl Activity {
         self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Relaxed))
     }
 
+    /// Restarts the clock of `phase` if the connection is still in it.
+    fn restart(&self, phase: Phase) {
+        if self.phase() == phase {
+            self.since_ms.store(self.now_ms(), Ordering::Relaxed);
+        }
+    }
+
     /// Moves to `to` (from `from` only, when given) and wakes the connection's task.
     fn enter(&self, from: Option<Phase>, to: Phase) {
         let moved = match from {
@@ -387,6 +394,10 @@ impl Connection {
         let _ = stream.set_nodelay(true);
         let limits = &self.listener.limits;
         let opened = Instant::now();
+        // The head's deadline runs from now, when this task first runs, not from the accept:
+        // a server starved between the two (a CPU-throttled pod, a bootstrap hogging the
+        // runtime) must not blame the client for its own delay.
+        self.activity.restart(Phase::Head);
         match self.listener.tls.as_ref() {
             None => self.http(stream, opened).await,
             Some(tls) => {
@@ -464,6 +475,9 @@ impl Connection {
             };
             let closing = cut_at.is_some();
             tokio::select! {
+                // The connection first: after a stall, a request that arrived meanwhile is
+                // read (and its phase moves on) before an expired deadline is looked at.
+                biased;
                 result = conn.as_mut() => {
                     if let Err(e) = result {
                         if e.is_parse_too_large() {

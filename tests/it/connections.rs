@@ -399,3 +399,79 @@ async fn at_the_cap_with_every_connection_serving_a_request_a_new_one_is_refused
     .await;
     normal_call_answered(&env).await;
 }
+
+/// A server starved while a request arrives (its only runtime thread blocked past the head
+/// deadline, as a CPU-throttled pod or a bootstrap hogging the runtime can be) still serves
+/// that request: when it runs again the request and the expired deadline are both ready, and
+/// the request is read first. Before, `select!` picked at random and cut about half of them
+/// as `header_timeout` (the flake loop caught it in `scale::bootstrap_5000_nodes_50000_pods`
+/// as a failed `/readyz`).
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_that_arrived_while_the_server_was_starved_is_served() {
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let fake = FakeApiServer::new();
+    let env = Env::start(&fake, &["--header-read-timeout", "200ms"]).await;
+    for round in 0..10 {
+        let before = env
+            .svc
+            .state
+            .metrics
+            .connections_accepted
+            .with_label_values(&["verbs"])
+            .get();
+        let (addr, go) = (env.svc.addr, Arc::new(AtomicBool::new(false)));
+        let client = std::thread::spawn({
+            let go = go.clone();
+            move || {
+                let mut s = std::net::TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(GUARD)).expect("read timeout");
+                let deadline = std::time::Instant::now() + GUARD;
+                while !go.load(Ordering::SeqCst) {
+                    assert!(std::time::Instant::now() < deadline, "never told to send");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                    .expect("write");
+                let mut got = Vec::new();
+                let _ = s.read_to_end(&mut got);
+                got
+            }
+        });
+        // On this (the server's only) thread: once the connection is accepted and its task has
+        // run (its head deadline armed), let the client send, and block the thread for three
+        // head deadlines while the request arrives.
+        let metrics = env.svc.state.metrics.clone();
+        tokio::spawn(async move {
+            let accepted = || {
+                metrics
+                    .connections_accepted
+                    .with_label_values(&["verbs"])
+                    .get()
+            };
+            let deadline = std::time::Instant::now() + GUARD;
+            while accepted() == before {
+                assert!(std::time::Instant::now() < deadline, "never accepted");
+                tokio::task::yield_now().await;
+            }
+            for _ in 0..50 {
+                tokio::task::yield_now().await;
+            }
+            go.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(600));
+        })
+        .await
+        .expect("starver");
+        let got = tokio::task::spawn_blocking(move || client.join().expect("client"))
+            .await
+            .expect("join");
+        assert!(
+            got.starts_with(b"HTTP/1.1 200"),
+            "round {round}: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    assert_eq!(counter(&env, "rejected", "verbs", "header_timeout"), 0);
+    env.svc.shutdown().await.unwrap();
+}
