@@ -42,13 +42,14 @@ use criterion::{Criterion, Throughput};
 use futures::future::BoxFuture;
 
 use common::{Case, PerNodeSplit, extender_body, slashed, summarize};
-use device_numa_extender::bind::{ApiError, Binder, PodApi, allocate_on};
+use device_numa_extender::bind::{ApiError, Binder, PodApi};
 use device_numa_extender::cluster::ClusterState;
 use device_numa_extender::cluster::devices::{EntryState, RecordedAllocation};
 use device_numa_extender::extender::AppState;
 use device_numa_extender::extender::input::decode;
 use device_numa_extender::extender::verbs;
 use device_numa_extender::extender::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
+use device_numa_extender::fit::allocate_on;
 use device_numa_extender::metrics::Metrics;
 use device_numa_extender::model::cpuset::CpuSet;
 use device_numa_extender::model::ids::PodUid;

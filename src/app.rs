@@ -60,40 +60,16 @@ async fn kube_client(args: &ServeArgs) -> Result<kube::Client, ServeError> {
     kube_client_from(args.kubeconfig.as_deref()).await
 }
 
-/// A client from a kubeconfig path (`KUBECONFIG`-style lists merged), or in-cluster/inferred
-/// config without one. Shared by `serve` and the operator tools.
+/// [`sync::client::kube_client_from`], with `serve`'s errors.
 pub async fn kube_client_from(
     kubeconfig: Option<&std::path::Path>,
 ) -> Result<kube::Client, ServeError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            // KUBECONFIG may list several files (`a:b`), merged in order as kubectl does.
-            let mut merged: Option<kube::config::Kubeconfig> = None;
-            for part in std::env::split_paths(path.as_os_str()) {
-                if part.as_os_str().is_empty() {
-                    continue;
-                }
-                let next = kube::config::Kubeconfig::read_from(&part)
-                    .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", part.display())))?;
-                merged = Some(match merged {
-                    None => next,
-                    Some(acc) => acc
-                        .merge(next)
-                        .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", part.display())))?,
-                });
-            }
-            let kubeconfig = merged.ok_or_else(|| {
-                ServeError::Kubeconfig(format!("{}: no kubeconfig file given", path.display()))
-            })?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", path.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| ServeError::Kubeconfig(e.to_string()))?,
-    };
-    Ok(kube::Client::try_from(config)?)
+    sync::client::kube_client_from(kubeconfig)
+        .await
+        .map_err(|e| match e {
+            sync::client::ClientError::Kubeconfig(m) => ServeError::Kubeconfig(m),
+            sync::client::ClientError::Client(e) => ServeError::Client(e),
+        })
 }
 
 /// A signal future: SIGTERM or SIGINT.

@@ -28,54 +28,17 @@ use parking_lot::Mutex;
 use crate::cluster::assumed::{AssumedPod, Outcome, SentBinding};
 use crate::cluster::cpus::RecordedCpus;
 use crate::cluster::devices::{EntryState, RecordedAllocation};
-use crate::cluster::{ClusterState, NodeState, PodRecord};
-use crate::extender::wire::ExtenderBindingArgs;
+use crate::cluster::{ClusterState, PodRecord};
 use crate::fit::{self, PodNeeds};
 use crate::metrics::Metrics;
 use crate::model::annotations::{DEVICE_ALLOCATED, RESOURCE_STATUS};
-use crate::model::device::DeviceAllocations;
 use crate::model::ids::PodUid;
 use crate::model::koord_cpu::RESOURCE_SPEC;
 use crate::model::pod::Pod;
-use crate::placement::device::allocate::{FitError, fit_with};
+use crate::model::wire::ExtenderBindingArgs;
 use crate::placement::device::pod_device_request;
-use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::ScoringConfig;
 use crate::sync::{Kind, Readiness};
-
-/// The device policy for one node, shared by filter, preempt and bind:
-/// `Ok(None)` = nothing to allocate here, `Ok(Some)` = the allocation, `Err` = no fit.
-///
-/// A node without a Device object is left to the kubelet's device plugins (koordinator #1594)
-/// unless pods on it hold koordinator device allocations: then its Device object is missing
-/// (deleted, or not yet arrived) and nothing is allocatable until it is back, while what those
-/// pods hold stays counted (koordinator #1186); pods in `ignore` (preemption victims) do not
-/// count as holding. The rule depends only on current API state, so
-/// a restarted or standby replica decides exactly as a long-running one.
-pub fn allocate_on(
-    node: Option<&NodeState>,
-    req: &PodDeviceRequest,
-    ignore: &[PodUid],
-    scoring: &ScoringConfig,
-) -> Result<Option<DeviceAllocations>, FitError> {
-    let Some(node) = node else {
-        return Ok(None);
-    };
-    if node.devices.devices().is_none() {
-        // Preemption victims (`ignore`) count as gone: once they are, the node may hold
-        // nothing any more and is left to the device plugins again (issue 9 §1.5).
-        let held = node.devices.entries().any(|(uid, _)| !ignore.contains(uid));
-        return if !held {
-            Ok(None)
-        } else {
-            Err(FitError {
-                reason: "device object missing".into(),
-                unresolvable: false,
-            })
-        };
-    }
-    fit_with(&node.devices, req, ignore, scoring).map(Some)
-}
 
 /// An API call failed.
 #[derive(Debug, thiserror::Error)]
@@ -1456,8 +1419,12 @@ impl Binder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::NodeState;
+    use crate::fit::allocate_on;
+    use crate::model::device::DeviceAllocations;
     use crate::model::device::{DeviceAllocation, DeviceType, GPU_MEMORY_RATIO};
     use crate::model::quantity::Quantity;
+    use crate::placement::device::request::PodDeviceRequest;
 
     fn gpu_request() -> PodDeviceRequest {
         let requests = crate::model::requests::Requests::from([(

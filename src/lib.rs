@@ -1,14 +1,15 @@
 //! device-numa-extender: a kube-scheduler HTTP extender that gives a stock kube-scheduler
 //! koordinator-compatible GPU/device sharing and NUMA-aware CPU placement.
 //!
-//! Layout (dependency direction is downwards only):
-//! - [`extender`]: HTTP surface (axum router, wire types, probes, handlers).
-//! - [`bind`]: commits an allocation (lock node, allocate, assume, patch pod, bind).
+//! Layout: see `ARCHITECTURE.md` at the repository root for the layers, the rule of each,
+//! and the life of a request; `scripts/import_graph.py` checks that no import cycle exists.
+//! - [`extender`]: HTTP surface (routers, listener, TLS, probes, handlers).
+//! - [`bind`]: commits an allocation (lock node, decide, assume, write the binding, settle).
 //! - [`fit`]: the combined device + CPU/NUMA decision for one pod on one node.
-//! - [`sync`]: force-synced bootstrap: watchers or a cluster file feeding buffer-and-diff per kind.
+//! - [`sync`]: force-synced bootstrap, readiness and the Kubernetes client.
 //! - [`placement`]: pure placement logic; no I/O.
-//! - [`cluster`]: the caches (per-node state behind per-node locks); never touches the network.
-//! - [`model`]: the slim API object types we decode, and quantity parsing.
+//! - [`cluster`]: the caches, the read snapshot and the operator view; never the network.
+//! - [`model`]: the API types, annotations, policy vocabulary and the extender wire types.
 //! - [`metrics`]: the prometheus registry.
 //! - [`ops`]: operator tools (`inspect`, `simulate`, capacity gauges) on top of the above.
 

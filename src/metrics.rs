@@ -70,7 +70,7 @@ pub struct Metrics {
     /// Bytes of request bodies being read or served, charged to `--body-budget-bytes`.
     pub request_body_bytes_in_flight: IntGauge,
     /// Request bodies refused before a handler saw them, by reason
-    /// ([`crate::extender::admission::BODY_REJECTIONS`]).
+    /// ([`BODY_REJECTIONS`]).
     pub request_bodies_rejected: IntCounterVec,
 }
 
@@ -350,7 +350,7 @@ impl Metrics {
                     .with_label_values(&[listener, reason]);
             }
         }
-        for reason in crate::extender::admission::BODY_REJECTIONS {
+        for reason in BODY_REJECTIONS {
             self.request_bodies_rejected.with_label_values(&[reason]);
         }
         for reason in TLS_HANDSHAKE_FAILURES {
@@ -391,6 +391,15 @@ impl Default for Metrics {
         Self::new()
     }
 }
+
+/// Why a request body was not admitted (`extender::admission`); the `reason` label of
+/// `dne_request_bodies_rejected_total`, every value pre-registered.
+pub const BODY_REJECTIONS: &[&str] = &[
+    "declared_too_large",
+    "too_large",
+    "read_timeout",
+    "read_error",
+];
 
 /// Label values of `dne_tls_handshake_failures_total{reason}`.
 /// Why a listener refused or cut off a connection.

@@ -11,6 +11,7 @@ pub mod devices;
 pub mod pod;
 pub mod snapshot;
 pub mod state;
+pub mod view;
 
 pub use pod::PodRecord;
 pub use state::{ClusterState, NodeEntry, NodeRecord, NodeState, TopologyRecord};

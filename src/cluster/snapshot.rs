@@ -51,7 +51,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arc_swap::{ArcSwap, Guard};
 use parking_lot::Mutex;
 
-use super::state::NodeState;
 use crate::placement::cpu::{CpuSummary, NodeCpuBindPolicy};
 use crate::placement::device::index::{DeviceIndexRef, GroupRanges, NodeSums, SlotGroup};
 
@@ -201,36 +200,9 @@ pub struct NodeSummary {
 }
 
 impl NodeSummary {
-    /// The facts of `state` (its cached CPU summary and a freshly built device index).
-    pub fn of(state: &NodeState) -> Self {
-        let (devices, slots, sums) = match state.devices.devices() {
-            None => (
-                DeviceFacts::Missing {
-                    held: !state.devices.is_empty(),
-                },
-                Vec::new(),
-                NodeSums::default(),
-            ),
-            Some(_) => match state.devices.device_index() {
-                None => (DeviceFacts::Unindexed, Vec::new(), NodeSums::default()),
-                Some(index) => (
-                    DeviceFacts::Indexed {
-                        blocked: index.blocked,
-                        ranges: index.ranges,
-                    },
-                    index.groups,
-                    index.sums,
-                ),
-            },
-        };
-        let cpu = CpuFacts {
-            constrains_plain_pods: state.cpus.constrains_plain_pods(),
-            bind_policy: state.cpus.bind_policy(),
-            summary: state.cpus.summary().map_err(|u| Unusable {
-                reason: Arc::from(u.reason),
-                unresolvable: u.unresolvable,
-            }),
-        };
+    /// A node's facts, fingerprinted. `cluster::state` builds them from a node's ledgers
+    /// (`NodeState::summary`); this module only lays them out and publishes them.
+    pub fn new(devices: DeviceFacts, slots: Vec<SlotGroup>, sums: NodeSums, cpu: CpuFacts) -> Self {
         NodeSummary {
             fingerprint: Fingerprint::of(&devices, &slots, &sums, &cpu),
             devices,
@@ -1198,7 +1170,7 @@ mod tests {
         /// snapshot must say of each node (presence, each GPU's free share and NUMA node, the
         /// sums, free and held CPUs per NUMA node) with its own arithmetic; a planted bug
         /// (the ledger counting an assumed bind's share twice) passed the rebuild comparison and fails
-        /// this. Regression only: `check_snapshot` (published == `NodeSummary::of` rebuilt,
+        /// this. Regression only: `check_snapshot` (published == `NodeState::summary` rebuilt,
         /// the same function on both sides) proves publication and versioning.
         #[test]
         fn snapshot_equals_a_rebuild_after_any_sequence(
@@ -1309,7 +1281,7 @@ mod tests {
         let summary_with = |gpus: Option<u8>| {
             let mut state = NodeState::default();
             state.devices.set_devices(gpus.map(device));
-            NodeSummary::of(&state)
+            state.summary()
         };
         let (old, new) = (summary_with(None), summary_with(Some(2)));
         assert_ne!(old, new);

@@ -14,7 +14,7 @@ use super::assumed::{AssumedPod, Assumptions};
 use super::cpus::{CpuLedger, NodeCpuLabels, NrtCpuInfo, RecordedCpus};
 use super::devices::{DeviceLedger, EntryState, NodeDevices, RecordedAllocation};
 use super::pod::{PodCpus, PodDevices, PodRecord};
-use super::snapshot::{NodeSummary, ReadSnapshots, Snapshot};
+use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, ReadSnapshots, Snapshot, Unusable};
 use crate::model::ids::PodUid;
 use crate::model::node::Node;
 use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
@@ -113,6 +113,40 @@ pub struct NodeState {
 }
 
 impl NodeState {
+    /// The node's facts for the read snapshot: its cached CPU summary and a freshly built
+    /// device index.
+    pub fn summary(&self) -> NodeSummary {
+        let (devices, slots, sums) = match self.devices.devices() {
+            None => (
+                DeviceFacts::Missing {
+                    held: !self.devices.is_empty(),
+                },
+                Vec::new(),
+                Default::default(),
+            ),
+            Some(_) => match self.devices.device_index() {
+                None => (DeviceFacts::Unindexed, Vec::new(), Default::default()),
+                Some(index) => (
+                    DeviceFacts::Indexed {
+                        blocked: index.blocked,
+                        ranges: index.ranges,
+                    },
+                    index.groups,
+                    index.sums,
+                ),
+            },
+        };
+        let cpu = CpuFacts {
+            constrains_plain_pods: self.cpus.constrains_plain_pods(),
+            bind_policy: self.cpus.bind_policy(),
+            summary: self.cpus.summary().map_err(|u| Unusable {
+                reason: std::sync::Arc::from(u.reason),
+                unresolvable: u.unresolvable,
+            }),
+        };
+        NodeSummary::new(devices, slots, sums, cpu)
+    }
+
     /// Everything known about the node as JSON, ledger included (for `/debug/nodes`).
     pub fn debug_json(&self, now: std::time::Instant) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or_default();
@@ -482,7 +516,7 @@ impl ClusterState {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
             + 1;
         if self.snapshots.is_live() {
-            let summary = (!state.dead).then(|| NodeSummary::of(state));
+            let summary = (!state.dead).then(|| state.summary());
             self.snapshots.publish(name, state.version, summary);
         }
     }
@@ -516,7 +550,7 @@ impl ClusterState {
                 .iter()
                 .filter_map(|e| {
                     let state = e.read();
-                    (!state.dead).then(|| (e.name.clone(), state.version, NodeSummary::of(&state)))
+                    (!state.dead).then(|| (e.name.clone(), state.version, state.summary()))
                 })
                 .collect()
         };
@@ -544,7 +578,7 @@ impl ClusterState {
                 continue;
             }
             live += 1;
-            let want = NodeSummary::of(&state);
+            let want = state.summary();
             match snapshot.summary(&e.name) {
                 None => return Err(format!("node {} missing from the snapshot", e.name)),
                 Some(got) if got != want => {

@@ -93,13 +93,8 @@ pub struct BodyAdmission {
     metrics: Metrics,
 }
 
-/// Why a body was not admitted; the `reason` label of `dne_request_bodies_rejected_total`.
-pub const BODY_REJECTIONS: &[&str] = &[
-    "declared_too_large",
-    "too_large",
-    "read_timeout",
-    "read_error",
-];
+/// Why a body was not admitted: the label values the metric declares.
+pub use crate::metrics::BODY_REJECTIONS;
 
 impl BodyAdmission {
     pub fn new(limits: BodyLimits, metrics: Metrics) -> Self {

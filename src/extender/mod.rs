@@ -17,7 +17,8 @@ pub mod memo;
 pub mod probes;
 pub mod tls;
 pub mod verbs;
-pub mod wire;
+/// The wire types live in `model` (bind and the operator tools speak them too).
+pub use crate::model::wire;
 
 use std::sync::Arc;
 use std::time::Duration;

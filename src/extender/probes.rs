@@ -90,11 +90,13 @@ pub async fn debug_nodes(State(state): State<AppState>, Query(q): Query<NodesQue
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect();
-    match crate::ops::inspect::select(&state.cluster, &names) {
+    match crate::cluster::view::select(&state.cluster, &names) {
         Ok(view) => axum::Json(view).into_response(),
-        Err(e) => (
+        Err(missing) => (
             StatusCode::NOT_FOUND,
-            axum::Json(serde_json::json!({ "error": e.to_string() })),
+            axum::Json(serde_json::json!({
+                "error": format!("not in the cluster: {}", missing.join(", "))
+            })),
         )
             .into_response(),
     }

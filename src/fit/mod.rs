@@ -29,7 +29,7 @@ use crate::placement::cpu::{
     PodCpuRequest, fast_aligned, fast_aligned_score, fast_feasible, fast_score, place,
     score_or_zero,
 };
-use crate::placement::device::allocate::{FitError, fit_on_numa};
+use crate::placement::device::allocate::{FitError, fit_on_numa, fit_with};
 use crate::placement::device::fast::{self as fast_device, FastRequest};
 use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::{ScoringConfig, score_node};
@@ -194,7 +194,41 @@ pub fn decide(
     Ok(Decision { devices, cpu })
 }
 
-/// `bind::allocate_on` with an optional NUMA restriction.
+/// The device policy for one node, shared by filter, preempt and bind:
+/// `Ok(None)` = nothing to allocate here, `Ok(Some)` = the allocation, `Err` = no fit.
+///
+/// A node without a Device object is left to the kubelet's device plugins (koordinator #1594)
+/// unless pods on it hold koordinator device allocations: then its Device object is missing
+/// (deleted, or not yet arrived) and nothing is allocatable until it is back, while what those
+/// pods hold stays counted (koordinator #1186); pods in `ignore` (preemption victims) do not
+/// count as holding. The rule depends only on current API state, so
+/// a restarted or standby replica decides exactly as a long-running one.
+pub fn allocate_on(
+    node: Option<&NodeState>,
+    req: &PodDeviceRequest,
+    ignore: &[PodUid],
+    scoring: &ScoringConfig,
+) -> Result<Option<DeviceAllocations>, FitError> {
+    let Some(node) = node else {
+        return Ok(None);
+    };
+    if node.devices.devices().is_none() {
+        // Preemption victims (`ignore`) count as gone: once they are, the node may hold
+        // nothing any more and is left to the device plugins again (issue 9 §1.5).
+        let held = node.devices.entries().any(|(uid, _)| !ignore.contains(uid));
+        return if !held {
+            Ok(None)
+        } else {
+            Err(FitError {
+                reason: "device object missing".into(),
+                unresolvable: false,
+            })
+        };
+    }
+    fit_with(&node.devices, req, ignore, scoring).map(Some)
+}
+
+/// [`allocate_on`] with an optional NUMA restriction.
 fn allocate_devices(
     node: Option<&NodeState>,
     req: &PodDeviceRequest,
@@ -206,7 +240,7 @@ fn allocate_devices(
         (Some(n), Some(mask)) if n.devices.devices().is_some() => {
             fit_on_numa(&n.devices, req, ignore, scoring, Some(mask)).map(Some)
         }
-        _ => crate::bind::allocate_on(node, req, ignore, scoring),
+        _ => allocate_on(node, req, ignore, scoring),
     }
 }
 
@@ -235,7 +269,7 @@ pub fn snapshot_fit(
     }
 }
 
-/// The device half of [`snapshot_fit`] (`bind::allocate_on`'s answer).
+/// The device half of [`snapshot_fit`] ([`allocate_on`]'s answer).
 fn device_check(devices: DeviceView<'_>, fast: &FastRequest) -> Option<Result<(), FitError>> {
     match devices {
         // Device plugins own a node without a Device object, unless pods hold allocations
@@ -583,7 +617,6 @@ mod aligned_tests {
     use crate::cluster::TopologyRecord;
     use crate::cluster::cpus::RecordedCpus;
     use crate::cluster::devices::{DeviceSlot, EntryState, NodeDevices, RecordedAllocation};
-    use crate::cluster::snapshot::NodeSummary;
     use crate::model::cpuset::CpuSet;
     use crate::model::device::{
         DeviceResources, DeviceTopology, DeviceType, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
@@ -805,7 +838,7 @@ mod aligned_tests {
             };
             prop_assert_eq!(full.is_ok(), want_fit, "full decision vs the oracle: {:?} {:?}", full, want);
             // Filter's answer from the node's snapshot view.
-            let summary = NodeSummary::of(&state);
+            let summary = state.summary();
             let got = snapshot_fit(
                 Some(summary.view()),
                 &needs,
@@ -866,7 +899,7 @@ mod aligned_tests {
             for (d, c) in fleet {
                 let (gpus, holders) = &device_states[d % device_states.len()];
                 let state = node(*gpus, holders, &cpu_states[c % cpu_states.len()]);
-                let summary = NodeSummary::of(&state);
+                let summary = state.summary();
                 let full = decide(Some(&state), &needs, &[], &scoring).map(|_| ());
                 let got = snapshot_fit(Some(summary.view()), &needs, fast.as_ref(), &scoring, &mut fits);
                 if let Some(got) = got {
@@ -892,7 +925,7 @@ mod aligned_tests {
         let pod = pod(&json!({"nvidia.com/gpu": "1"}), None);
         let devices = pod_device_request(&pod).expect("valid").expect("devices");
         let fast = FastRequest::new(&devices, &scoring).expect("indexable");
-        let summary = NodeSummary::of(&node(4, &[], &[]));
+        let summary = node(4, &[], &[]).summary();
         let DeviceView::Indexed(index) = summary.view().devices else {
             panic!("an indexed node");
         };
@@ -917,7 +950,7 @@ mod aligned_tests {
         let (_, needs, fast) = gpu_cpu_pod(1, 4, "SingleNUMANode");
         let mut fits = FitMemo::default();
         let mut answer = |state: &NodeState| {
-            let summary = NodeSummary::of(state);
+            let summary = state.summary();
             snapshot_fit(
                 Some(summary.view()),
                 &needs,

@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::cpu_policy::{
+    CpuBindPolicy, CpuDetail, CpuExclusivePolicy, MAX_NUMA_NODES, NodeCpuBindPolicy,
+    NumaAllocateStrategy, NumaExclusive, NumaId, NumaPolicy, NumaShare,
+};
 use super::cpuset::{CpuId, CpuSet, CpuSetError};
 use super::quantity::{Quantity, QuantityError};
-use crate::placement::cpu::{
-    CpuBindPolicy, CpuDetail, CpuExclusivePolicy, NodeCpuBindPolicy, NumaAllocateStrategy,
-    NumaExclusive, NumaId, NumaPolicy, NumaShare,
-};
 
 // ---- keys ------------------------------------------------------------------------------------
 
@@ -211,7 +211,7 @@ struct CpuInfoJson {
 }
 
 /// `node.koordinator.sh/cpu-topology` → the CPU details (not yet validated as a topology:
-/// duplicates and capacity are [`crate::placement::cpu::CpuTopology::new`]'s job).
+/// duplicates and capacity are `placement::cpu::CpuTopology::new`'s job).
 pub fn parse_cpu_topology(s: &str) -> Result<Vec<CpuDetail>, KoordCpuError> {
     const A: &str = CPU_TOPOLOGY;
     let parsed: CpuTopologyJson = json(A, s)?;
@@ -605,7 +605,7 @@ impl ResourceStatus {
             }
             let id = NumaId::try_from(node)
                 .ok()
-                .filter(|id| (*id as usize) < crate::placement::cpu::MAX_NUMA_NODES)
+                .filter(|id| (*id as usize) < MAX_NUMA_NODES)
                 .ok_or_else(|| KoordCpuError::OutOfRange {
                     annotation: A,
                     field,

@@ -38,6 +38,7 @@ macro_rules! static_resource {
     };
 }
 
+pub mod cpu_policy;
 pub mod cpuset;
 pub mod device;
 pub mod ids;
@@ -47,6 +48,7 @@ pub mod nrt;
 pub mod pod;
 pub mod quantity;
 pub mod requests;
+pub mod wire;
 
 /// Koordinator annotation keys this service reads or writes.
 pub mod annotations {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::OpsError;
 use super::args::{InspectArgs, InspectFormat};
 use super::render;
-use super::view::{ClusterView, cluster_view};
+use super::view::ClusterView;
 use crate::bind::{Binder, PodApi};
 use crate::cluster::ClusterState;
 use crate::extender::AppState;
@@ -137,7 +137,7 @@ pub async fn view(args: &InspectArgs) -> Result<ClusterView, OpsError> {
     let loaded = match &args.cluster_file {
         Some(path) => load_cluster_file(ClusterFile::load(path)?),
         None => {
-            let client = crate::app::kube_client_from(args.kubeconfig.as_deref())
+            let client = crate::sync::client::kube_client_from(args.kubeconfig.as_deref())
                 .await
                 .map_err(|e| OpsError::Client(e.to_string()))?;
             load_kube(&client).await?
@@ -148,17 +148,7 @@ pub async fn view(args: &InspectArgs) -> Result<ClusterView, OpsError> {
 
 /// The view of `nodes` (all when empty); naming a node the caches do not hold is an error.
 pub fn select(cluster: &ClusterState, nodes: &[String]) -> Result<ClusterView, OpsError> {
-    let view = cluster_view(cluster, nodes);
-    let missing: Vec<String> = nodes
-        .iter()
-        .filter(|n| !view.nodes.iter().any(|v| &v.name == *n))
-        .cloned()
-        .collect();
-    if missing.is_empty() {
-        Ok(view)
-    } else {
-        Err(OpsError::UnknownNodes(missing))
-    }
+    crate::cluster::view::select(cluster, nodes).map_err(OpsError::UnknownNodes)
 }
 
 /// Colour only for a terminal, and never with `NO_COLOR` set (<https://no-color.org>).

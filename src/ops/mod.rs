@@ -16,7 +16,8 @@ pub mod capacity;
 pub mod inspect;
 pub mod render;
 pub mod simulate;
-pub mod view;
+/// The view lives in `cluster` (the service's `/debug/nodes` serves it too).
+pub use crate::cluster::view;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {

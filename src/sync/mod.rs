@@ -2,6 +2,7 @@
 //! per kind into buffer-and-diff ([`store`]), whose handlers ([`handlers`]) apply to the
 //! caches, and [`readiness`] records when every required kind has applied its first list.
 
+pub mod client;
 pub mod file_source;
 pub mod handlers;
 pub mod kind;

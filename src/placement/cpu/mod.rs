@@ -38,14 +38,11 @@ pub use place::{place, score_or_zero};
 pub use summary::{CpuSummary, fast_aligned, fast_aligned_score, fast_feasible, fast_score};
 pub use topology::{CpuDetail, CpuTopology, TopologyError};
 
+pub use crate::model::cpu_policy::{
+    CpuBindPolicy, CpuExclusivePolicy, MAX_NUMA_NODES, NodeCpuBindPolicy, NumaAllocateStrategy,
+    NumaExclusive, NumaId, NumaPolicy, NumaShare,
+};
 use crate::model::cpuset::CpuSet;
-
-/// A NUMA node id (`node-<id>` zones, `cpu-topology` `node` field).
-pub type NumaId = u32;
-
-/// The largest number of NUMA nodes a node may have for hint enumeration (kubelet's default
-/// `max-allowable-numa-nodes` is 8; subsets are bitmasks of this width).
-pub const MAX_NUMA_NODES: usize = 16;
 
 /// A set of NUMA node ids as a bitmask (bit `i` = NUMA node `i`).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -77,79 +74,6 @@ impl std::fmt::Debug for NumaMask {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_set().entries(self.ids()).finish()
     }
-}
-
-/// How a pod's CPUs are bound (`resource-spec` `requiredCPUBindPolicy` /
-/// `preferredCPUBindPolicy`, after `Default` is resolved to the configured default).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CpuBindPolicy {
-    /// Whole physical cores (all hyperthreads of a core).
-    FullPcpus,
-    /// One hyperthread per physical core where possible.
-    SpreadByPcpus,
-}
-
-/// A node-forced bind policy (label `node.koordinator.sh/cpu-bind-policy`, or kubelet static
-/// with `full-pcpus-only`): applies to every pod with a CPU request on that node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum NodeCpuBindPolicy {
-    #[default]
-    None,
-    FullPcpusOnly,
-    SpreadByPcpus,
-}
-
-/// `preferredCPUExclusivePolicy`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum CpuExclusivePolicy {
-    #[default]
-    None,
-    /// Avoid physical cores already holding a PCPULevel CPU.
-    PcpuLevel,
-    /// Avoid NUMA nodes already holding a NUMANodeLevel CPU.
-    NumaNodeLevel,
-}
-
-/// A NUMA topology policy, of the node (label or NRT) or of the pod (`numa-topology-spec`).
-/// Every unknown string, and `None`, means [`NumaPolicy::None`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum NumaPolicy {
-    #[default]
-    None,
-    BestEffort,
-    Restricted,
-    SingleNumaNode,
-}
-
-impl NumaPolicy {
-    /// The name koordinator's labels and the NRT use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NumaPolicy::None => "None",
-            NumaPolicy::BestEffort => "BestEffort",
-            NumaPolicy::Restricted => "Restricted",
-            NumaPolicy::SingleNumaNode => "SingleNUMANode",
-        }
-    }
-}
-
-/// `numa-topology-spec` `singleNUMANodeExclusive`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum NumaExclusive {
-    /// Defaults to Required only when the pod set a NUMA policy itself (reference §1.4).
-    #[default]
-    Unset,
-    Required,
-    Preferred,
-}
-
-/// Accumulator order (`node.koordinator.sh/numa-allocate-strategy`): pack onto the fullest
-/// NUMA node / socket first, or spread onto the emptiest.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum NumaAllocateStrategy {
-    MostAllocated,
-    #[default]
-    LeastAllocated,
 }
 
 /// Node-level and NUMA-level scoring strategy (koordinator `scoringStrategy` /
@@ -272,14 +196,6 @@ pub struct CpuPlacement {
     /// the caller restricts the pod's device allocation to them. `None` when no NUMA policy
     /// applies (devices are then chosen independently) or the node lists no NUMA zones.
     pub affinity: Option<NumaMask>,
-}
-
-/// One entry of `numaNodeResources`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NumaShare {
-    pub numa: NumaId,
-    pub cpu_milli: i64,
-    pub memory_bytes: i64,
 }
 
 /// Why a pod's CPU/NUMA request does not fit a node.

@@ -6,17 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::NumaId;
+pub use crate::model::cpu_policy::CpuDetail;
 use crate::model::cpuset::{CpuId, CpuSet};
-
-/// One logical CPU, as koordlet's `node.koordinator.sh/cpu-topology` `detail` entry gives it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CpuDetail {
-    pub id: CpuId,
-    /// The physical core id within its socket.
-    pub core: u32,
-    pub socket: u32,
-    pub numa: NumaId,
-}
 
 /// Why a CPU map cannot be used for cpuset placement.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::devices::{EntryState, RecordedAllocation};
-use crate::cluster::{ClusterState, NodeState};
+use super::devices::{EntryState, RecordedAllocation};
+use super::{ClusterState, NodeState};
 use crate::model::device::{
     DeviceResources, DeviceType, FPGA, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, RDMA,
 };
@@ -506,6 +506,21 @@ pub fn summarize<'a>(nodes: impl IntoIterator<Item = &'a NodeView>) -> Summary {
         add_to_summary(&mut s, n);
     }
     s
+}
+
+/// The view of `nodes` (all when empty); `Err` lists the named nodes the caches do not hold.
+pub fn select(cluster: &ClusterState, nodes: &[String]) -> Result<ClusterView, Vec<String>> {
+    let view = cluster_view(cluster, nodes);
+    let missing: Vec<String> = nodes
+        .iter()
+        .filter(|n| !view.nodes.iter().any(|v| &v.name == *n))
+        .cloned()
+        .collect();
+    if missing.is_empty() {
+        Ok(view)
+    } else {
+        Err(missing)
+    }
 }
 
 /// The view of every cached node (or only those named in `only`, when it is not empty), by name.
