@@ -56,7 +56,15 @@ func TestReadinessGateHoldsARealSchedulerUntilTheCRDsAreSynced(t *testing.T) {
 				return
 			default:
 			}
-			bound := len(cp.boundPods())
+			// Not boundPods: t.Fatal belongs to the test's goroutine, so errors come back
+			// through the channel.
+			pods, err := cp.listBoundPods()
+			if err != nil {
+				violations <- fmt.Sprintf("cannot list pods: %v", err)
+				close(violations)
+				return
+			}
+			bound := len(pods)
 			if code := ext.readyz(); bound > 0 && code != http.StatusOK {
 				violations <- fmt.Sprintf("%d pods bound while /readyz answered %d", bound, code)
 				close(violations)

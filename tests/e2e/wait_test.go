@@ -59,9 +59,19 @@ func (cp *controlPlane) waitBound(names ...string) map[string]*corev1.Pod {
 
 // boundPods lists the pods of the test namespace that have a node.
 func (cp *controlPlane) boundPods() []corev1.Pod {
-	pods, err := cp.admin.CoreV1().Pods(testNamespace).List(context.Background(), metav1.ListOptions{})
+	out, err := cp.listBoundPods()
 	if err != nil {
 		cp.t.Fatal(err)
+	}
+	return out
+}
+
+// listBoundPods is boundPods for goroutines other than the test's own, which must not call
+// t.Fatal: the error is theirs to report.
+func (cp *controlPlane) listBoundPods() ([]corev1.Pod, error) {
+	pods, err := cp.admin.CoreV1().Pods(testNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return nil, err
 	}
 	var out []corev1.Pod
 	for _, p := range pods.Items {
@@ -69,7 +79,7 @@ func (cp *controlPlane) boundPods() []corev1.Pod {
 			out = append(out, p)
 		}
 	}
-	return out
+	return out, nil
 }
 
 // schedulingEvents are the messages of the pod's FailedScheduling events.
