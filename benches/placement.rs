@@ -173,6 +173,7 @@ fn state(nodes: usize) -> AppState {
         scoring,
         body_limit: 16 << 20,
         memos: Default::default(),
+        requeue: Default::default(),
     }
 }
 

@@ -28,7 +28,7 @@ LAYERS = [
     ["metrics"],
     ["sync"],
     ["leader"],
-    ["fit", "bind"],
+    ["fit", "bind", "requeue"],
     ["extender"],
     ["ops"],
     ["cli", "app"],

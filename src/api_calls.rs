@@ -38,3 +38,10 @@ pub const LEADER_ELECTION_API_CALLS: &[ApiCall] = &[ApiCall {
     resource: "leases",
     verbs: &["get", "create", "update"],
 }];
+/// Only with `--requeue` (the default): the requeue signal merge-patches one annotation onto a
+/// Node where capacity returned (`crate::requeue`).
+pub const REQUEUE_API_CALLS: &[ApiCall] = &[ApiCall {
+    group: "",
+    resource: "nodes",
+    verbs: &["patch"],
+}];

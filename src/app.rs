@@ -144,6 +144,8 @@ pub struct Service {
     /// Where `/healthz`, `/readyz` and `/metrics` are served: `--probe-address` as bound, or
     /// `addr` when they share the verb listener.
     pub probe_addr: SocketAddr,
+    /// The admission webhook listener's address as bound (with --webhook-listen).
+    pub webhook_addr: Option<SocketAddr>,
     pub state: AppState,
     shutdown: CancellationToken,
     shutdown_delay: std::time::Duration,
@@ -199,6 +201,7 @@ impl Service {
         let scoring = Arc::new(scoring);
 
         let mut elector = None;
+        let requeue = Arc::new(crate::requeue::Requeue::default());
         let (pod_api, offline_file): (Arc<dyn PodApi>, Option<ClusterFile>) =
             match &args.cluster_file {
                 Some(path) => {
@@ -233,6 +236,27 @@ impl Service {
                             stop.clone(),
                         ));
                         elector = Some((stop, task));
+                    }
+                    if args.requeue {
+                        if args.requeue_interval.is_zero() {
+                            return Err(ServeError::Limits(
+                                "--requeue-interval must be above zero".to_string(),
+                            ));
+                        }
+                        tokio::spawn(crate::requeue::run(
+                            requeue.clone(),
+                            cluster.clone(),
+                            readiness.clone(),
+                            Arc::new(crate::requeue::KubeNodeSignal::new(
+                                client.clone(),
+                                args.request_timeout,
+                            )),
+                            crate::requeue::RequeueConfig {
+                                interval: args.requeue_interval,
+                            },
+                            metrics.clone(),
+                            shutdown.clone(),
+                        ));
                     }
                     tokio::spawn(sync::run_kube(
                         ctx.clone(),
@@ -297,6 +321,7 @@ impl Service {
             binder,
             body_limit: args.body_limit_bytes,
             memos: Default::default(),
+            requeue,
         };
         let http = HttpConfig {
             path_prefix: args.path_prefix.clone(),
@@ -315,6 +340,24 @@ impl Service {
             None => None,
         };
         let probe_addr = probe_listener.as_ref().map_or(addr, |(_, a)| *a);
+        // The admission webhook: its certificate loads (or the start fails) before it listens.
+        let webhook = match args.webhook() {
+            Some((webhook_addr, rule, files)) => {
+                if rule.scheduler_name.is_empty()
+                    || rule.managed_resources.is_empty() && !rule.cpuset_qos
+                {
+                    return Err(ServeError::Limits(
+                        "the webhook needs a non-empty --webhook-scheduler-name and something to route (--webhook-managed-resources or --webhook-route-cpuset-qos)".to_string(),
+                    ));
+                }
+                let reloader = TlsReloader::load(files, metrics.clone())?;
+                let (tcp, bound) = bind(webhook_addr).await?;
+                tracing::info!(addr = %bound, scheduler = %rule.scheduler_name, resources = rule.managed_resources.len(), cpuset_qos = rule.cpuset_qos, "admission webhook serving (HTTPS)");
+                Some((tcp, bound, rule, reloader))
+            }
+            None => None,
+        };
+        let webhook_addr = webhook.as_ref().map(|(_, a, _, _)| *a);
         let verb_app = match probe_listener {
             Some(_) => extender::verb_router(state.clone(), &http),
             None => extender::router(state.clone(), &http),
@@ -367,6 +410,26 @@ impl Service {
                 shutdown.clone(),
             ))
         };
+        let webhook = webhook.map(|(tcp, _, rule, reloader)| {
+            let live = reloader.live_config();
+            tokio::spawn(reloader.run(args.tls_reload_interval, shutdown.clone()));
+            let listener_config = Listener {
+                name: "webhook",
+                router: extender::webhook::router(extender::webhook::WebhookState {
+                    rule: Arc::new(rule),
+                    metrics: metrics.clone(),
+                    body_limit: args.body_limit_bytes,
+                }),
+                limits: args.connection_limits(false),
+                tls: Some(live),
+            };
+            tokio::spawn(listener::serve(
+                tcp,
+                listener_config,
+                metrics.clone(),
+                shutdown.clone(),
+            ))
+        });
         let probes = probe_listener.map(|(tcp, _)| {
             let listener_config = Listener {
                 name: "probes",
@@ -387,7 +450,11 @@ impl Service {
                 Some(p) => p.await,
                 None => Ok(Ok(())),
             };
-            for result in [verbs, probes] {
+            let webhook = match webhook {
+                Some(w) => w.await,
+                None => Ok(Ok(())),
+            };
+            for result in [verbs, probes, webhook] {
                 match result {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Err(ServeError::Serve(e)),
@@ -399,6 +466,7 @@ impl Service {
         Ok(Service {
             addr,
             probe_addr,
+            webhook_addr,
             state,
             shutdown,
             shutdown_delay: args.shutdown_delay,

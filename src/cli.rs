@@ -24,6 +24,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the extender HTTP service.
+    // A flag given again overrides the earlier one: the chart's `extraArgs` come after its
+    // own flags and must be able to change them (e.g. `--log-level=debug`).
+    #[command(args_override_self = true)]
     Serve(Box<ServeArgs>),
     /// Show every node's devices, their use and holders, and a cluster summary.
     Inspect(crate::ops::args::InspectArgs),
@@ -170,6 +173,61 @@ pub struct ServeArgs {
     /// pod is gone, unbound, elsewhere or finished.
     #[arg(long, env = "DNE_ASSUME_TTL", value_parser = parse_duration, default_value = "5m")]
     pub assume_ttl: Duration,
+
+    /// Make kube-scheduler retry the pods the extender rejected as soon as capacity they ask
+    /// for returns (a Device turning healthy or growing, devices or CPUs released, an NRT
+    /// change), by annotating a Node where it returned (needs `patch` on nodes). false: such
+    /// pods wait for another cluster event or kube-scheduler's
+    /// podMaxInUnschedulablePodsDuration (5 minutes by default).
+    #[arg(long, env = "DNE_REQUEUE", action = clap::ArgAction::Set, default_value_t = true)]
+    pub requeue: bool,
+
+    /// Capacity returns gather this long before one requeue signal is written; also the least
+    /// time between two signals (each retries every waiting pod at once).
+    #[arg(long, env = "DNE_REQUEUE_INTERVAL", value_parser = parse_duration, default_value = "1s")]
+    pub requeue_interval: Duration,
+
+    /// Serve the admission webhook (`POST /mutate-pods`) on this address, HTTPS only: it sets
+    /// `spec.schedulerName` to --webhook-scheduler-name on new pods that ask for a managed
+    /// resource (and cpuset QoS pods with --webhook-route-cpuset-qos). Every replica answers,
+    /// leader or not. Needs --webhook-tls-cert-file and --webhook-tls-key-file.
+    #[arg(long, env = "DNE_WEBHOOK_LISTEN", requires_all = ["webhook_tls_cert_file", "webhook_tls_key_file"])]
+    pub webhook_listen: Option<SocketAddr>,
+
+    /// PEM certificate chain of the webhook listener (its SANs must cover the name in the
+    /// webhook configuration's clientConfig; the caBundle there must verify it). Reloaded
+    /// when the file's content changes (--tls-reload-interval).
+    #[arg(
+        long,
+        env = "DNE_WEBHOOK_TLS_CERT_FILE",
+        requires = "webhook_tls_key_file"
+    )]
+    pub webhook_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --webhook-tls-cert-file.
+    #[arg(
+        long,
+        env = "DNE_WEBHOOK_TLS_KEY_FILE",
+        requires = "webhook_tls_cert_file"
+    )]
+    pub webhook_tls_key_file: Option<PathBuf>,
+
+    /// The scheduler the webhook routes pods to (the extender's kube-scheduler profile).
+    #[arg(
+        long,
+        env = "DNE_WEBHOOK_SCHEDULER_NAME",
+        default_value = "device-numa-scheduler"
+    )]
+    pub webhook_scheduler_name: String,
+
+    /// Resource names that route a pod when any container requests or limits one (comma
+    /// separated; default: the chart's managedResources).
+    #[arg(long, env = "DNE_WEBHOOK_MANAGED_RESOURCES", value_delimiter = ',')]
+    pub webhook_managed_resources: Vec<String>,
+
+    /// Also route pods labelled koordinator.sh/qosClass LSE or LSR (cpuset pods).
+    #[arg(long, env = "DNE_WEBHOOK_ROUTE_CPUSET_QOS")]
+    pub webhook_route_cpuset_qos: bool,
 
     /// On SIGTERM/SIGINT, how long to keep serving with /readyz failing before stopping; a
     /// second SIGTERM/SIGINT meanwhile stops at once.
@@ -324,6 +382,46 @@ impl ServeArgs {
         }
     }
 
+    /// The webhook's routing rule and TLS files, when --webhook-listen is set.
+    pub fn webhook(
+        &self,
+    ) -> Option<(
+        SocketAddr,
+        crate::model::routing::RoutingRule,
+        crate::extender::tls::TlsFiles,
+    )> {
+        let addr = self.webhook_listen?;
+        let (cert, key) = (
+            self.webhook_tls_cert_file.clone()?,
+            self.webhook_tls_key_file.clone()?,
+        );
+        let managed = if self.webhook_managed_resources.is_empty() {
+            crate::model::routing::DEFAULT_MANAGED_RESOURCES
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        } else {
+            self.webhook_managed_resources
+                .iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        };
+        Some((
+            addr,
+            crate::model::routing::RoutingRule {
+                scheduler_name: self.webhook_scheduler_name.clone(),
+                managed_resources: managed,
+                cpuset_qos: self.webhook_route_cpuset_qos,
+            },
+            crate::extender::tls::TlsFiles {
+                cert,
+                key,
+                client_ca: None,
+            },
+        ))
+    }
+
     pub fn insisted_kinds(&self) -> BTreeSet<Kind> {
         self.require_kinds.iter().copied().collect()
     }
@@ -431,6 +529,21 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "serve", "--require-kinds", "pods"]).is_err());
         assert!(Cli::try_parse_from(["x", "serve", "--listen", "nope"]).is_err());
         assert!(args.tls_files().is_none());
+        // A repeated flag: the last one wins (the chart appends extraArgs after its flags).
+        let cli = Cli::try_parse_from([
+            "x",
+            "serve",
+            "--log-level=info",
+            "--requeue=true",
+            "--log-level=debug",
+            "--requeue=false",
+        ])
+        .unwrap();
+        let Command::Serve(repeated) = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(repeated.log_level, "debug");
+        assert!(!repeated.requeue);
         // TLS flags come as a pair; a client CA needs a serving certificate.
         assert!(Cli::try_parse_from(["x", "serve", "--tls-cert-file", "c"]).is_err());
         assert!(Cli::try_parse_from(["x", "serve", "--tls-key-file", "k"]).is_err());

@@ -26,4 +26,5 @@ pub mod metrics;
 pub mod model;
 pub mod ops;
 pub mod placement;
+pub mod requeue;
 pub mod sync;

@@ -72,6 +72,15 @@ pub struct Metrics {
     /// Request bodies refused before a handler saw them, by reason
     /// ([`BODY_REJECTIONS`]).
     pub request_bodies_rejected: IntCounterVec,
+    /// Nodes whose capacity of a kind (`gpu`, `rdma`, `fpga`, `cpu`) grew, as the requeue
+    /// signal took them (`crate::requeue`).
+    pub capacity_returns: IntCounterVec,
+    /// Requeue signals by result ([`REQUEUE_RESULTS`]).
+    pub requeue_signals: IntCounterVec,
+    /// Pods the extender rejected everywhere and still remembers as waiting for capacity.
+    pub requeue_waiting_pods: IntGauge,
+    /// Admission webhook reviews by result ([`WEBHOOK_RESULTS`]).
+    pub webhook_reviews: IntCounterVec,
 }
 
 impl Metrics {
@@ -307,6 +316,31 @@ impl Metrics {
                 ),
                 &["reason"]
             )),
+            capacity_returns: reg!(IntCounterVec::new(
+                Opts::new(
+                    "capacity_returns_total",
+                    "Nodes whose free capacity of a kind (gpu, rdma, fpga, cpu) grew, as the requeue signal took them."
+                ),
+                &["kind"]
+            )),
+            requeue_signals: reg!(IntCounterVec::new(
+                Opts::new(
+                    "requeue_signals_total",
+                    "Requeue signals (one Node annotation write makes kube-scheduler retry every pod the extender rejected), by result (written, no_waiting_pods, not_leader, node_gone, failed)."
+                ),
+                &["result"]
+            )),
+            requeue_waiting_pods: reg!(IntGauge::new(
+                "requeue_waiting_pods",
+                "Pods the extender rejected on every candidate node and remembers as waiting for capacity (forgotten when they fit, or after 15 minutes)."
+            )),
+            webhook_reviews: reg!(IntCounterVec::new(
+                Opts::new(
+                    "webhook_reviews_total",
+                    "Admission webhook reviews by result (routed, already_routed, not_managed, other_scheduler, not_a_pod_creation, denied_undecodable_pod, bad_request)."
+                ),
+                &["result"]
+            )),
             registry,
         }
     }
@@ -337,6 +371,15 @@ impl Metrics {
             .with_label_values(&["device-allocated"]);
         for outcome in ["ok", "error"] {
             self.tls_reloads.with_label_values(&[outcome]);
+        }
+        for (_, kind) in crate::cluster::returns::ResourceKinds::LABELED {
+            self.capacity_returns.with_label_values(&[kind]);
+        }
+        for result in WEBHOOK_RESULTS {
+            self.webhook_reviews.with_label_values(&[result]);
+        }
+        for result in REQUEUE_RESULTS {
+            self.requeue_signals.with_label_values(&[result]);
         }
         for listener in ["verbs", "probes"] {
             self.connections_open.with_label_values(&[listener]);
@@ -447,6 +490,26 @@ pub const FILTER_REASONS: [&str; 17] = [
     "no_cpu_topology",
     "cpu_topology_unusable",
     "other",
+];
+
+/// Label values of `dne_webhook_reviews_total{result}`.
+pub const WEBHOOK_RESULTS: [&str; 7] = [
+    "routed",
+    "already_routed",
+    "not_managed",
+    "other_scheduler",
+    "not_a_pod_creation",
+    "denied_undecodable_pod",
+    "bad_request",
+];
+
+/// Label values of `dne_requeue_signals_total{result}`.
+pub const REQUEUE_RESULTS: [&str; 5] = [
+    "written",
+    "no_waiting_pods",
+    "not_leader",
+    "node_gone",
+    "failed",
 ];
 
 /// Label values of `dne_filter_results_total{result}`.

@@ -9,6 +9,7 @@ pub mod assumed;
 pub mod cpus;
 pub mod devices;
 pub mod pod;
+pub mod returns;
 pub mod snapshot;
 pub mod state;
 pub mod view;

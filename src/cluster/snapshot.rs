@@ -656,37 +656,50 @@ impl ReadSnapshots {
 
     /// Publishes `name`'s facts at `version` (`None`: the node is gone). Dropped when the
     /// snapshot already holds a later version; no new snapshot when nothing changed.
-    pub fn publish(&self, name: &str, version: u64, summary: Option<NodeSummary>) {
+    /// `changed(before, after)` runs when a present node's facts change (`before`: `None` for
+    /// a node that was absent), under the publish lock: `super::returns` judges it.
+    pub fn publish<R: Default>(
+        &self,
+        name: &str,
+        version: u64,
+        summary: Option<NodeSummary>,
+        changed: impl FnOnce(Option<&NodeSummary>, &NodeSummary) -> R,
+    ) -> R {
         let mut tombstones = self.publish.lock();
         let cur = self.current.load_full();
         let Some(i) = cur.names.get(name) else {
             let Some(summary) = summary else {
-                return;
+                return R::default();
             };
             if tombstones.versions.get(name).is_some_and(|&v| v >= version) {
-                return;
+                return R::default();
             }
             tombstones.versions.remove(name);
+            let returned = changed(None, &summary);
             self.current
                 .store(Arc::new(appended(&cur, name, version, summary)));
-            return;
+            return returned;
         };
         let i = i as usize;
         if cur.version_of(i) >= version {
-            return;
+            return R::default();
         }
         let (chunk, pos) = (i / CHUNK, i % CHUNK);
         let was_present = cur.chunks[chunk].nodes[pos].devices.is_some();
         if summary.is_none() && !was_present {
-            return;
+            return R::default();
         }
         // Unchanged facts (most pod updates): keep the snapshot. Safe without the new
         // version: one node's publishes arrive in version order (each under the node's
         // lock), and the one full build merges only facts read after this node's last
         // unpublished change.
-        if summary.is_some() && cur.summary_at(i) == summary {
-            return;
+        let before = cur.summary_at(i);
+        if summary.is_some() && before == summary {
+            return R::default();
         }
+        let returned = summary
+            .as_ref()
+            .map_or_else(R::default, |s| changed(before.as_ref(), s));
         let mut chunks = cur.chunks.clone();
         chunks[chunk] = Arc::new(cur.chunks[chunk].replaced(pos, version, summary.as_ref()));
         // A name whose position holds nothing was removed before (appends fill their slot).
@@ -708,6 +721,7 @@ impl ReadSnapshots {
             next
         };
         self.current.store(Arc::new(next));
+        returned
     }
 
     /// Installs a full build (`nodes`, read under each node's lock after `live` was set),
@@ -1295,13 +1309,13 @@ mod tests {
             .chain((0..100u8).map(|i| (Arc::from(node_name(i).as_str()), 1, old.clone())))
             .collect();
         // ... then written and published at version 2, before the build is installed.
-        snapshots.publish("changed", 2, Some(new.clone()));
-        snapshots.publish("removed", 2, Some(new.clone()));
-        snapshots.publish("removed", 3, None);
+        snapshots.publish("changed", 2, Some(new.clone()), |_, _| ());
+        snapshots.publish("removed", 2, Some(new.clone()), |_, _| ());
+        snapshots.publish("removed", 3, None, |_, _| ());
         for i in 0..100u8 {
             // Published, then removed: enough removals to compact the names away.
-            snapshots.publish(&node_name(i), 2, Some(new.clone()));
-            snapshots.publish(&node_name(i), 3, None);
+            snapshots.publish(&node_name(i), 2, Some(new.clone()), |_, _| ());
+            snapshots.publish(&node_name(i), 3, None, |_, _| ());
         }
         assert!(
             snapshots.load().names.len() < 102,

@@ -14,6 +14,7 @@ use super::assumed::{AssumedPod, Assumptions};
 use super::cpus::{CpuLedger, NodeCpuLabels, NrtCpuInfo, RecordedCpus};
 use super::devices::{DeviceLedger, EntryState, NodeDevices, RecordedAllocation};
 use super::pod::{PodCpus, PodDevices, PodRecord};
+use super::returns::CapacityReturns;
 use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, ReadSnapshots, Snapshot, Unusable};
 use crate::model::ids::PodUid;
 use crate::model::node::Node;
@@ -259,11 +260,18 @@ pub struct ClusterState {
     snapshots: ReadSnapshots,
     /// Hands out node state versions (under the node's lock).
     versions: std::sync::atomic::AtomicU64,
+    /// Nodes whose capacity grew, for the requeue signal (see [`super::returns`]).
+    returns: CapacityReturns,
 }
 
 impl ClusterState {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The nodes whose capacity grew since the requeue signal last took them.
+    pub fn capacity_returns(&self) -> &CapacityReturns {
+        &self.returns
     }
 
     pub fn node(&self, name: &str) -> Option<Arc<NodeEntry>> {
@@ -517,7 +525,10 @@ impl ClusterState {
             + 1;
         if self.snapshots.is_live() {
             let summary = (!state.dead).then(|| state.summary());
-            self.snapshots.publish(name, state.version, summary);
+            let returned =
+                self.snapshots
+                    .publish(name, state.version, summary, super::returns::returned);
+            self.returns.record(name, returned);
         }
     }
 

@@ -17,6 +17,7 @@ pub mod memo;
 pub mod probes;
 pub mod tls;
 pub mod verbs;
+pub mod webhook;
 /// The wire types live in `model` (bind and the operator tools speak them too).
 pub use crate::model::wire;
 
@@ -70,6 +71,8 @@ pub struct AppState {
     pub body_limit: usize,
     /// Filter's and prioritize's verdict memos, kept between requests of one pod shape.
     pub memos: Arc<memo::ReadMemos>,
+    /// Pods filter rejected everywhere, for the requeue signal (`crate::requeue`).
+    pub requeue: Arc<crate::requeue::Requeue>,
 }
 
 /// Normalises a user-supplied prefix: `gpu/` → `/gpu`, `/` → ``.

@@ -42,7 +42,16 @@ pub async fn readyz(State(state): State<AppState>, Query(query): Query<ReadyzQue
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, axum::Json(report)).into_response()
+    // The report, plus what the requeue signal is doing (`requeue`: on or off, pods waiting
+    // for capacity, the last signal), where an operator looking at readiness looks.
+    let mut body = serde_json::to_value(&report).unwrap_or_default();
+    if let Some(o) = body.as_object_mut() {
+        o.insert(
+            "requeue".to_string(),
+            serde_json::to_value(state.requeue.status()).unwrap_or_default(),
+        );
+    }
+    (status, axum::Json(body)).into_response()
 }
 
 pub async fn metrics(State(state): State<AppState>) -> Response {

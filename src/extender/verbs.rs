@@ -28,6 +28,7 @@ use super::wire::{
     ExtenderArgsRef, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
     FailedNodesMap, HostPriority, MetaPod, MetaVictims, NodeList,
 };
+use crate::cluster::returns::ResourceKinds;
 use crate::cluster::snapshot::hash128;
 use crate::fit::{self, PodNeeds};
 use crate::model::ids::PodUid;
@@ -108,6 +109,9 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
                 .devices
                 .as_ref()
                 .and_then(|req| FastRequest::new(req, &state.scoring));
+            // Read before the snapshot: a capacity return published after it is replayed to
+            // the requeue signal if this pod ends up rejected everywhere (`crate::requeue`).
+            let returns_seen = state.cluster.capacity_returns().generation();
             // One snapshot for the whole request: no node lock, no allocation per node; one
             // decision per distinct node state that no earlier request of this pod shape
             // decided (`memo`).
@@ -151,6 +155,15 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
             } else {
                 "fits"
             };
+            if let Some(uid) = pod.metadata.uid.as_deref().map(PodUid::new) {
+                if passing.is_empty() && !(failed.is_empty() && unresolvable.is_empty()) {
+                    state
+                        .requeue
+                        .rejected(&state.cluster, uid, waits_for(&needs), returns_seen);
+                } else if !passing.is_empty() {
+                    state.requeue.admitted(&uid);
+                }
+            }
             passing
         }
     };
@@ -181,6 +194,20 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
             failed_and_unresolvable_nodes: Some(unresolvable),
             error: String::new(),
         }
+    }
+}
+
+/// The kinds of capacity a pod rejected for lack of room waits for: what it asks for.
+fn waits_for(needs: &PodNeeds) -> ResourceKinds {
+    let devices = needs.devices.as_ref().map_or(ResourceKinds::empty(), |d| {
+        d.types.keys().fold(ResourceKinds::empty(), |k, t| {
+            k.union(ResourceKinds::of_device(t))
+        })
+    });
+    if needs.cpu.is_some() {
+        devices.union(ResourceKinds::CPU)
+    } else {
+        devices
     }
 }
 

@@ -48,6 +48,7 @@ pub mod nrt;
 pub mod pod;
 pub mod quantity;
 pub mod requests;
+pub mod routing;
 pub mod wire;
 
 /// Koordinator annotation keys this service reads or writes.

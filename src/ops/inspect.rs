@@ -71,6 +71,7 @@ impl Loaded {
             scoring,
             body_limit,
             memos: Default::default(),
+            requeue: Default::default(),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import posixpath
 import re
 from pathlib import Path
@@ -75,7 +76,7 @@ def parse_api_calls() -> dict[str, set[tuple[str, str, str]]]:
             for verb in re.findall(r'"([^"]+)"', verbs):
                 rows.add((group, resource, verb))
         tables[name] = rows
-    assert {"API_CALLS", "LEADER_ELECTION_API_CALLS"} <= tables.keys(), tables.keys()
+    assert {"API_CALLS", "LEADER_ELECTION_API_CALLS", "REQUEUE_API_CALLS"} <= tables.keys(), tables.keys()
     assert tables["API_CALLS"] and tables["LEADER_ELECTION_API_CALLS"]
     return tables
 
@@ -194,6 +195,7 @@ CASES = {
     "standalone-servicemonitor": {"mode": "standalone", "serviceMonitor": {"enabled": True}},
     "standalone-prefix": {"mode": "standalone", "extender": {"pathPrefix": "/gpu/v1"}},
     "no-pdb": {"podDisruptionBudget": {"enabled": False}},
+    "no-requeue": {"extender": {"requeue": {"enabled": False}}},
     "scheduler-tls-secrets": {"tls": {"secretName": "dne-serving", "clientSecretName": "dne-client"},
                               "extender": {"port": 9443, "probePort": 9090, "pathPrefix": "/dne"}},
     "scheduler-tls-cert-manager": {"tls": {"certManager": {"enabled": True, "issuerRef": {
@@ -211,6 +213,13 @@ CASES = {
                        "podSelector": {"matchLabels": {"app": "my-scheduler"}}}],
         "probesFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
     "standalone-no-netpol": {"mode": "standalone", "networkPolicy": {"enabled": False}},
+    "webhook": {"webhook": {"enabled": True}},
+    "webhook-cpuset-qos-cert-manager": {"webhook": {"enabled": True, "routeCpusetQos": True,
+                                                    "certificate": {"source": "certManager"}},
+                                        "tls": {"certManager": {"issuerRef": {"name": "ca"}}}},
+    "webhook-standalone-secret": {"mode": "standalone", "webhook": {
+        "enabled": True, "schedulerName": "my-scheduler", "failurePolicy": "Ignore",
+        "certificate": {"source": "secret", "secretName": "wh-tls", "caBundle": "Q0E="}}},
 }
 
 
@@ -252,12 +261,15 @@ def test_renders_and_validates_against_k8s_1_33(chart, case):
             continue
         kubernetes_validate.validate(o, K8S_VERSION, strict=True)
         assert o["metadata"]["name"]
-        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
             assert o["metadata"].get("namespace"), f"{o['kind']} without namespace"
     values = CASES[case] or {}
     sm_enabled = values.get("serviceMonitor", {}).get("enabled", False)
     cm_enabled = expects_tls(values) and values.get("tls", {}).get("certManager", {}).get("enabled", False)
-    assert sorted(skipped) == sorted(["ServiceMonitor"] * sm_enabled + ["Certificate"] * (2 * cm_enabled))
+    webhook_cm = (values.get("webhook", {}).get("enabled", False)
+                  and values["webhook"].get("certificate", {}).get("source") == "certManager")
+    assert sorted(skipped) == sorted(["ServiceMonitor"] * sm_enabled
+                                     + ["Certificate"] * (2 * cm_enabled + webhook_cm))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -301,9 +313,11 @@ def test_extender_rbac_is_exactly_api_calls(chart, case):
     objects = objs(chart, values)
     sa = one(objects, "ServiceAccount")["metadata"]["name"]
     cr = one(objects, "ClusterRole", f"{R.RELEASE}-extender")
-    assert rbac_rows(cr["rules"]) == tables["API_CALLS"]
+    requeue = ((values or {}).get("extender") or {}).get("requeue", {}).get("enabled", True)
+    expected = tables["API_CALLS"] | (tables["REQUEUE_API_CALLS"] if requeue else set())
+    assert rbac_rows(cr["rules"]) == expected
     cluster, ns = bound_rules(objects, sa)
-    assert cluster == tables["API_CALLS"]
+    assert cluster == expected
     needs_leases = expects_own_le(values) or expects_follow(values)
     assert ns == (tables["LEADER_ELECTION_API_CALLS"] if needs_leases else set())
     for o in objects:
@@ -849,7 +863,11 @@ def test_network_policy_admits_verbs_only_from_the_scheduler(chart, case):
     for r in rules:
         for p in r["ports"]:
             by_port.setdefault(p["port"], []).extend(r["from"])
-    assert set(by_port) == {verb_port, probe_port}
+    webhook = values.get("webhook", {}).get("enabled", False)
+    ports = {verb_port, probe_port}
+    if webhook:
+        ports.add(int(flags["--webhook-listen"].rpartition(":")[2]))
+    assert set(by_port) == ports
     defaults = yaml.safe_load((R.CHART_DIR / "values.yaml").read_text())["networkPolicy"]
     want_verbs = values.get("networkPolicy", {}).get("verbsFrom", defaults["verbsFrom"])
     want_probes = values.get("networkPolicy", {}).get("probesFrom", defaults["probesFrom"])
@@ -871,6 +889,99 @@ TEMPLATE_ERRORS = [
 
 @pytest.mark.parametrize("bad,message", TEMPLATE_ERRORS, ids=[m for _, m in TEMPLATE_ERRORS])
 def test_inconsistent_tls_values_fail_the_render(chart, bad, message):
+    with pytest.raises(Exception) as err:
+        R.render(bad, chart=chart)
+    assert message in str(err.value)
+
+
+# --- the admission webhook (issue 25) -------------------------------------------------------------
+
+WEBHOOK_CASES = [c for c in CASES if (CASES[c] or {}).get("webhook", {}).get("enabled")]
+
+
+def test_webhook_is_off_by_default(chart):
+    objects = objs(chart)
+    assert not [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
+    assert not any(a.startswith("--webhook") for a in containers(objects)["extender"]["args"])
+
+
+@pytest.mark.parametrize("case", WEBHOOK_CASES)
+def test_webhook_configuration_reaches_the_listener_and_routes_only_device_pods(chart, case):
+    values = CASES[case]
+    w = values["webhook"]
+    objects = objs(chart, values)
+    mwc = one(objects, "MutatingWebhookConfiguration")
+    (hook,) = mwc["webhooks"]
+    # The shape kube-apiserver needs, and the defaults the README promises.
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["sideEffects"] == "None"
+    assert hook["failurePolicy"] == w.get("failurePolicy", "Fail")
+    assert 1 <= hook["timeoutSeconds"] <= 30
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    excluded = [e for e in hook["namespaceSelector"]["matchExpressions"]
+                if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"]
+    assert excluded and "kube-system" in excluded[0]["values"], "the control plane's namespaces are never blocked"
+    # clientConfig → Service → container port → --webhook-listen: one chain.
+    svc_ref = hook["clientConfig"]["service"]
+    assert svc_ref["path"] == "/mutate-pods"
+    svc = one(objects, "Service", svc_ref["name"])
+    assert svc["metadata"]["namespace"] == svc_ref["namespace"] == R.NAMESPACE
+    assert svc["spec"]["publishNotReadyAddresses"] is True, "standbys and syncing replicas answer too"
+    (port,) = [p for p in svc["spec"]["ports"] if p["port"] == svc_ref["port"]]
+    ext = containers(objects)["extender"]
+    (cport,) = [p for p in ext["ports"] if p["name"] == port["targetPort"]]
+    flags = flag_values(ext["args"])
+    assert int(flags["--webhook-listen"].rpartition(":")[2]) == cport["containerPort"]
+    # The serving certificate is mounted where the flags point.
+    cert_dir = flags["--webhook-tls-cert-file"].rpartition("/")[0]
+    assert flags["--webhook-tls-key-file"].rpartition("/")[0] == cert_dir
+    (mount,) = [m for m in ext["volumeMounts"] if m["mountPath"] == cert_dir]
+    pod_volumes = {v["name"]: v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    secret_name = pod_volumes[mount["name"]]["secret"]["secretName"]
+    source = w.get("certificate", {}).get("source", "generate")
+    if source == "generate":
+        secret = one(objects, "Secret", secret_name)
+        assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+        assert base64.b64decode(secret["data"]["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE-----")
+    elif source == "certManager":
+        cert = one(objects, "Certificate", f"{R.RELEASE}-webhook-tls")
+        assert cert["spec"]["secretName"] == secret_name
+        host = f"{svc['metadata']['name']}.{R.NAMESPACE}.svc"
+        assert host in cert["spec"]["dnsNames"]
+        assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{R.NAMESPACE}/{cert['metadata']['name']}"
+        assert "caBundle" not in hook["clientConfig"]
+    else:
+        assert secret_name == w["certificate"]["secretName"]
+        assert hook["clientConfig"]["caBundle"] == w["certificate"]["caBundle"]
+    # The scheduler the pods are routed to is the one that calls the extender.
+    if is_standalone(values):
+        assert flags["--webhook-scheduler-name"] == w["schedulerName"]
+    else:
+        assert flags["--webhook-scheduler-name"] == scheduler_config(objects)["profiles"][0]["schedulerName"]
+    # The API server's filter and the binary's rule name the same resources.
+    managed = [r["name"] for r in yaml.safe_load((R.CHART_DIR / "values.yaml").read_text())
+               ["extenderConfig"]["managedResources"]]
+    assert flags["--webhook-managed-resources"].split(",") == managed
+    (cond,) = hook["matchConditions"]
+    for name in managed:
+        assert f"'{name}'" in cond["expression"]
+    assert "default-scheduler" in cond["expression"]
+    assert ("koordinator.sh/qosClass" in cond["expression"]) == bool(w.get("routeCpusetQos"))
+    assert ("--webhook-route-cpuset-qos" in ext["args"]) == bool(w.get("routeCpusetQos"))
+
+
+WEBHOOK_ERRORS = [
+    ({"mode": "standalone", "webhook": {"enabled": True}}, "needs webhook.schedulerName"),
+    ({"webhook": {"enabled": True, "certificate": {"source": "secret"}}}, "needs webhook.certificate.secretName"),
+    ({"webhook": {"enabled": True, "certificate": {"source": "secret", "secretName": "s"}}},
+     "needs webhook.certificate.caBundle"),
+    ({"webhook": {"enabled": True, "certificate": {"source": "certManager"}}}, "needs tls.certManager.issuerRef.name"),
+]
+
+
+@pytest.mark.parametrize("bad,message", WEBHOOK_ERRORS, ids=[m for _, m in WEBHOOK_ERRORS])
+def test_inconsistent_webhook_values_fail_the_render(chart, bad, message):
     with pytest.raises(Exception) as err:
         R.render(bad, chart=chart)
     assert message in str(err.value)

@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strings"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -32,6 +33,8 @@ type renderedChart struct {
 	Roles           []*rbacv1.Role
 	RoleBindings    []*rbacv1.RoleBinding
 	ExtenderArgs    []string // the extender container's args
+	// Webhook is the admission webhook configuration (with webhook.enabled).
+	Webhook *admissionregistrationv1.MutatingWebhookConfiguration
 }
 
 // repoRoot is the repository root (tests/e2e is two levels down).
@@ -87,6 +90,8 @@ func loadRenderedChart(valuesJSON string) (*renderedChart, error) {
 			out.Roles = append(out.Roles, o)
 		case *rbacv1.RoleBinding:
 			out.RoleBindings = append(out.RoleBindings, o)
+		case *admissionregistrationv1.MutatingWebhookConfiguration:
+			out.Webhook = o
 		case *appsv1.Deployment:
 			for _, c := range o.Spec.Template.Spec.Containers {
 				if c.Name == "extender" {

@@ -20,6 +20,7 @@ mod memo;
 mod numa;
 mod outage;
 mod readiness;
+mod requeue;
 mod scale;
 mod smoke;
 mod sync;

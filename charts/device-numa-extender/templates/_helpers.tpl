@@ -178,6 +178,8 @@ extenders:
 {{- $args = append $args (printf "--max-connection-age=%s" $c.maxConnectionAge) }}
 {{- $args = append $args (printf "--max-header-bytes=%d" (int64 $c.maxHeaderBytes)) }}
 {{- $args = append $args (printf "--assume-ttl=%s" $e.assumeTtl) }}
+{{- $args = append $args (printf "--requeue=%t" $e.requeue.enabled) }}
+{{- if $e.requeue.enabled }}{{ $args = append $args (printf "--requeue-interval=%s" $e.requeue.interval) }}{{ end }}
 {{- with $e.scoreStrategy }}{{ $args = append $args (printf "--score-strategy=%s" .) }}{{ end }}
 {{- with $e.scoreWeights }}
 {{- $pairs := list }}
@@ -193,6 +195,18 @@ extenders:
 {{- $args = append $args (printf "--leader-elect-lease-duration=%s" $le.leaseDuration) }}
 {{- $args = append $args (printf "--leader-elect-renew-deadline=%s" $le.renewDeadline) }}
 {{- $args = append $args (printf "--leader-elect-retry-period=%s" $le.retryPeriod) }}
+{{- end }}
+{{- if .Values.webhook.enabled }}
+{{- $w := .Values.webhook }}
+{{- $dir := include "dne.webhookTlsDir" . }}
+{{- $args = append $args (printf "--webhook-listen=0.0.0.0:%d" (int $w.port)) }}
+{{- $args = append $args (printf "--webhook-tls-cert-file=%s/tls.crt" $dir) }}
+{{- $args = append $args (printf "--webhook-tls-key-file=%s/tls.key" $dir) }}
+{{- $args = append $args (printf "--webhook-scheduler-name=%s" (include "dne.webhookSchedulerName" .)) }}
+{{- $names := list }}
+{{- range .Values.extenderConfig.managedResources }}{{ $names = append $names .name }}{{ end }}
+{{- $args = append $args (printf "--webhook-managed-resources=%s" (join "," $names)) }}
+{{- if $w.routeCpusetQos }}{{ $args = append $args "--webhook-route-cpuset-qos" }}{{ end }}
 {{- end }}
 {{- range $e.extraArgs }}{{ $args = append $args . }}{{ end }}
 {{- toYaml $args }}
@@ -229,6 +243,11 @@ extenders:
     - name: metrics
       containerPort: {{ .Values.extender.probePort }}
       protocol: TCP
+    {{- if .Values.webhook.enabled }}
+    - name: webhook
+      containerPort: {{ .Values.webhook.port }}
+      protocol: TCP
+    {{- end }}
   # Liveness only says the process answers; cache sync and leadership are readiness, so neither a
   # slow bootstrap nor being the standby ever restarts the container.
   startupProbe:
@@ -260,12 +279,19 @@ extenders:
     {{- toYaml .Values.extender.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.securityContext | nindent 4 }}
-  {{- if include "dne.tls" . }}
+  {{- if or (include "dne.tls" .) .Values.webhook.enabled }}
   volumeMounts:
+    {{- if include "dne.tls" . }}
     # A Secret volume: kubelet swaps its files atomically on update; the extender re-reads them.
     - name: extender-tls
       mountPath: {{ include "dne.tlsDir" . }}
       readOnly: true
+    {{- end }}
+    {{- if .Values.webhook.enabled }}
+    - name: webhook-tls
+      mountPath: {{ include "dne.webhookTlsDir" . }}
+      readOnly: true
+    {{- end }}
   {{- end }}
 {{- end }}
 
@@ -363,4 +389,46 @@ profiles:
             {{- toYaml $ignored | nindent 12 }}
     {{- end }}
 {{ include "dne.extendersStanza" . }}
+{{- end }}
+
+{{/* The admission webhook: the scheduler routed pods get. */}}
+{{- define "dne.webhookSchedulerName" -}}
+{{- if .Values.webhook.schedulerName }}{{ .Values.webhook.schedulerName }}
+{{- else if eq .Values.mode "scheduler" }}{{ .Values.scheduler.schedulerName }}
+{{- else }}{{ fail "webhook.enabled in standalone mode needs webhook.schedulerName (the profile that calls the extender)" }}
+{{- end }}
+{{- end }}
+
+{{/* The admission webhook's Secret (tls.crt, tls.key; ca.crt when the chart or cert-manager made it). */}}
+{{- define "dne.webhookSecretName" -}}
+{{- if eq .Values.webhook.certificate.source "secret" }}{{ required "webhook.certificate.source=secret needs webhook.certificate.secretName" .Values.webhook.certificate.secretName }}
+{{- else }}{{ default (printf "%s-webhook-tls" (include "dne.fullname" .)) .Values.webhook.certificate.secretName }}
+{{- end }}
+{{- end }}
+
+{{/* The webhook Service's DNS name (the serving certificate's SAN). */}}
+{{- define "dne.webhookHost" -}}
+{{- printf "%s-webhook.%s.svc" (include "dne.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{/* Where the extender container mounts the webhook's Secret. */}}
+{{- define "dne.webhookTlsDir" -}}/etc/device-numa-extender/webhook-tls{{- end }}
+
+{{/*
+The webhook's matchCondition (CEL, evaluated by the API server before it calls the webhook): a
+pod that names no scheduler or the default one and requests or limits a managed resource in any
+container or init container (or carries a cpuset QoS class, with routeCpusetQos). The same rule
+as the binary's (`model::routing`); only these pods ever wait on the webhook, so failurePolicy
+Fail cannot block any other pod.
+*/}}
+{{- define "dne.webhookCondition" -}}
+{{- $names := list }}
+{{- range .Values.extenderConfig.managedResources }}{{ $names = append $names (printf "'%s'" .name) }}{{ end }}
+{{- $set := printf "[%s]" (join ", " $names) }}
+{{- $c := printf "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k in %s)) || (has(c.resources.requests) && c.resources.requests.exists(k, k in %s)))" $set $set }}
+{{- $wants := printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))" $c $c }}
+{{- if .Values.webhook.routeCpusetQos }}
+{{- $wants = printf "%s || (has(object.metadata.labels) && 'koordinator.sh/qosClass' in object.metadata.labels && object.metadata.labels['koordinator.sh/qosClass'] in ['LSE', 'LSR'])" $wants }}
+{{- end }}
+{{- printf "(!has(object.spec.schedulerName) || object.spec.schedulerName == '' || object.spec.schedulerName == 'default-scheduler') && (%s)" $wants }}
 {{- end }}

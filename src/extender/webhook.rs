@@ -1,0 +1,298 @@
+//! The admission webhook (`serve --webhook-listen`): `POST /mutate-pods` answers kube-apiserver's
+//! `AdmissionReview` for pod creations, setting `spec.schedulerName` to the extender's scheduler
+//! on pods the routing rule claims (`model::routing`), so no device or cpuset pod is scheduled
+//! by a scheduler that knows nothing of device shares or cpusets.
+//!
+//! Why a listener of `serve`, not a subcommand: the answer needs no cache, leader or API
+//! call, only the rule, so every replica answers (a standby too) from the same process and
+//! configuration as the extender, on the same hardened listener (`super::listener`: connection
+//! caps, header and body deadlines), without a second Deployment to run and upgrade in step.
+//! TLS only: kube-apiserver calls webhooks over HTTPS and verifies the serving certificate
+//! against the configuration's `caBundle`.
+//!
+//! Bad input never panics and never half-answers: a body that is not an `AdmissionReview`
+//! gets a 400 naming the problem (kube-apiserver then applies the configuration's
+//! `failurePolicy`); a review whose pod cannot be decoded is denied with the decoder's message.
+//! Anything that is not a pod creation is allowed unchanged.
+//!
+//! This module translates HTTP to the rule and back; the rule decides.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+
+use super::input::read_body;
+use crate::metrics::Metrics;
+use crate::model::pod::Pod;
+use crate::model::routing::{Routing, RoutingRule};
+
+/// The webhook's path (the chart's `MutatingWebhookConfiguration` points here).
+pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
+
+#[derive(Clone)]
+pub struct WebhookState {
+    pub rule: Arc<RoutingRule>,
+    pub metrics: Metrics,
+    pub body_limit: usize,
+}
+
+/// The webhook listener's routes: `/mutate-pods`, and `/healthz` for the connection check.
+pub fn router(state: WebhookState) -> Router {
+    Router::new()
+        .route(MUTATE_PODS_PATH, post(mutate_pods))
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .fallback(|request: axum::extract::Request| async move {
+            (
+                StatusCode::NOT_FOUND,
+                axum::Json(serde_json::json!({
+                    "error": format!("no route for {} {} on the webhook listener (POST {MUTATE_PODS_PATH})", request.method(), request.uri().path())
+                })),
+            )
+        })
+        .with_state(state)
+}
+
+/// Why a body got no review back.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BadReview {
+    #[error("the body is not an AdmissionReview: {0}")]
+    NotAReview(String),
+    #[error("the AdmissionReview has no request")]
+    NoRequest,
+    #[error("unsupported AdmissionReview apiVersion {0:?}: admission.k8s.io/v1 only")]
+    Version(String),
+}
+
+/// Answers one review body: `Ok((review, result))` (`result`: one of
+/// `crate::metrics::WEBHOOK_RESULTS`), or why there is no review to answer.
+pub fn review(
+    rule: &RoutingRule,
+    body: &[u8],
+) -> Result<(AdmissionReview<DynamicObject>, &'static str), BadReview> {
+    // The version first: a v1beta1 review (older API servers) gets that named, not whichever
+    // field its shape lacks.
+    #[derive(serde::Deserialize)]
+    struct Head {
+        #[serde(rename = "apiVersion", default)]
+        api_version: String,
+    }
+    let head: Head =
+        serde_json::from_slice(body).map_err(|e| BadReview::NotAReview(e.to_string()))?;
+    if head.api_version.is_empty() {
+        return Err(BadReview::NotAReview("it has no apiVersion".to_string()));
+    }
+    if head.api_version != "admission.k8s.io/v1" {
+        return Err(BadReview::Version(head.api_version));
+    }
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_slice(body).map_err(|e| BadReview::NotAReview(e.to_string()))?;
+    let request: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| BadReview::NoRequest)?;
+    let response = AdmissionResponse::from(&request);
+    let is_pod_create = request.kind.group.is_empty()
+        && request.kind.kind == "Pod"
+        && request.operation == Operation::Create
+        && request.sub_resource.as_deref().unwrap_or("").is_empty();
+    let Some(object) = request.object.as_ref().filter(|_| is_pod_create) else {
+        return Ok((response.into_review(), "not_a_pod_creation"));
+    };
+    let pod: Pod = match serde_json::to_value(object).and_then(serde_json::from_value) {
+        Ok(pod) => pod,
+        Err(e) => {
+            let why = format!("device-numa-extender cannot decode the pod to route it: {e}");
+            return Ok((response.deny(why).into_review(), "denied_undecodable_pod"));
+        }
+    };
+    let (response, result) = match rule.decide(&pod) {
+        Routing::Route { why } => {
+            let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                { "op": "add", "path": "/spec/schedulerName", "value": rule.scheduler_name }
+            ]))
+            .expect("a constant JSON patch");
+            let mut response = response.with_patch(patch).expect("a JSON patch serializes");
+            response.audit_annotations.insert(
+                "routed".to_string(),
+                format!("schedulerName set to {}: {why}", rule.scheduler_name),
+            );
+            (response, "routed")
+        }
+        Routing::AlreadyRouted => (response, "already_routed"),
+        Routing::NotManaged => (response, "not_managed"),
+        Routing::OtherScheduler { scheduler, why } => {
+            let mut response = response;
+            response.warnings = Some(vec![format!(
+                "{why} but names scheduler {scheduler:?}: its device shares and cpusets are not tracked by device-numa-extender ({})",
+                rule.scheduler_name
+            )]);
+            (response, "other_scheduler")
+        }
+    };
+    Ok((response.into_review(), result))
+}
+
+async fn mutate_pods(
+    State(state): State<WebhookState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let count = |result: &str| {
+        state
+            .metrics
+            .webhook_reviews
+            .with_label_values(&[result])
+            .inc();
+    };
+    let bytes = match read_body(&headers, body, state.body_limit).await {
+        Ok(b) => b,
+        Err(bad) => {
+            count("bad_request");
+            return bad.into_response();
+        }
+    };
+    match review(&state.rule, &bytes) {
+        Ok((review, result)) => {
+            count(result);
+            axum::Json(review).into_response()
+        }
+        Err(e) => {
+            count("bad_request");
+            tracing::warn!(error = %e, "webhook: bad AdmissionReview");
+            (
+                StatusCode::BAD_REQUEST,
+                axum::Json(serde_json::json!({ "error": e.to_string() })),
+            )
+                .into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule() -> RoutingRule {
+        RoutingRule {
+            scheduler_name: "device-numa-scheduler".into(),
+            managed_resources: ["nvidia.com/gpu".to_string()].into(),
+            cpuset_qos: false,
+        }
+    }
+
+    fn body(object: serde_json::Value, operation: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "ml",
+                "operation": operation,
+                "userInfo": {"username": "admin"},
+                "object": object,
+                "dryRun": false
+            }
+        }))
+        .unwrap()
+    }
+
+    fn gpu_pod(scheduler: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ml"},
+            "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        })
+    }
+
+    fn answer(b: &[u8]) -> (serde_json::Value, &'static str) {
+        let (review, result) = review(&rule(), b).unwrap();
+        (serde_json::to_value(review).unwrap(), result)
+    }
+
+    #[test]
+    fn a_gpu_pod_of_the_default_scheduler_is_routed_with_a_json_patch() {
+        let (v, result) = answer(&body(gpu_pod("default-scheduler"), "CREATE"));
+        assert_eq!(result, "routed");
+        let r = &v["response"];
+        assert_eq!(r["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+        assert_eq!(r["allowed"], true);
+        assert_eq!(r["patchType"], "JSONPatch");
+        assert_eq!(v["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(v["kind"], "AdmissionReview");
+        // kube-core writes the bytes as a JSON array, which Go's decoder takes for a []byte
+        // as it takes base64 (the real-control-plane scenario proves kube-apiserver applies it).
+        let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).expect("patch bytes");
+        let ops: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            ops,
+            serde_json::json!([{"op": "add", "path": "/spec/schedulerName", "value": "device-numa-scheduler"}])
+        );
+    }
+
+    #[test]
+    fn other_pods_and_operations_pass_unchanged() {
+        let plain =
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}});
+        for (object, op, want) in [
+            (plain, "CREATE", "not_managed"),
+            (gpu_pod("default-scheduler"), "UPDATE", "not_a_pod_creation"),
+            (gpu_pod("device-numa-scheduler"), "CREATE", "already_routed"),
+        ] {
+            let (v, result) = answer(&body(object, op));
+            assert_eq!(result, want);
+            assert_eq!(v["response"]["allowed"], true, "{v}");
+            assert!(v["response"].get("patch").is_none(), "{v}");
+        }
+        let (v, result) = answer(&body(gpu_pod("volcano"), "CREATE"));
+        assert_eq!(result, "other_scheduler");
+        assert_eq!(v["response"]["allowed"], true);
+        assert!(
+            v["response"]["warnings"][0]
+                .as_str()
+                .unwrap()
+                .contains("volcano")
+        );
+    }
+
+    #[test]
+    fn bad_bodies_get_a_reason_never_a_panic() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (b"".to_vec(), "not an AdmissionReview"),
+            (b"{".to_vec(), "not an AdmissionReview"),
+            (b"[]".to_vec(), "not an AdmissionReview"),
+            (b"\xff\xfe".to_vec(), "not an AdmissionReview"),
+            (br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(), "no request"),
+            (br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{}}"#.to_vec(), "apiVersion"),
+            (br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u"}}"#.to_vec(), "not an AdmissionReview"),
+        ];
+        for (b, want) in cases {
+            let e = review(&rule(), &b).unwrap_err();
+            assert!(
+                e.to_string().contains(want),
+                "{:?}: {e}",
+                String::from_utf8_lossy(&b)
+            );
+        }
+        // A pod whose spec is not an object: denied, with the decoder's reason.
+        let (v, result) = answer(&body(
+            serde_json::json!({"metadata": {"name": "p"}, "spec": "nope"}),
+            "CREATE",
+        ));
+        assert_eq!(result, "denied_undecodable_pod");
+        assert_eq!(v["response"]["allowed"], false);
+        assert!(
+            v["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("cannot decode"),
+            "{v}"
+        );
+    }
+}
