@@ -246,13 +246,17 @@ impl Service {
                         tokio::spawn(crate::requeue::run(
                             requeue.clone(),
                             cluster.clone(),
-                            readiness.clone(),
+                            {
+                                let readiness = readiness.clone();
+                                Arc::new(move || readiness.is_ready())
+                            },
                             Arc::new(crate::requeue::KubeNodeSignal::new(
                                 client.clone(),
                                 args.request_timeout,
                             )),
                             crate::requeue::RequeueConfig {
                                 interval: args.requeue_interval,
+                                unknown_after_takeover: args.requeue_after_takeover,
                             },
                             metrics.clone(),
                             shutdown.clone(),

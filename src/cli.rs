@@ -187,6 +187,13 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_REQUEUE_INTERVAL", value_parser = parse_duration, default_value = "1s")]
     pub requeue_interval: Duration,
 
+    /// For this long after becoming the ready leader (start or takeover), every capacity
+    /// return is signalled even when no rejected pod is remembered: pods rejected before (by
+    /// the previous leader or process) are unknown here until kube-scheduler filters them
+    /// again. Match kube-scheduler's podMaxInUnschedulablePodsDuration (default 5m).
+    #[arg(long, env = "DNE_REQUEUE_AFTER_TAKEOVER", value_parser = parse_duration, default_value = "5m")]
+    pub requeue_after_takeover: Duration,
+
     /// Serve the admission webhook (`POST /mutate-pods`) on this address, HTTPS only: it sets
     /// `spec.schedulerName` to --webhook-scheduler-name on new pods that ask for a managed
     /// resource (and cpuset QoS pods with --webhook-route-cpuset-qos). Every replica answers,

@@ -22,6 +22,28 @@
 //!   writes once if a remembered pod wants a kind that returned and this replica is the ready
 //!   leader: at most one write per `interval`, whatever the churn.
 //!
+//! What can interleave, and the test that covers it (unit tests below; `tests/it/requeue.rs`
+//! through the real sync path; `tests/e2e/requeue_test.go` against kube-scheduler itself):
+//! - a return with nobody waiting: counted `no_waiting_pods`, nothing written
+//!   (`only_the_leader_writes_and_only_for_a_wanted_kind`, `no_signal_without_a_waiting_pod…`);
+//! - a rejection, then a return of its kind: one write for all waiting pods
+//!   (`a_gpu_turning_healthy_writes_one_signal_for_every_waiting_pod`, the e2e scenario); a return
+//!   of another kind: nothing;
+//! - filter decides on a snapshot loaded before a return, and remembers the pod only after the
+//!   task took that return: the return is replayed (`a_rejection_decided_before_a_taken_return…`);
+//! - the write fails (5xx, 403, no answer): counted `failed`, the returns recorded again and
+//!   retried after `interval` (`a_failed_write_is_retried_and_a_gone_node_skipped`); a write that
+//!   landed although its answer was lost is retried anyway: a second annotation, one more retry
+//!   of the waiting pods, nothing worse;
+//! - the node is deleted before the write: the next node that returned (same test);
+//! - this replica is a standby, or loses leadership: `not_leader`, nothing written (same test as
+//!   the first); after it becomes the ready leader (start, takeover), pods rejected before are
+//!   unknown to it, so for `unknown_after_takeover` every return is signalled
+//!   (`after_a_takeover_returns_are_signalled_without_a_remembered_pod`);
+//! - the signal lands while kube-scheduler has the pod in flight: kube-scheduler records events
+//!   that arrive during a scheduling cycle and requeues the pod when the cycle fails (its own
+//!   in-flight tracking); the e2e scenario lands signals while pods are being retried.
+//!
 //! This module decides only whether to signal; it never decides placement.
 
 use std::collections::HashMap;
@@ -36,7 +58,6 @@ use crate::cluster::ClusterState;
 use crate::cluster::returns::ResourceKinds;
 use crate::metrics::Metrics;
 use crate::model::ids::PodUid;
-use crate::sync::Readiness;
 
 /// The Node annotation the signal writes: when capacity last returned there, and of what.
 pub const REQUEUE_ANNOTATION: &str = "device-numa-extender.io/capacity-returned";
@@ -186,6 +207,14 @@ impl Requeue {
             .count()
     }
 
+    /// The kinds any remembered pod waits for.
+    fn waiting_kinds(&self) -> ResourceKinds {
+        self.waiting
+            .lock()
+            .values()
+            .fold(ResourceKinds::empty(), |k, (w, _)| k.union(*w))
+    }
+
     pub fn status(&self) -> RequeueStatus {
         RequeueStatus {
             enabled: self.is_enabled(),
@@ -208,14 +237,21 @@ impl Requeue {
 pub struct RequeueConfig {
     /// Returns gather this long before one write; also the least time between two writes.
     pub interval: Duration,
+    /// After this replica becomes the ready leader (at start, or a takeover), for this long a
+    /// return is signalled even with no remembered waiting pod: pods the previous leader (or
+    /// this process before a restart) rejected wait in kube-scheduler's queue unknown to us,
+    /// until kube-scheduler's own retry (`podMaxInUnschedulablePodsDuration`, 5 minutes by
+    /// default) sends them through filter again.
+    pub unknown_after_takeover: Duration,
 }
 
-/// Runs the signal until `stop`: see the module docs. Enables collection in the caches and
-/// remembering in `requeue` first.
+/// Runs the signal until `stop`: see the module docs. `may_write`: this replica is the ready
+/// leader (`Readiness::is_ready` in `serve`). Enables collection in the caches and remembering
+/// in `requeue` first.
 pub async fn run(
     requeue: Arc<Requeue>,
     cluster: Arc<ClusterState>,
-    readiness: Arc<Readiness>,
+    may_write: Arc<dyn Fn() -> bool + Send + Sync>,
     signal: Arc<dyn NodeSignal>,
     config: RequeueConfig,
     metrics: Metrics,
@@ -227,10 +263,25 @@ pub async fn run(
     let returns = cluster.capacity_returns();
     returns.enable();
     let mut sequence = 0u64;
+    // When this replica last became the ready leader (sampled every interval).
+    let mut leading_since: Option<Instant> = None;
+    let sample = |leading_since: &mut Option<Instant>| {
+        let now_ready = may_write();
+        match (now_ready, *leading_since) {
+            (true, None) => *leading_since = Some(Instant::now()),
+            (false, Some(_)) => *leading_since = None,
+            _ => {}
+        }
+        now_ready
+    };
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = returns.changed() => {}
+            _ = tokio::time::sleep(config.interval) => {
+                sample(&mut leading_since);
+                continue;
+            }
         }
         // Let a burst of returns (a Device with eight GPUs turning healthy, a node's pods
         // finishing together) become one write; also spaces writes by `interval`.
@@ -254,15 +305,23 @@ pub async fn run(
         metrics
             .requeue_waiting_pods
             .set(i64::try_from(requeue.waiting.lock().len()).unwrap_or(i64::MAX));
-        let result = if wanting == 0 {
-            "no_waiting_pods"
-        } else if !readiness.is_ready() {
+        let leading = sample(&mut leading_since);
+        let unknown = leading_since
+            .is_some_and(|since| now.duration_since(since) < config.unknown_after_takeover);
+        let result = if !leading {
             // Only the ready leader writes; a standby's caches see the same returns, and the
-            // leader signals for them (or its own filter rejections will, after a takeover).
+            // leader signals for them.
             "not_leader"
+        } else if wanting == 0 && !unknown {
+            "no_waiting_pods"
         } else {
             sequence += 1;
-            signal_one(&requeue, &*signal, &nodes, kinds, wanting, sequence).await
+            let waiting_kinds = if unknown {
+                kinds
+            } else {
+                requeue.waiting_kinds()
+            };
+            signal_one(&requeue, &*signal, &nodes, waiting_kinds, wanting, sequence).await
         };
         metrics.requeue_signals.with_label_values(&[result]).inc();
         if result == "failed" {
@@ -280,15 +339,10 @@ async fn signal_one(
     requeue: &Requeue,
     signal: &dyn NodeSignal,
     nodes: &std::collections::BTreeMap<Arc<str>, ResourceKinds>,
-    kinds_wanted: ResourceKinds,
+    waiting_kinds: ResourceKinds,
     wanting: usize,
     sequence: u64,
 ) -> &'static str {
-    let waiting_kinds = requeue
-        .waiting
-        .lock()
-        .values()
-        .fold(ResourceKinds::empty(), |k, (w, _)| k.union(*w));
     let candidates = nodes
         .iter()
         .filter(|(_, k)| k.intersects(waiting_kinds))
@@ -299,7 +353,7 @@ async fn signal_one(
         let value = format!("{} {} #{sequence}", humantime_now(), node_kinds);
         match signal.annotate(node, REQUEUE_ANNOTATION, &value).await {
             Ok(()) => {
-                tracing::info!(%node, kinds = %node_kinds, waiting_pods = wanting, returned = %kinds_wanted, "capacity returned: requeue signal written");
+                tracing::info!(%node, kinds = %node_kinds, waiting_pods = wanting, "capacity returned: requeue signal written");
                 *requeue.last.lock() = Some((node.to_string(), *node_kinds, Instant::now()));
                 return "written";
             }
@@ -322,4 +376,195 @@ fn humantime_now() -> String {
     k8s_openapi::jiff::Timestamp::from_millisecond(i64::try_from(now.as_millis()).unwrap_or(0))
         .map(|t| t.to_string())
         .unwrap_or_else(|_| now.as_millis().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The signal task's decisions against a recording `NodeSignal`: the interleavings of
+    //! returns, rejections, leadership and API answers listed in the module docs.
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Answers each call with the next scripted result (then `Ok`), recording the node.
+    #[derive(Default)]
+    struct Script {
+        answers: Mutex<VecDeque<Result<(), SignalError>>>,
+        calls: Mutex<Vec<String>>,
+        called: tokio::sync::Notify,
+    }
+
+    impl NodeSignal for Script {
+        fn annotate<'a>(
+            &'a self,
+            node: &'a str,
+            annotation: &'a str,
+            value: &'a str,
+        ) -> BoxFuture<'a, Result<(), SignalError>> {
+            assert_eq!(annotation, REQUEUE_ANNOTATION);
+            assert!(!value.is_empty());
+            self.calls.lock().push(node.to_string());
+            let answer = self.answers.lock().pop_front().unwrap_or(Ok(()));
+            self.called.notify_one();
+            Box::pin(async move { answer })
+        }
+    }
+
+    struct Harness {
+        requeue: Arc<Requeue>,
+        cluster: Arc<ClusterState>,
+        leader: Arc<AtomicBool>,
+        script: Arc<Script>,
+        metrics: Metrics,
+        stop: CancellationToken,
+    }
+
+    impl Harness {
+        async fn start(unknown_after_takeover: Duration) -> Harness {
+            let h = Harness {
+                requeue: Arc::default(),
+                cluster: Arc::new(ClusterState::new()),
+                leader: Arc::new(AtomicBool::new(true)),
+                script: Arc::default(),
+                metrics: Metrics::new(),
+                stop: CancellationToken::new(),
+            };
+            let leader = h.leader.clone();
+            tokio::spawn(run(
+                h.requeue.clone(),
+                h.cluster.clone(),
+                Arc::new(move || leader.load(Ordering::SeqCst)),
+                h.script.clone(),
+                RequeueConfig {
+                    interval: Duration::from_millis(5),
+                    unknown_after_takeover,
+                },
+                h.metrics.clone(),
+                h.stop.clone(),
+            ));
+            // The task enables collection first thing.
+            while !h.cluster.capacity_returns().is_enabled() {
+                tokio::task::yield_now().await;
+            }
+            h
+        }
+
+        fn count(&self, result: &str) -> u64 {
+            self.metrics
+                .requeue_signals
+                .with_label_values(&[result])
+                .get()
+        }
+
+        /// Waits until `result` has been counted `n` times (hang guard: the test's timeout).
+        async fn until(&self, result: &str, n: u64) {
+            while self.count(result) < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+
+        fn reject(&self, uid: &str, kinds: ResourceKinds) {
+            let generation = self.cluster.capacity_returns().generation();
+            self.requeue
+                .rejected(&self.cluster, PodUid::new(uid), kinds, generation);
+        }
+    }
+
+    const HANG_GUARD: Duration = Duration::from_secs(60);
+
+    #[tokio::test]
+    async fn a_failed_write_is_retried_and_a_gone_node_skipped() {
+        tokio::time::timeout(HANG_GUARD, async {
+            let h = Harness::start(Duration::ZERO).await;
+            h.reject("p", ResourceKinds::GPU);
+            h.script.answers.lock().extend([
+                Err(SignalError::Failed {
+                    node: "a".into(),
+                    message: "503".into(),
+                }),
+                Err(SignalError::NodeGone("a".into())),
+            ]);
+            h.cluster.capacity_returns().record("a", ResourceKinds::GPU);
+            h.cluster.capacity_returns().record("b", ResourceKinds::GPU);
+            h.until("written", 1).await;
+            assert_eq!(h.count("failed"), 1);
+            // a (503), then a again (gone) and b: retried after the failure, the next node after
+            // the gone one.
+            assert_eq!(*h.script.calls.lock(), ["a", "a", "b"]);
+            assert_eq!(h.requeue.status().last_signal.unwrap().node, "b");
+            h.stop.cancel();
+        })
+        .await
+        .expect("hang guard");
+    }
+
+    #[tokio::test]
+    async fn only_the_leader_writes_and_only_for_a_wanted_kind() {
+        tokio::time::timeout(HANG_GUARD, async {
+            let h = Harness::start(Duration::ZERO).await;
+            let returns = h.cluster.capacity_returns();
+            // Nobody waits: counted, not written.
+            returns.record("a", ResourceKinds::GPU);
+            h.until("no_waiting_pods", 1).await;
+            // A pod waits for CPUs; GPUs return: not its kind.
+            h.reject("p", ResourceKinds::CPU);
+            returns.record("a", ResourceKinds::GPU);
+            h.until("no_waiting_pods", 2).await;
+            // A standby never writes.
+            h.leader.store(false, Ordering::SeqCst);
+            returns.record("a", ResourceKinds::CPU);
+            h.until("not_leader", 1).await;
+            assert!(h.script.calls.lock().is_empty());
+            // The leader again, CPUs return: written.
+            h.leader.store(true, Ordering::SeqCst);
+            returns.record("a", ResourceKinds::CPU);
+            h.until("written", 1).await;
+            assert_eq!(*h.script.calls.lock(), ["a"]);
+            h.stop.cancel();
+        })
+        .await
+        .expect("hang guard");
+    }
+
+    #[tokio::test]
+    async fn after_a_takeover_returns_are_signalled_without_a_remembered_pod() {
+        tokio::time::timeout(HANG_GUARD, async {
+            let h = Harness::start(Duration::from_secs(3600)).await;
+            h.cluster.capacity_returns().record("a", ResourceKinds::GPU);
+            h.until("written", 1).await;
+            assert_eq!(h.count("no_waiting_pods"), 0);
+            h.stop.cancel();
+        })
+        .await
+        .expect("hang guard");
+    }
+
+    #[test]
+    fn a_rejection_decided_before_a_taken_return_replays_it() {
+        let cluster = ClusterState::new();
+        let requeue = Requeue::default();
+        requeue
+            .enabled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let returns = cluster.capacity_returns();
+        returns.enable();
+        // Filter reads the generation, then loads its snapshot (GPUs still sick) ...
+        let seen = returns.generation();
+        // ... the GPUs heal and the signal task takes the return, finding nobody waiting ...
+        returns.record("n1", ResourceKinds::GPU);
+        assert_eq!(returns.take().len(), 1);
+        // ... then filter remembers the pod it rejected on the stale snapshot: the return is
+        // recorded again, so the next round signals it.
+        requeue.rejected(&cluster, PodUid::new("p"), ResourceKinds::GPU, seen);
+        let again = returns.take();
+        assert_eq!(again.get("n1"), Some(&ResourceKinds::GPU));
+        // A rejection decided on a current snapshot replays nothing.
+        requeue.rejected(
+            &cluster,
+            PodUid::new("q"),
+            ResourceKinds::GPU,
+            returns.generation(),
+        );
+        assert!(returns.take().is_empty());
+    }
 }

@@ -525,10 +525,19 @@ impl ClusterState {
             + 1;
         if self.snapshots.is_live() {
             let summary = (!state.dead).then(|| state.summary());
-            let returned =
-                self.snapshots
-                    .publish(name, state.version, summary, super::returns::returned);
-            self.returns.record(name, returned);
+            // Judged only while the requeue signal collects: nothing extra on the write path
+            // with `--requeue=false` or offline.
+            let returns = &self.returns;
+            let returned = self
+                .snapshots
+                .publish(name, state.version, summary, |before, after| {
+                    if returns.is_enabled() {
+                        super::returns::returned(before, after)
+                    } else {
+                        super::returns::ResourceKinds::empty()
+                    }
+                });
+            returns.record(name, returned);
         }
     }
 

@@ -21,7 +21,13 @@ const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
 /// A koordlet-style NRT: `numas` NUMA nodes on one socket each with `cores` 2-thread cores;
 /// CPU ids sequential with a core's threads adjacent (so NUMA `n` holds
 /// `n*cores*2 .. (n+1)*cores*2`). `policy` goes to `topologyPolicies`.
-fn koord_nrt(name: &str, numas: u32, cores: u32, policy: &str, extra: &[(&str, &str)]) -> Value {
+pub(crate) fn koord_nrt(
+    name: &str,
+    numas: u32,
+    cores: u32,
+    policy: &str,
+    extra: &[(&str, &str)],
+) -> Value {
     let mut detail = Vec::new();
     for n in 0..numas {
         for c in 0..cores {
@@ -60,7 +66,7 @@ fn koord_nrt(name: &str, numas: u32, cores: u32, policy: &str, extra: &[(&str, &
 }
 
 /// A pending LSR pod asking for `cpu` CPUs (and `extra` resources), requests = limits.
-fn lsr_pod(name: &str, cpu: u32, extra: Value) -> Value {
+pub(crate) fn lsr_pod(name: &str, cpu: u32, extra: Value) -> Value {
     let mut requests = json!({"cpu": cpu.to_string(), "memory": "8Gi"});
     if let (Some(r), Some(e)) = (requests.as_object_mut(), extra.as_object()) {
         r.extend(e.clone());

@@ -54,7 +54,16 @@ async fn filter_passes(http: &Http, pod: &Value, node: &str) -> bool {
 async fn a_gpu_turning_healthy_writes_one_signal_for_every_waiting_pod() {
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 2, &[0, 1]);
-    let svc = service::start(&fake, &["--requeue-interval", "50ms"]).await;
+    let svc = service::start(
+        &fake,
+        &[
+            "--requeue-interval",
+            "50ms",
+            "--requeue-after-takeover",
+            "0s",
+        ],
+    )
+    .await;
     let http = Http::new(svc.addr);
     http.wait_ready(TIMEOUT).await;
     wait_for_all_watches(&fake, TIMEOUT).await;
@@ -105,7 +114,16 @@ async fn no_signal_without_a_waiting_pod_and_none_when_turned_off() {
     // Capacity returns, but nobody waits: counted, not written.
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 2, &[0, 1]);
-    let svc = service::start(&fake, &["--requeue-interval", "50ms"]).await;
+    let svc = service::start(
+        &fake,
+        &[
+            "--requeue-interval",
+            "50ms",
+            "--requeue-after-takeover",
+            "0s",
+        ],
+    )
+    .await;
     let http = Http::new(svc.addr);
     http.wait_ready(TIMEOUT).await;
     wait_for_all_watches(&fake, TIMEOUT).await;
@@ -205,5 +223,49 @@ async fn capacity_returns_are_what_frees_room_and_nothing_else() {
         gpu_returned(&returns.take())
     })
     .await;
+    svc.shutdown().await.unwrap();
+}
+
+/// CPUs: a cpuset holder going away is a CPU return; its bind is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_cpuset_is_a_cpu_return() {
+    let fake = FakeApiServer::new();
+    fake.create(Kind::Node, service::node("n1")).unwrap();
+    fake.create(
+        Kind::NodeResourceTopology,
+        crate::numa::koord_nrt("n1", 1, 2, "None", &[]),
+    )
+    .unwrap();
+    let svc = service::start(&fake, &["--requeue", "false"]).await;
+    let http = Http::new(svc.addr);
+    http.wait_ready(TIMEOUT).await;
+    wait_for_all_watches(&fake, TIMEOUT).await;
+    let returns = svc.state.cluster.capacity_returns();
+    returns.enable();
+    let cpu_returned = |taken: &std::collections::BTreeMap<std::sync::Arc<str>, ResourceKinds>| {
+        taken
+            .get("n1")
+            .is_some_and(|k| k.intersects(ResourceKinds::CPU))
+    };
+    // The holder takes all four CPUs.
+    let holder = crate::numa::lsr_pod("holder", 4, json!({}));
+    fake.create(Kind::Pod, holder.clone()).unwrap();
+    let (_, r) = http
+        .post("/bind", &service::binding_args(&holder, "n1"))
+        .await;
+    assert_eq!(r["Error"], "", "{r}");
+    let other = crate::numa::lsr_pod("other", 2, json!({}));
+    until_filter(&http, &other, "n1", false, "the held cpuset in the cache").await;
+    assert!(
+        !cpu_returned(&returns.take()),
+        "a cpuset bound is no return"
+    );
+
+    fake.delete(Kind::Pod, "ml", "holder").unwrap();
+    service::eventually(TIMEOUT, "the released cpuset as a CPU return", || {
+        cpu_returned(&returns.take())
+    })
+    .await;
+    until_filter(&http, &other, "n1", true, "the freed CPUs in the cache").await;
     svc.shutdown().await.unwrap();
 }
