@@ -261,6 +261,61 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+        /// Any bytes: an answer or a reason, never a panic.
+        #[test]
+        fn any_body_is_answered_or_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = review(&rule(), &bytes);
+        }
+
+        /// A well-formed review (an object with metadata, as kube-apiserver always sends)
+        /// whose pod spec and status are any JSON shape: answered (allowed, routed, or denied
+        /// with the decoder's reason), never a panic and never a 400.
+        #[test]
+        fn any_pod_shape_is_answered(spec in json_value(3), status in json_value(1)) {
+            let object = serde_json::json!({"metadata": {"name": "p"}, "spec": spec, "status": status});
+            let answered = review(&rule(), &body(object, "CREATE"));
+            proptest::prop_assert!(answered.is_ok(), "{:?}", answered.err());
+        }
+    }
+
+    fn json_value(depth: u32) -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            prop_oneof![
+                Just("nvidia.com/gpu".to_string()),
+                Just("default-scheduler".to_string()),
+                Just("1".to_string()),
+                "[a-z/.]{0,12}",
+            ]
+            .prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(depth, 32, 4, |inner| {
+            let keys = prop_oneof![
+                Just("metadata".to_string()),
+                Just("spec".to_string()),
+                Just("containers".to_string()),
+                Just("initContainers".to_string()),
+                Just("resources".to_string()),
+                Just("limits".to_string()),
+                Just("requests".to_string()),
+                Just("schedulerName".to_string()),
+                Just("labels".to_string()),
+                "[a-z]{1,6}",
+            ];
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map(keys, inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
     #[test]
     fn bad_bodies_get_a_reason_never_a_panic() {
         let cases: Vec<(Vec<u8>, &str)> = vec![

@@ -665,3 +665,98 @@ async fn a_stalled_handshake_and_a_trickled_head_are_cut_under_tls() {
     )
     .await;
 }
+
+/// The admission webhook listener (`--webhook-listen`): HTTPS with its own certificate and no
+/// client certificate (kube-apiserver presents none), a routed review answered with a JSON
+/// patch, a bad body refused with the reason, and the metric of each; no verb on that port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_listener_answers_reviews_over_tls_and_refuses_bad_bodies() {
+    let (fake, _) = cluster();
+    let ca = Ca::new("webhook CA");
+    let leaf = ca.server("localhost", 1);
+    let secret = SecretDir::new(&[
+        ("tls.crt", leaf.cert_pem.as_str()),
+        ("tls.key", leaf.key_pem.as_str()),
+    ]);
+    let flags = [
+        "--webhook-listen".to_string(),
+        "127.0.0.1:0".to_string(),
+        "--webhook-tls-cert-file".to_string(),
+        secret.path("tls.crt").display().to_string(),
+        "--webhook-tls-key-file".to_string(),
+        secret.path("tls.key").display().to_string(),
+    ];
+    let svc = service::start(&fake, &as_strs(&flags)).await;
+    let addr = svc.webhook_addr.expect("the webhook listens");
+    let mut conn = connect(addr, client_config(&ca, None))
+        .await
+        .expect("a client without a certificate is served");
+    assert_eq!(conn.served, leaf.der, "the webhook's own certificate");
+
+    let review = |limits: Value| {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "ml", "operation": "CREATE", "userInfo": {"username": "u"},
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml"},
+                           "spec": {"schedulerName": "default-scheduler",
+                                    "containers": [{"name": "c", "resources": {"limits": limits}}]}}
+            }
+        })
+    };
+    let (status, answer) = conn
+        .request(
+            "POST",
+            "/mutate-pods",
+            Some(&review(json!({"nvidia.com/gpu": "1"}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["response"]["uid"], "u-1");
+    assert_eq!(answer["response"]["allowed"], true);
+    assert_eq!(answer["response"]["patchType"], "JSONPatch", "{answer}");
+    let (status, answer) = conn
+        .request("POST", "/mutate-pods", Some(&review(json!({"cpu": "1"}))))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(answer["response"].get("patch").is_none(), "{answer}");
+
+    let (status, answer) = conn
+        .request("POST", "/mutate-pods", Some(&json!({"kind": "Pod"})))
+        .await
+        .unwrap();
+    assert_eq!(status, 400);
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("not an AdmissionReview"),
+        "{answer}"
+    );
+    let (status, _) = conn
+        .request("POST", "/filter", Some(&json!({})))
+        .await
+        .unwrap();
+    assert_eq!(status, 404, "no verb on the webhook port");
+
+    let reviews = |result: &str| {
+        svc.state
+            .metrics
+            .webhook_reviews
+            .with_label_values(&[result])
+            .get()
+    };
+    assert_eq!(
+        (
+            reviews("routed"),
+            reviews("not_managed"),
+            reviews("bad_request")
+        ),
+        (1, 1, 1)
+    );
+    svc.shutdown().await.unwrap();
+}
