@@ -1,7 +1,16 @@
-//! The cpuset accumulator (reference §1.6, koordinator `cpu_accumulator.go`): which free CPUs a
-//! pod gets, packing or spreading per [`NumaAllocateStrategy`], preferring whole NUMA nodes,
-//! then whole sockets, then whole cores, with the PCPULevel / NUMANodeLevel exclusivity passes
-//! ("with exclusivity" first, then "without").
+//! The cpuset accumulator (koordinator `cpu_accumulator.go`): which free CPUs a pod gets,
+//! packing or spreading per [`NumaAllocateStrategy`], preferring whole NUMA nodes, then whole
+//! sockets, then whole cores, with koordinator's two passes per stage ("with exclusivity",
+//! which for a spread also offers one CPU per core, then "without").
+//!
+//! koordinator's code is the authority, not the reference's summary (§1.6): every case of
+//! koordinator v1.7.0's `cpu_accumulator_test.go` this accumulator's inputs can express is a
+//! test here (`koord_cases`). Where §1.6 was silent or misleading and the code differed: the
+//! fallback orders by the free CPUs *left after what earlier stages took* (not the free set the
+//! pod started from; it inverted MostAllocated and LeastAllocated there), and it takes
+//! round-robin across cores for FullPCPUs too; the spread stages' first pass (one CPU per core)
+//! runs for every pod, not only for pods that ask for exclusivity; and the "with exclusivity"
+//! passes also avoid the cores / NUMA nodes this pod has already taken.
 //!
 //! Owns the choice of CPUs from an already-filtered free set; it must not decide policy
 //! (required policies restrict the free set *before* it is called, see [`eligible`]) and never
@@ -110,14 +119,6 @@ impl Acc<'_> {
         }
     }
 
-    fn socket_free(&self, socket: u32) -> usize {
-        self.topo.socket_cpus(socket).intersection(&self.free).len()
-    }
-
-    fn numa_free(&self, numa: NumaId) -> usize {
-        self.topo.numa_cpus(numa).intersection(&self.free).len()
-    }
-
     /// CPUs of fully free cores inside `region`, in core order ((socket, core) ascending),
     /// hyperthreads ascending within a core.
     fn full_core_cpus(&self, region: CpuSet) -> Vec<CpuId> {
@@ -135,12 +136,11 @@ impl Acc<'_> {
 
     /// Free CPUs of `region` in spread order: the first free CPU of every core (core order),
     /// then the second, and so on.
-    fn spread_cpus(&self, region: CpuSet, skip_pcpu_exclusive: bool) -> Vec<CpuId> {
+    fn spread_cpus(&self, region: CpuSet) -> Vec<CpuId> {
         let per_core: Vec<Vec<CpuId>> = self
             .topo
             .cores()
             .iter()
-            .filter(|c| !skip_pcpu_exclusive || c.cpus.is_disjoint(&self.ask.pcpu_exclusive))
             .map(|c| {
                 c.cpus
                     .intersection(&self.free)
@@ -160,17 +160,16 @@ impl Acc<'_> {
             .is_disjoint(&self.ask.numa_exclusive)
     }
 
-    /// NUMA ids ordered by (`count` per strategy, socket free per strategy, id).
-    fn order_numas(&self, count: impl Fn(NumaId) -> usize) -> Vec<(NumaId, usize)> {
+    /// NUMA ids ordered by (`count` per strategy, `socket_count` of its socket per strategy,
+    /// id): koordinator's `freeCPUsInNode` order.
+    fn order_numas_by(
+        &self,
+        count: impl Fn(NumaId) -> usize,
+        socket_count: impl Fn(u32) -> usize,
+    ) -> Vec<(NumaId, usize)> {
         let mut v: Vec<(NumaId, u32, usize)> =
             self.numas.iter().map(|&(n, s)| (n, s, count(n))).collect();
-        v.sort_by_key(|&(n, s, c)| {
-            (
-                self.by_strategy(c),
-                self.by_strategy(self.socket_free(s)),
-                n,
-            )
-        });
+        v.sort_by_key(|&(n, s, c)| (self.by_strategy(c), self.by_strategy(socket_count(s)), n));
         v.into_iter().map(|(n, _, c)| (n, c)).collect()
     }
 
@@ -202,7 +201,16 @@ impl Acc<'_> {
                         .find(|(m, _)| *m == n)
                         .map_or(0, |(_, l)| l.len())
                 };
-                for (n, len) in self.order_numas(len_of) {
+                // The socket tie-break counts what the pass admits (`freeCoresInNode`).
+                let admitted = if exclusive {
+                    self.free
+                        .difference(&self.excluded(&CpuSet::new(), false, true))
+                } else {
+                    self.free
+                };
+                let socket_admitted =
+                    |s: u32| self.topo.socket_cpus(s).intersection(&admitted).len();
+                for (n, len) in self.order_numas_by(len_of, socket_admitted) {
                     if len >= need
                         && let Some((_, list)) = lists.iter().find(|(m, _)| *m == n)
                     {
@@ -265,35 +273,42 @@ impl Acc<'_> {
         Some(taken)
     }
 
-    /// Path B (spread, SMT): one NUMA node, else one socket, with CPUs taken round-robin
-    /// across cores.
+    /// Path B (spread, SMT): one NUMA node, else one socket. koordinator's two passes
+    /// (`freeCPUsInNode` / `freeCPUsInSocket` with `filterExclusive` true, then false): the
+    /// first offers one CPU per core and leaves out CPUs the pod's exclusivity avoids, so a
+    /// region that can give every CPU its own core wins over one that cannot; the second
+    /// offers every free CPU, round-robin across cores. NUMA nodes are ordered by the CPUs the
+    /// pass admits (then their socket's, then id), sockets by the length of what they offer.
     fn spread_by_pcpus(&self) -> Option<CpuSet> {
         let need = self.ask.need;
-        let passes: &[bool] = if self.ask.exclusive == CpuExclusivePolicy::None {
-            &[false]
-        } else {
-            &[true, false]
-        };
         if need <= self.topo.cpus_per_numa() {
-            for &exclusive in passes {
-                let skip_pcpu = exclusive && self.ask.exclusive == CpuExclusivePolicy::PcpuLevel;
-                let skip_numa =
-                    exclusive && self.ask.exclusive == CpuExclusivePolicy::NumaNodeLevel;
+            for first_pass in [true, false] {
+                let usable = if first_pass {
+                    self.free
+                        .difference(&self.excluded(&CpuSet::new(), true, true))
+                } else {
+                    self.free
+                };
+                let offer = |region: CpuSet| {
+                    if first_pass {
+                        self.one_per_core(region.intersection(&usable))
+                    } else {
+                        self.spread_cpus(region.intersection(&usable))
+                    }
+                };
                 let lists: Vec<(NumaId, Vec<CpuId>)> = self
                     .numas
                     .iter()
-                    .filter(|&&(n, _)| !(skip_numa && self.numa_is_exclusive(n)))
-                    .map(|&(n, _)| (n, self.spread_cpus(self.topo.numa_cpus(n), skip_pcpu)))
+                    .map(|&(n, _)| (n, offer(self.topo.numa_cpus(n))))
                     .collect();
-                let len_of = |n: NumaId| {
-                    lists
-                        .iter()
-                        .find(|(m, _)| *m == n)
-                        .map_or(0, |(_, l)| l.len())
-                };
-                for (n, len) in self.order_numas(len_of) {
-                    if len >= need
-                        && let Some((_, list)) = lists.iter().find(|(m, _)| *m == n)
+                let order = self.order_numas_by(
+                    |n| self.topo.numa_cpus(n).intersection(&usable).len(),
+                    |s| self.topo.socket_cpus(s).intersection(&usable).len(),
+                );
+                for (n, _) in order {
+                    if let Some((_, list)) = lists.iter().find(|(m, _)| *m == n)
+                        && !list.is_empty()
+                        && list.len() >= need
                     {
                         return Some(list[..need].iter().copied().collect());
                     }
@@ -301,15 +316,25 @@ impl Acc<'_> {
             }
         }
         if need <= self.topo.cpus_per_socket() {
-            for &exclusive in passes {
-                let skip_pcpu = exclusive && self.ask.exclusive == CpuExclusivePolicy::PcpuLevel;
-                if exclusive && !skip_pcpu {
-                    continue;
-                }
+            for first_pass in [true, false] {
+                let usable = if first_pass {
+                    self.free
+                        .difference(&self.excluded(&CpuSet::new(), true, false))
+                } else {
+                    self.free
+                };
                 let lists: Vec<(u32, Vec<CpuId>)> = self
                     .topo
                     .sockets()
-                    .map(|s| (s, self.spread_cpus(self.topo.socket_cpus(s), skip_pcpu)))
+                    .map(|s| {
+                        let region = self.topo.socket_cpus(s).intersection(&usable);
+                        let list = if first_pass {
+                            self.one_per_core(region)
+                        } else {
+                            self.spread_cpus(region)
+                        };
+                        (s, list)
+                    })
                     .collect();
                 let len_of = |s: u32| {
                     lists
@@ -319,6 +344,7 @@ impl Acc<'_> {
                 };
                 for s in self.order_sockets(len_of) {
                     if let Some((_, list)) = lists.iter().find(|(m, _)| *m == s)
+                        && !list.is_empty()
                         && list.len() >= need
                     {
                         return Some(list[..need].iter().copied().collect());
@@ -329,68 +355,102 @@ impl Acc<'_> {
         None
     }
 
-    /// Path C (both policies): every core with a free CPU, ordered to stay in the socket
-    /// already used, then per strategy by socket and NUMA free counts, then partially used
-    /// cores first (so whole cores stay whole for others), then ids; cores that break the
-    /// pod's exclusivity go last ("with exclusivity, then without"). FullPCPUs takes core by
-    /// core; SpreadByPCPUs takes round-robin across cores. Tops `taken` up to the need.
-    fn fallback(&self, taken: CpuSet) -> CpuSet {
-        let remaining = self.free.difference(&taken);
-        let picked_in = |socket: u32| self.topo.socket_cpus(socket).intersection(&taken).len();
-        let mut cores: Vec<(FallbackKey, Vec<CpuId>)> = Vec::new();
-        let numa_socket_free: Vec<(NumaId, usize)> = self
-            .numas
+    /// The first free CPU of every core of `region`, in core order (koordinator's
+    /// `extractCPU` over ascending CPU ids).
+    fn one_per_core(&self, region: CpuSet) -> Vec<CpuId> {
+        self.topo
+            .cores()
             .iter()
-            .map(|&(n, _)| (n, self.numa_free(n)))
-            .collect();
-        for core in self.topo.cores() {
-            let f: Vec<CpuId> = core.cpus.intersection(&remaining).iter().collect();
-            if f.is_empty() {
-                continue;
+            .filter_map(|c| c.cpus.intersection(&region).first())
+            .collect()
+    }
+
+    /// The CPUs koordinator's "with exclusivity" passes leave out, for a pod that asks for
+    /// exclusivity: with PCPULevel (`pcpu`), every CPU of a core an exclusive holder or this
+    /// pod (`taken`) has a CPU of; with NUMANodeLevel (`numa`), every CPU of such a NUMA node.
+    fn excluded(&self, taken: &CpuSet, pcpu: bool, numa: bool) -> CpuSet {
+        let mut out = CpuSet::new();
+        match self.ask.exclusive {
+            CpuExclusivePolicy::PcpuLevel if pcpu => {
+                let held = self.ask.pcpu_exclusive.union(taken);
+                for core in self.topo.cores() {
+                    if !core.cpus.is_disjoint(&held) {
+                        out = out.union(&core.cpus);
+                    }
+                }
             }
-            let breaks = match self.ask.exclusive {
-                CpuExclusivePolicy::None => false,
-                CpuExclusivePolicy::PcpuLevel => !core.cpus.is_disjoint(&self.ask.pcpu_exclusive),
-                CpuExclusivePolicy::NumaNodeLevel => self.numa_is_exclusive(core.numa),
-            };
-            let numa_free = numa_socket_free
-                .iter()
-                .find(|(n, _)| *n == core.numa)
-                .map_or(0, |(_, c)| *c);
-            cores.push((
-                (
-                    breaks,
-                    std::cmp::Reverse(picked_in(core.socket)),
-                    self.by_strategy(self.socket_free(core.socket)),
-                    self.by_strategy(numa_free),
-                    f.len(),
-                    core.socket,
-                    core.core,
-                ),
-                f,
-            ));
+            CpuExclusivePolicy::NumaNodeLevel if numa => {
+                let held = self.ask.numa_exclusive.union(taken);
+                for &(n, _) in &self.numas {
+                    let cpus = self.topo.numa_cpus(n);
+                    if !cpus.is_disjoint(&held) {
+                        out = out.union(&cpus);
+                    }
+                }
+            }
+            _ => {}
         }
-        cores.sort_by_key(|c| c.0);
-        let order: Vec<CpuId> = if self.ask.policy == CpuBindPolicy::FullPcpus {
-            cores.into_iter().flat_map(|c| c.1).collect()
-        } else {
-            round_robin(&cores.into_iter().map(|c| c.1).collect::<Vec<_>>())
-        };
+        out
+    }
+
+    /// Path C (both policies; koordinator's last stage, `freeCPUs` + `spreadCPUs`): tops
+    /// `taken` up to the need from every core with a free CPU, in two passes (first leaving
+    /// out what the pod's exclusivity avoids, counting the cores and NUMA nodes it has taken
+    /// so far, then everything). Within a pass cores are ordered to stay in the socket already
+    /// used, then per strategy by the socket's and the NUMA node's free CPUs *left* (after what
+    /// was taken), then partially free cores first (so whole cores stay whole for others),
+    /// then ids; CPUs are taken round-robin across that order, whatever the bind policy.
+    fn fallback(&self, taken: CpuSet) -> CpuSet {
         let mut out = taken;
-        for c in order {
+        for first_pass in [true, false] {
             if out.len() >= self.ask.need {
                 break;
             }
-            out.insert(c);
+            let remaining = self.free.difference(&out);
+            let usable = if first_pass {
+                remaining.difference(&self.excluded(&out, true, true))
+            } else {
+                remaining
+            };
+            let socket_free = |s: u32| self.topo.socket_cpus(s).intersection(&usable).len();
+            let numa_free = |n: NumaId| self.topo.numa_cpus(n).intersection(&usable).len();
+            let mut cores: Vec<(FallbackKey, Vec<CpuId>)> = Vec::new();
+            for core in self.topo.cores() {
+                let f: Vec<CpuId> = core.cpus.intersection(&usable).iter().collect();
+                if f.is_empty() {
+                    continue;
+                }
+                cores.push((
+                    (
+                        std::cmp::Reverse(
+                            self.topo.socket_cpus(core.socket).intersection(&out).len(),
+                        ),
+                        self.by_strategy(socket_free(core.socket)),
+                        self.by_strategy(numa_free(core.numa)),
+                        f.len(),
+                        core.socket,
+                        core.core,
+                    ),
+                    f,
+                ));
+            }
+            cores.sort_by_key(|c| c.0);
+            let order = round_robin(&cores.into_iter().map(|c| c.1).collect::<Vec<_>>());
+            for c in order {
+                if out.len() >= self.ask.need {
+                    break;
+                }
+                out.insert(c);
+            }
         }
         out
     }
 }
 
-/// Fallback order of a core: (breaks the pod's exclusivity, CPUs already picked in its socket
-/// (descending), socket free per strategy, NUMA free per strategy, its free CPUs (ascending:
-/// partially used cores first), socket, core).
-type FallbackKey = (bool, std::cmp::Reverse<usize>, i64, i64, usize, u32, u32);
+/// Fallback order of a core: (CPUs already picked in its socket (descending), socket free per
+/// strategy, NUMA free per strategy, its free CPUs (ascending: partially used cores first),
+/// socket, core).
+type FallbackKey = (std::cmp::Reverse<usize>, i64, i64, usize, u32, u32);
 
 /// The first element of every list, then the second, and so on.
 fn round_robin(lists: &[Vec<CpuId>]) -> Vec<CpuId> {
@@ -517,7 +577,7 @@ mod tests {
             ask: &ask(32, SpreadByPcpus, MostAllocated),
             numas: numa_sockets(&t),
         };
-        let order = a.spread_cpus(t.all(), false);
+        let order = a.spread_cpus(t.all());
         let expected: Vec<CpuId> = (0..32).step_by(2).chain((1..32).step_by(2)).collect();
         assert_eq!(order, expected);
         // Spreading within one NUMA node: one thread per core first.

@@ -22,6 +22,8 @@
 pub mod accumulator;
 pub mod classify;
 pub mod hints;
+#[cfg(test)]
+mod koord_cases;
 pub mod place;
 pub mod policy;
 pub mod score;
