@@ -2,7 +2,8 @@
 # Runs every test: formatting, lints, all Rust tests (unit, property, integration against the
 # in-process fake API server, the real binary end to end), the Helm chart tests, and the
 # end-to-end scenarios against a real control plane (tests/e2e: etcd, kube-apiserver and
-# kube-scheduler v1.37 built from Kubernetes' Go modules).
+# kube-scheduler v1.37 built from Kubernetes' Go modules), and the annotations checked with
+# koordinator's own parsers (tests/koord-compat).
 # Needs only the Rust toolchain, Go, Python 3 with venv/pip, and the package registries.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +24,19 @@ cargo test --locked
 
 step "Helm chart tests (real Helm SDK, Kubernetes 1.33 schemas)"
 tests/chart/run.sh
+
+step "koordinator's own parsers read what the extender writes (tests/koord-compat, koordinator v1.7.0)"
+cargo build --release --locked --bin device-numa-extender
+(
+  cd tests/koord-compat
+  unformatted="$(gofmt -l .)"
+  if [ -n "$unformatted" ]; then
+    echo "gofmt: these files need formatting: $unformatted" >&2
+    exit 1
+  fi
+  go vet .
+  go test -count=1 .
+)
 
 step "End-to-end scenarios: real kube-apiserver + kube-scheduler v1.37 and the release binary"
 scripts/e2e.sh

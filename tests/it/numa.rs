@@ -669,3 +669,140 @@ async fn a_numa_nodes_cpus_are_promised_once_to_cpusets_and_shares() {
     );
     env.svc.shutdown().await.unwrap();
 }
+
+/// A koordlet-style NRT for koordinator's test topology `buildCPUTopologyForTest(sockets,
+/// nodesPerSocket, coresPerNode, 2)`: CPU ids sequential, a core's two threads adjacent.
+fn koord_test_nrt(name: &str, sockets: u32, per_socket: u32, cores: u32) -> Value {
+    let mut detail = Vec::new();
+    let mut core = 0;
+    for s in 0..sockets {
+        for n in 0..per_socket {
+            let numa = s * per_socket + n;
+            for _ in 0..cores {
+                for t in 0..2 {
+                    detail
+                        .push(json!({"id": core * 2 + t, "core": core, "socket": s, "node": numa}));
+                }
+                core += 1;
+            }
+        }
+    }
+    let zones: Vec<Value> = (0..sockets * per_socket)
+        .map(|n| {
+            let cpus = (cores * 2).to_string();
+            json!({"name": format!("node-{n}"), "type": "Node", "resources": [
+                {"name": "cpu", "capacity": cpus, "allocatable": cpus, "available": cpus},
+                {"name": "memory", "capacity": "64Gi", "allocatable": "64Gi", "available": "64Gi"}]})
+        })
+        .collect();
+    json!({
+        "apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+        "metadata": {"name": name, "annotations": {
+            "node.koordinator.sh/cpu-topology": json!({ "detail": detail }).to_string(),
+            "kubelet.koordinator.sh/cpu-manager-policy": r#"{"policy":"none"}"#}},
+        "topologyPolicies": ["None"],
+        "zones": zones,
+    })
+}
+
+/// The four cases of koordinator v1.7.0's `cpu_accumulator_test.go` this accumulator used to
+/// get wrong (issue 23), now through the whole service: the held CPUs come from running pods'
+/// `resource-status`, the strategy from the node's label, the policy from the pod's
+/// `resource-spec`; the cpuset bind writes must be koordinator's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn koordinators_accumulator_cases_hold_through_bind() {
+    struct Through {
+        name: &'static str,
+        topology: (u32, u32, u32),
+        strategy: &'static str,
+        held: &'static str,
+        held_spec: Option<&'static str>,
+        need: u32,
+        spec: &'static str,
+        want: &'static str,
+    }
+    let cases = [
+        Through {
+            name: "full/most: allocate with the most spread cpus",
+            topology: (2, 2, 2),
+            strategy: "MostAllocated",
+            held: "0,2,4,8,10,12",
+            held_spec: None,
+            need: 6,
+            spec: r#"{"preferredCPUBindPolicy":"FullPCPUs"}"#,
+            want: "5-7,13-15",
+        },
+        Through {
+            name: "full/least: allocate with the less spread cpus 2",
+            topology: (2, 2, 2),
+            strategy: "LeastAllocated",
+            held: "0,2,4,8,10,12",
+            held_spec: None,
+            need: 6,
+            spec: r#"{"preferredCPUBindPolicy":"FullPCPUs"}"#,
+            want: "1,3,6-7,14-15",
+        },
+        Through {
+            name: "spread/most: allocate cpus on full-free socket",
+            topology: (2, 1, 4),
+            strategy: "MostAllocated",
+            held: "0-3",
+            held_spec: None,
+            need: 4,
+            spec: r#"{"preferredCPUBindPolicy":"SpreadByPCPUs"}"#,
+            want: "8,10,12,14",
+        },
+        Through {
+            name: "exclusive: allocate cpus on full-free socket with PCPULevel",
+            topology: (2, 1, 4),
+            strategy: "MostAllocated",
+            held: "0,2",
+            held_spec: Some(r#"{"preferredCPUExclusivePolicy":"PCPULevel"}"#),
+            need: 4,
+            spec: r#"{"preferredCPUBindPolicy":"SpreadByPCPUs","preferredCPUExclusivePolicy":"PCPULevel"}"#,
+            want: "8,10,12,14",
+        },
+    ];
+    let fake = FakeApiServer::new();
+    for (i, c) in cases.iter().enumerate() {
+        let node = format!("k{i}");
+        let mut n = service::node(&node);
+        n["metadata"]["labels"]["node.koordinator.sh/numa-allocate-strategy"] = json!(c.strategy);
+        fake.create(Kind::Node, n).unwrap();
+        let (s, per, cores) = c.topology;
+        fake.create(
+            Kind::NodeResourceTopology,
+            koord_test_nrt(&node, s, per, cores),
+        )
+        .unwrap();
+        let mut held = bound_with_status(
+            &format!("held-{i}"),
+            &node,
+            &json!({ "cpuset": c.held }).to_string(),
+            "LSR",
+        );
+        if let Some(spec) = c.held_spec {
+            held["metadata"]["annotations"]["scheduling.koordinator.sh/resource-spec"] =
+                json!(spec);
+        }
+        fake.create(Kind::Pod, held).unwrap();
+    }
+    let env = Env::start(&fake, &[]).await;
+    for (i, c) in cases.iter().enumerate() {
+        let node = format!("k{i}");
+        let name = format!("pod-{i}");
+        let mut pod = lsr_pod(&name, c.need, json!({}));
+        pod["spec"]["containers"][0]["resources"] = json!({
+            "requests": {"cpu": c.need.to_string()}, "limits": {"cpu": c.need.to_string()}});
+        pod["metadata"]["annotations"] = json!({"scheduling.koordinator.sh/resource-spec": c.spec});
+        fake.create(Kind::Pod, pod.clone()).unwrap();
+        env.bind(&pod, &node)
+            .await
+            .unwrap_or_else(|e| panic!("{}: bind: {e}", c.name));
+        let status = annotation(&fake, &name, RESOURCE_STATUS)
+            .unwrap_or_else(|| panic!("{}: no resource-status", c.name));
+        let (cpus, _) = koordlet_status(&status);
+        assert_eq!(cpus, cpu_list(c.want), "{}: {status}", c.name);
+    }
+    env.svc.shutdown().await.unwrap();
+}
