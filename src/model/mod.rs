@@ -53,8 +53,8 @@ pub mod wire;
 
 /// Koordinator annotation keys this service reads or writes.
 pub mod annotations {
-    /// GPU/RDMA/FPGA allocation written at bind; read by koordlet.
-    pub const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
+    /// GPU/RDMA/FPGA allocation written at bind; read by koordlet (defined with its parser).
+    pub use super::device::DEVICE_ALLOCATED;
     /// CPU/NUMA allocation (cpuset, NUMA node resources) written at bind; read by koordlet.
     pub const RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
 }

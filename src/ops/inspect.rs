@@ -7,7 +7,6 @@
 //! live caches. This module never parses API objects itself.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
 use std::sync::Arc;
 
 use super::OpsError;
@@ -182,9 +181,4 @@ pub async fn run(args: InspectArgs) -> Result<(), OpsError> {
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(out.as_bytes()).map_err(OpsError::Io)?;
     stdout.flush().map_err(OpsError::Io)
-}
-
-/// Loads a cluster file from a path (for callers without a parsed file).
-pub fn load_path(path: &Path) -> Result<Loaded, OpsError> {
-    Ok(load_cluster_file(ClusterFile::load(path)?))
 }
