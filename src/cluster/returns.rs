@@ -7,12 +7,15 @@
 //! through the read snapshot's publish (`super::snapshot`), so that one place compares the
 //! node's facts before and after ([`returned`]) and records the kinds whose capacity grew.
 //!
-//! "Grew" is judged on the summaries filter decides on, conservatively: a kind counts as
-//! returned when anything a pod of that kind could use increased (a free sum, the largest
-//! free of one device, a NUMA node's free CPUs or cores, a released exclusivity), or when the
-//! node's facts changed in a way the summary cannot order (an unindexed device set, a policy
-//! change). A false "returned" costs one retry of the waiting pods; a missed one costs a pod
-//! its wait for an unrelated event, so doubt counts as returned.
+//! "Grew" is judged on the summaries filter decides on: devices of a type grew when some
+//! per-device request now fits on more devices than before, within the node or one NUMA node
+//! (exact for up to [`EXACT_GROUPS`] distinct free groups, see [`type_grew`]); CPUs when a NUMA
+//! node's free CPUs or cores, or a released exclusivity, increased; and whenever the facts
+//! changed in a way the summary cannot order (an unindexed device set, a policy change, too
+//! many groups). A false "returned" costs one retry of the waiting pods; a missed one costs a
+//! pod its wait for an unrelated event, so doubt counts as returned. A property test
+//! (`cluster::snapshot`'s `capacity_returns_miss_no_growth`) holds this to a model of raw
+//! facts: no growth is missed.
 //!
 //! This module only compares and collects. It never writes to the API server and never
 //! decides placement; nothing is collected until a consumer [`CapacityReturns::enable`]s it.
@@ -152,42 +155,103 @@ fn devices_returned(old: &DeviceView<'_>, new: &DeviceView<'_>) -> ResourceKinds
     }
 }
 
-/// One device type's room grew: a free sum rose, or one device now has more free in some
-/// dimension than any device had (a whole-GPU request can fit after two half releases that
-/// leave the sum equal), or a NUMA node gained a free device.
+/// One device type's room grew: some request that did not fit may fit now. Exactly: for some
+/// per-device request `r` (every dimension, within the whole node or one NUMA node), more
+/// devices have at least `r` free than before; a multi-device request of `r` each then fits
+/// where it did not. Witnesses suffice among the componentwise minima of subsets of the new
+/// free groups (if `r` witnesses, so does the minimum of the devices that hold `r`), so a node
+/// with few distinct groups is decided exactly; one with more than [`EXACT_GROUPS`] counts as
+/// grown. Cheap exits first: a free sum rose (grown); the new free groups are the old ones
+/// with some made smaller (a bind, a sick device: not grown).
 fn type_grew(old: &DeviceIndexRef<'_>, new: &DeviceIndexRef<'_>, t: &DeviceType) -> bool {
     let (o, n) = (old.sums(t).free, new.sums(t).free);
     if n.iter().zip(o.iter()).any(|(n, o)| n > o) {
         return true;
     }
     let (of, nf) = (old.frees(t), new.frees(t));
-    if of == nf {
+    if of == nf || shrunk_only(of, nf) {
         return false;
     }
-    let best = |groups: &[SlotGroup]| {
-        let mut best = [i64::MIN; INDEX_DIMS.len()];
-        for g in groups {
-            for (b, d) in best.iter_mut().zip(g.dims.iter()) {
-                *b = (*b).max(*d);
-            }
-        }
-        best
-    };
-    let (ob, nb) = (best(of), best(nf));
-    if nb.iter().zip(ob.iter()).any(|(n, o)| n > o) {
+    let mut regions: Vec<u32> = nf.iter().filter_map(|g| g.numa).collect();
+    regions.sort_unstable();
+    regions.dedup();
+    // The whole node, then each NUMA node (devices of unknown NUMA node count in every one,
+    // as a NUMA restriction admits them).
+    std::iter::once(None)
+        .chain(regions.into_iter().map(Some))
+        .any(|region| {
+            let within = |g: &&SlotGroup| match region {
+                None => true,
+                Some(numa) => g.numa.is_none_or(|m| m == numa),
+            };
+            let newr: Vec<&SlotGroup> = nf.iter().filter(within).collect();
+            let oldr: Vec<&SlotGroup> = of.iter().filter(within).collect();
+            grew_within(&oldr, &newr)
+        })
+}
+
+/// Distinct free groups beyond which [`type_grew`] stops searching and counts growth.
+pub const EXACT_GROUPS: usize = 12;
+
+fn grew_within(old: &[&SlotGroup], new: &[&SlotGroup]) -> bool {
+    if new.len() > EXACT_GROUPS {
         return true;
     }
-    let per_numa = |groups: &[SlotGroup]| {
-        let mut m: BTreeMap<Option<u32>, u32> = BTreeMap::new();
-        for g in groups {
-            *m.entry(g.numa).or_default() += u32::from(g.count);
-        }
-        m
+    let holding = |groups: &[&SlotGroup], r: &[i64; INDEX_DIMS.len()]| -> u32 {
+        groups
+            .iter()
+            .filter(|g| g.dims.iter().zip(r.iter()).all(|(d, r)| d >= r))
+            .map(|g| u32::from(g.count))
+            .sum()
     };
-    let (on, nn) = (per_numa(of), per_numa(nf));
-    nn.iter()
-        .any(|(numa, n)| on.get(numa).is_none_or(|o| n > o))
+    (1u32..(1 << new.len())).any(|mask| {
+        let mut r = [i64::MAX; INDEX_DIMS.len()];
+        for (i, g) in new.iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                for (r, d) in r.iter_mut().zip(g.dims.iter()) {
+                    *r = (*r).min(*d);
+                }
+            }
+        }
+        holding(new, &r) > holding(old, &r)
+    })
 }
+
+/// The new free groups are the old ones, some made smaller (or gone): each new device can be
+/// matched to its own old device on the same NUMA node with at least as much free in every
+/// dimension. Then no request fits that did not (a sufficient test; greedy on the few devices
+/// that differ, `false` when unsure).
+fn shrunk_only(old: &[SlotGroup], new: &[SlotGroup]) -> bool {
+    let mut left: Vec<(DimVecRef, Option<u32>, u16)> =
+        old.iter().map(|g| (g.dims, g.numa, g.count)).collect();
+    let mut differing: Vec<(DimVecRef, Option<u32>)> = Vec::new();
+    for g in new {
+        let mut need = g.count;
+        for x in left.iter_mut().filter(|x| x.0 == g.dims && x.1 == g.numa) {
+            let take = need.min(x.2);
+            x.2 -= take;
+            need -= take;
+        }
+        for _ in 0..need {
+            differing.push((g.dims, g.numa));
+            if differing.len() > 8 {
+                return false;
+            }
+        }
+    }
+    for (dims, numa) in differing {
+        let Some(x) = left
+            .iter_mut()
+            .find(|x| x.2 > 0 && x.1 == numa && x.0.iter().zip(dims.iter()).all(|(o, n)| o >= n))
+        else {
+            return false;
+        };
+        x.2 -= 1;
+    }
+    true
+}
+
+type DimVecRef = [i64; INDEX_DIMS.len()];
 
 fn cpu_returned(
     old: &crate::cluster::snapshot::CpuFacts,
