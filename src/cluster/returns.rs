@@ -9,7 +9,7 @@
 //!
 //! "Grew" is judged on the summaries filter decides on: devices of a type grew when some
 //! per-device request now fits on more devices than before, within the node or one NUMA node
-//! (exact for up to [`EXACT_GROUPS`] distinct free groups, see [`type_grew`]); CPUs when a NUMA
+//! (exact for up to [`EXACT_GROUPS`] distinct free groups, see `type_grew`); CPUs when a NUMA
 //! node's free CPUs or cores, or a released exclusivity, increased; and whenever the facts
 //! changed in a way the summary cannot order (an unindexed device set, a policy change, too
 //! many groups). A false "returned" costs one retry of the waiting pods; a missed one costs a
@@ -190,7 +190,7 @@ fn type_grew(old: &DeviceIndexRef<'_>, new: &DeviceIndexRef<'_>, t: &DeviceType)
         })
 }
 
-/// Distinct free groups beyond which [`type_grew`] stops searching and counts growth.
+/// Distinct free groups beyond which `type_grew` stops searching and counts growth.
 pub const EXACT_GROUPS: usize = 12;
 
 fn grew_within(old: &[&SlotGroup], new: &[&SlotGroup]) -> bool {
