@@ -36,6 +36,19 @@ cargo build --release --locked --bin device-numa-extender
   fi
   go vet .
   go test -count=1 .
+  # koordinator's own accumulator (its Kubernetes 1.28 pins, so a module of its own) records
+  # its answers again; they must be exactly the cases src/placement/cpu/koord_cases.rs replays.
+  cd accumulator
+  unformatted="$(gofmt -l .)"
+  if [ -n "$unformatted" ]; then
+    echo "gofmt: these files need formatting: $unformatted" >&2
+    exit 1
+  fi
+  go build -ldflags=-checklinkname=0 -o "${TMPDIR:-/tmp}/dne-koord-accumulator" .
+  if ! "${TMPDIR:-/tmp}/dne-koord-accumulator" -seed 1 -cases 3000 | cmp -s - ../accumulator-cases.jsonl; then
+    echo "tests/koord-compat/accumulator-cases.jsonl is not what koordinator's accumulator answers: regenerate it (see tests/koord-compat/accumulator/main.go)" >&2
+    exit 1
+  fi
 )
 
 step "End-to-end scenarios: real kube-apiserver + kube-scheduler v1.37 and the release binary"

@@ -13,6 +13,12 @@
 //! The helper topology is koordinator's `buildCPUTopologyForTest` (sockets × NUMA nodes per
 //! socket × cores per NUMA node × threads per core, CPU ids sequential, a core's threads
 //! adjacent), which [`super::accumulator::synthetic_topology`] builds.
+//!
+//! And a seeded random differential: `tests/koord-compat/accumulator` (a Go module pinned to
+//! koordinator v1.7.0 and its Kubernetes 1.28) calls koordinator's own `takeCPUs` on 3,000
+//! random topologies, holdings (with holders' exclusive policies) and requests, and records its
+//! answers in `tests/koord-compat/accumulator-cases.jsonl`; `scripts/test.sh` records them again
+//! and fails if the file differs, and [`koordinators_recorded_answers_agree`] replays them here.
 
 use super::accumulator::{Ask, synthetic_topology, take_cpus};
 use super::{CpuBindPolicy, CpuExclusivePolicy, NumaAllocateStrategy};
@@ -481,5 +487,78 @@ fn every_koordinator_accumulator_case_agrees() {
         disagree.len(),
         CASES.len(),
         disagree.join("\n")
+    );
+}
+
+/// One recorded answer of koordinator's own accumulator (`tests/koord-compat/accumulator`).
+#[derive(serde::Deserialize)]
+struct Recorded {
+    topology: [u32; 4],
+    allocated: String,
+    held_pcpu_level: String,
+    held_numa_node_level: String,
+    need: usize,
+    policy: String,
+    exclusive: String,
+    strategy: String,
+    answer: String,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// The seeded random differential: every case koordinator v1.7.0's `takeCPUs` answered
+/// (recorded by `tests/koord-compat/accumulator`, which calls koordinator's code itself) is
+/// replayed through this accumulator, which must choose the same CPUs, or refuse where it
+/// refused.
+#[test]
+fn koordinators_recorded_answers_agree() {
+    const RECORDED: &str = include_str!("../../../tests/koord-compat/accumulator-cases.jsonl");
+    let (mut cases, mut refused) = (0, 0);
+    let mut disagree = Vec::new();
+    for line in RECORDED.lines().filter(|l| !l.trim().is_empty()) {
+        let r: Recorded = serde_json::from_str(line).expect("a recorded case");
+        let [s, n, c, t] = r.topology;
+        let topo = synthetic_topology(s, n, c, t);
+        let set = |s: &str| -> CpuSet { s.parse().expect("recorded cpuset") };
+        let ask = Ask {
+            need: r.need,
+            policy: match r.policy.as_str() {
+                "FullPCPUs" => FullPcpus,
+                "SpreadByPCPUs" => SpreadByPcpus,
+                other => panic!("recorded policy {other}"),
+            },
+            strategy: match r.strategy.as_str() {
+                "MostAllocated" => MostAllocated,
+                "LeastAllocated" => LeastAllocated,
+                other => panic!("recorded strategy {other}"),
+            },
+            exclusive: match r.exclusive.as_str() {
+                "PCPULevel" => PcpuLevel,
+                "NUMANodeLevel" => NumaNodeLevel,
+                _ => CpuExclusivePolicy::None,
+            },
+            pcpu_exclusive: set(&r.held_pcpu_level),
+            numa_exclusive: set(&r.held_numa_node_level),
+        };
+        let free = topo.all().difference(&set(&r.allocated));
+        let ours = take_cpus(&topo, free, &ask).map(|s| s.to_string());
+        let theirs = r.error.is_none().then(|| set(&r.answer).to_string());
+        cases += 1;
+        refused += usize::from(theirs.is_none());
+        if ours != theirs {
+            disagree.push(format!("{line}\n  koordinator {theirs:?}, ours {ours:?}"));
+        }
+    }
+    assert!(cases >= 1000, "only {cases} recorded cases");
+    assert!(
+        disagree.is_empty(),
+        "{} of {cases} recorded koordinator answers disagree ({refused} refusals among the cases); first:\n{}",
+        disagree.len(),
+        disagree
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }

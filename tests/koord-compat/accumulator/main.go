@@ -1,0 +1,147 @@
+// Command accumulator records koordinator's own cpuset accumulator's answers for seeded random
+// cases, as JSON lines on stdout: koordinator v1.7.0's
+// pkg/scheduler/plugins/nodenumaresource.takeCPUs, reached with go:linkname (it is not
+// exported; build with -ldflags=-checklinkname=0). src/placement/cpu/koord_cases.rs replays
+// every line through this project's accumulator and requires the same cpuset.
+//
+//	go run -ldflags=-checklinkname=0 . -seed 1 -cases 3000 > ../accumulator-cases.jsonl
+//
+// The cases: koordinator's test topology layout (sockets x NUMA nodes per socket x cores per NUMA
+// node x threads per core, CPU ids sequential, a core's threads adjacent); a random share of
+// CPUs held, each holder CPU with a random exclusive policy; a request of any size up to the
+// free CPUs (whole cores for FullPCPUs with SMT, as the scheduler only asks for those), any bind
+// policy, exclusive policy and NUMA strategy. Reference counts > 1 and reservation-preferred CPUs
+// are left out (never used by this project).
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"math/rand"
+	"os"
+	_ "unsafe" // go:linkname
+
+	schedulingconfig "github.com/koordinator-sh/koordinator/pkg/scheduler/apis/config"
+	"github.com/koordinator-sh/koordinator/pkg/scheduler/plugins/nodenumaresource"
+	"github.com/koordinator-sh/koordinator/pkg/util/cpuset"
+)
+
+//go:linkname takeCPUs github.com/koordinator-sh/koordinator/pkg/scheduler/plugins/nodenumaresource.takeCPUs
+func takeCPUs(
+	topology *nodenumaresource.CPUTopology,
+	maxRefCount int,
+	availableCPUs cpuset.CPUSet,
+	allocatedCPUs nodenumaresource.CPUDetails,
+	numCPUsNeeded int,
+	cpuBindPolicy schedulingconfig.CPUBindPolicy,
+	cpuExclusivePolicy schedulingconfig.CPUExclusivePolicy,
+	numaAllocatedStrategy schedulingconfig.NUMAAllocateStrategy,
+) (cpuset.CPUSet, error)
+
+// One case and koordinator's answer ("" with Error set when it refused).
+type record struct {
+	Topology  [4]int `json:"topology"` // sockets, NUMA per socket, cores per NUMA, threads
+	Allocated string `json:"allocated"`
+	HeldPCPU  string `json:"held_pcpu_level"`
+	HeldNUMA  string `json:"held_numa_node_level"`
+	Need      int    `json:"need"`
+	Policy    string `json:"policy"`
+	Exclusive string `json:"exclusive"`
+	Strategy  string `json:"strategy"`
+	Answer    string `json:"answer"`
+	Error     string `json:"error,omitempty"`
+}
+
+func topology(sockets, perSocket, cores, threads int) *nodenumaresource.CPUTopology {
+	t := &nodenumaresource.CPUTopology{
+		NumSockets: sockets,
+		NumNodes:   sockets * perSocket,
+		NumCores:   sockets * perSocket * cores,
+		NumCPUs:    sockets * perSocket * cores * threads,
+		CPUDetails: nodenumaresource.CPUDetails{},
+	}
+	var node, core, cpu int
+	for s := 0; s < sockets; s++ {
+		for n := 0; n < perSocket; n++ {
+			for c := 0; c < cores; c++ {
+				for p := 0; p < threads; p++ {
+					t.CPUDetails[cpu] = nodenumaresource.CPUInfo{SocketID: s, NodeID: node, CoreID: core, CPUID: cpu}
+					cpu++
+				}
+				core++
+			}
+			node++
+		}
+	}
+	return t
+}
+
+func main() {
+	seed := flag.Int64("seed", 1, "random seed")
+	cases := flag.Int("cases", 5000, "number of cases")
+	flag.Parse()
+	r := rand.New(rand.NewSource(*seed))
+	pick := func(xs ...int) int { return xs[r.Intn(len(xs))] }
+	out := json.NewEncoder(os.Stdout)
+	policies := []schedulingconfig.CPUBindPolicy{schedulingconfig.CPUBindPolicyFullPCPUs, schedulingconfig.CPUBindPolicySpreadByPCPUs}
+	exclusives := []schedulingconfig.CPUExclusivePolicy{schedulingconfig.CPUExclusivePolicyNone, schedulingconfig.CPUExclusivePolicyPCPULevel, schedulingconfig.CPUExclusivePolicyNUMANodeLevel}
+	strategies := []schedulingconfig.NUMAAllocateStrategy{schedulingconfig.NUMAMostAllocated, schedulingconfig.NUMALeastAllocated}
+	for written := 0; written < *cases; {
+		dims := [4]int{pick(1, 2), pick(1, 2), pick(1, 2, 3, 4, 8), pick(1, 2)}
+		topo := topology(dims[0], dims[1], dims[2], dims[3])
+		share := []float64{0, 0.1, 0.25, 0.5, 0.75}[r.Intn(5)]
+		allocated := nodenumaresource.CPUDetails{}
+		var held, pcpu, numa []int
+		for cpu := 0; cpu < topo.NumCPUs; cpu++ {
+			if r.Float64() >= share {
+				continue
+			}
+			info := topo.CPUDetails[cpu]
+			switch r.Intn(6) {
+			case 0:
+				info.ExclusivePolicy = schedulingconfig.CPUExclusivePolicyPCPULevel
+				pcpu = append(pcpu, cpu)
+			case 1:
+				info.ExclusivePolicy = schedulingconfig.CPUExclusivePolicyNUMANodeLevel
+				numa = append(numa, cpu)
+			}
+			allocated[cpu] = info
+			held = append(held, cpu)
+		}
+		heldSet := cpuset.NewCPUSet(held...)
+		available := topo.CPUDetails.CPUs().Difference(heldSet)
+		if available.Size() == 0 {
+			continue
+		}
+		policy := policies[r.Intn(2)]
+		need := 1 + r.Intn(available.Size())
+		if policy == schedulingconfig.CPUBindPolicyFullPCPUs && dims[3] > 1 {
+			need -= need % dims[3]
+			if need == 0 {
+				continue
+			}
+		}
+		exclusive := exclusives[r.Intn(3)]
+		strategy := strategies[r.Intn(2)]
+		rec := record{
+			Topology:  dims,
+			Allocated: heldSet.String(),
+			HeldPCPU:  cpuset.NewCPUSet(pcpu...).String(),
+			HeldNUMA:  cpuset.NewCPUSet(numa...).String(),
+			Need:      need,
+			Policy:    string(policy),
+			Exclusive: string(exclusive),
+			Strategy:  string(strategy),
+		}
+		got, err := takeCPUs(topo, 1, available, allocated, need, policy, exclusive, strategy)
+		if err != nil {
+			rec.Error = err.Error()
+		} else {
+			rec.Answer = got.String()
+		}
+		if err := out.Encode(rec); err != nil {
+			panic(err)
+		}
+		written++
+	}
+}
