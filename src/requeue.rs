@@ -197,22 +197,20 @@ impl Requeue {
         }
     }
 
-    /// Remembered pods that want any of `kinds`, after dropping expired ones.
-    fn wanting(&self, kinds: ResourceKinds, now: Instant) -> usize {
+    /// One pass over the remembered pods, expired ones dropped: how many want any of `kinds`,
+    /// how many are remembered, and every kind any of them waits for.
+    fn census(&self, kinds: ResourceKinds, now: Instant) -> Census {
         let mut waiting = self.waiting.lock();
         waiting.retain(|_, (_, at)| now.duration_since(*at) < WAITING_TTL);
-        waiting
-            .values()
-            .filter(|(wants, _)| wants.intersects(kinds))
-            .count()
-    }
-
-    /// The kinds any remembered pod waits for.
-    fn waiting_kinds(&self) -> ResourceKinds {
-        self.waiting
-            .lock()
-            .values()
-            .fold(ResourceKinds::empty(), |k, (w, _)| k.union(*w))
+        let mut census = Census {
+            remembered: waiting.len(),
+            ..Census::default()
+        };
+        for (wants, _) in waiting.values() {
+            census.wanting += usize::from(wants.intersects(kinds));
+            census.kinds = census.kinds.union(*wants);
+        }
+        census
     }
 
     pub fn status(&self) -> RequeueStatus {
@@ -230,6 +228,17 @@ impl Requeue {
                 }),
         }
     }
+}
+
+#[derive(Debug, Default)]
+struct Census {
+    wanting: usize,
+    remembered: usize,
+    kinds: ResourceKinds,
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// The signal task's settings.
@@ -280,6 +289,7 @@ pub async fn run(
             _ = returns.changed() => {}
             _ = tokio::time::sleep(config.interval) => {
                 sample(&mut leading_since);
+                metrics.requeue_waiting_pods.set(gauge(requeue.waiting.lock().len()));
                 continue;
             }
         }
@@ -301,10 +311,8 @@ pub async fn run(
             }
         }
         let now = Instant::now();
-        let wanting = requeue.wanting(kinds, now);
-        metrics
-            .requeue_waiting_pods
-            .set(i64::try_from(requeue.waiting.lock().len()).unwrap_or(i64::MAX));
+        let census = requeue.census(kinds, now);
+        metrics.requeue_waiting_pods.set(gauge(census.remembered));
         let leading = sample(&mut leading_since);
         let unknown = leading_since
             .is_some_and(|since| now.duration_since(since) < config.unknown_after_takeover);
@@ -312,16 +320,20 @@ pub async fn run(
             // Only the ready leader writes; a standby's caches see the same returns, and the
             // leader signals for them.
             "not_leader"
-        } else if wanting == 0 && !unknown {
+        } else if census.wanting == 0 && !unknown {
             "no_waiting_pods"
         } else {
             sequence += 1;
-            let waiting_kinds = if unknown {
-                kinds
-            } else {
-                requeue.waiting_kinds()
-            };
-            signal_one(&requeue, &*signal, &nodes, waiting_kinds, wanting, sequence).await
+            let waiting_kinds = if unknown { kinds } else { census.kinds };
+            signal_one(
+                &requeue,
+                &*signal,
+                &nodes,
+                waiting_kinds,
+                census.wanting,
+                sequence,
+            )
+            .await
         };
         metrics.requeue_signals.with_label_values(&[result]).inc();
         if result == "failed" {

@@ -155,7 +155,13 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
             } else {
                 "fits"
             };
-            if let Some(uid) = pod.metadata.uid.as_deref().map(PodUid::new) {
+            if let Some(uid) = pod
+                .metadata
+                .uid
+                .as_deref()
+                .filter(|_| state.requeue.is_enabled())
+                .map(PodUid::new)
+            {
                 if passing.is_empty() && !(failed.is_empty() && unresolvable.is_empty()) {
                     state
                         .requeue

@@ -76,23 +76,13 @@ pub fn review(
     rule: &RoutingRule,
     body: &[u8],
 ) -> Result<(AdmissionReview<DynamicObject>, &'static str), BadReview> {
-    // The version first: a v1beta1 review (older API servers) gets that named, not whichever
-    // field its shape lacks.
-    #[derive(serde::Deserialize)]
-    struct Head {
-        #[serde(rename = "apiVersion", default)]
-        api_version: String,
+    let review = match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body) {
+        Ok(review) => review,
+        Err(e) => return Err(why_not_a_review(body, e)),
+    };
+    if review.types.api_version != "admission.k8s.io/v1" {
+        return Err(version_error(&review.types.api_version));
     }
-    let head: Head =
-        serde_json::from_slice(body).map_err(|e| BadReview::NotAReview(e.to_string()))?;
-    if head.api_version.is_empty() {
-        return Err(BadReview::NotAReview("it has no apiVersion".to_string()));
-    }
-    if head.api_version != "admission.k8s.io/v1" {
-        return Err(BadReview::Version(head.api_version));
-    }
-    let review: AdmissionReview<DynamicObject> =
-        serde_json::from_slice(body).map_err(|e| BadReview::NotAReview(e.to_string()))?;
     let request: AdmissionRequest<DynamicObject> =
         review.try_into().map_err(|_| BadReview::NoRequest)?;
     let response = AdmissionResponse::from(&request);
@@ -135,6 +125,32 @@ pub fn review(
         }
     };
     Ok((response.into_review(), result))
+}
+
+/// Why a body that does not decode is refused: its version when it names another one (older
+/// API servers send v1beta1), else the decoder's reason. Decodes the body again, on this
+/// failure path only.
+fn why_not_a_review(body: &[u8], decode: serde_json::Error) -> BadReview {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        #[serde(rename = "apiVersion", default)]
+        api_version: String,
+    }
+    match serde_json::from_slice::<Head>(body) {
+        Ok(head) if head.api_version.is_empty() => {
+            BadReview::NotAReview("it has no apiVersion".to_string())
+        }
+        Ok(head) if head.api_version != "admission.k8s.io/v1" => version_error(&head.api_version),
+        _ => BadReview::NotAReview(decode.to_string()),
+    }
+}
+
+fn version_error(api_version: &str) -> BadReview {
+    if api_version.is_empty() {
+        BadReview::NotAReview("it has no apiVersion".to_string())
+    } else {
+        BadReview::Version(api_version.to_string())
+    }
 }
 
 async fn mutate_pods(

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use device_numa_extender::app::Service;
 use device_numa_extender::cluster::returns::ResourceKinds;
 use device_numa_extender::requeue::REQUEUE_ANNOTATION;
 use serde_json::{Value, json};
@@ -14,6 +15,24 @@ use crate::support::service::{self, Http, wait_for_all_watches};
 use crate::support::{FakeApiServer, Kind};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts the service on `fake` with `extra` flags, ready and watching every kind.
+async fn started(fake: &FakeApiServer, extra: &[&str]) -> (Service, Http) {
+    let svc = service::start(fake, extra).await;
+    let http = Http::new(svc.addr);
+    http.wait_ready(TIMEOUT).await;
+    wait_for_all_watches(fake, TIMEOUT).await;
+    (svc, http)
+}
+
+/// Signal flags for these tests: rounds every 50 ms, and no "waiting pods unknown" window
+/// after start, so only remembered pods make a write.
+const SIGNAL: [&str; 4] = [
+    "--requeue-interval",
+    "50ms",
+    "--requeue-after-takeover",
+    "0s",
+];
 
 fn node_patches(fake: &FakeApiServer) -> usize {
     fake.requests()
@@ -54,19 +73,7 @@ async fn filter_passes(http: &Http, pod: &Value, node: &str) -> bool {
 async fn a_gpu_turning_healthy_writes_one_signal_for_every_waiting_pod() {
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 2, &[0, 1]);
-    let svc = service::start(
-        &fake,
-        &[
-            "--requeue-interval",
-            "50ms",
-            "--requeue-after-takeover",
-            "0s",
-        ],
-    )
-    .await;
-    let http = Http::new(svc.addr);
-    http.wait_ready(TIMEOUT).await;
-    wait_for_all_watches(&fake, TIMEOUT).await;
+    let (svc, http) = started(&fake, &SIGNAL).await;
 
     // Twenty pods find no healthy GPU anywhere: each is remembered as waiting.
     let pods: Vec<Value> = (0..20).map(|i| gpu_pod(&format!("p{i}"))).collect();
@@ -114,19 +121,7 @@ async fn no_signal_without_a_waiting_pod_and_none_when_turned_off() {
     // Capacity returns, but nobody waits: counted, not written.
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 2, &[0, 1]);
-    let svc = service::start(
-        &fake,
-        &[
-            "--requeue-interval",
-            "50ms",
-            "--requeue-after-takeover",
-            "0s",
-        ],
-    )
-    .await;
-    let http = Http::new(svc.addr);
-    http.wait_ready(TIMEOUT).await;
-    wait_for_all_watches(&fake, TIMEOUT).await;
+    let (svc, _http) = started(&fake, &SIGNAL).await;
     fake.replace(Kind::Device, service::gpu_device("n1", 2, 1, &[]))
         .unwrap();
     let metrics = svc.state.metrics.clone();
@@ -146,10 +141,7 @@ async fn no_signal_without_a_waiting_pod_and_none_when_turned_off() {
     // signal task exists to act on it.
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 2, &[0, 1]);
-    let svc = service::start(&fake, &["--requeue", "false"]).await;
-    let http = Http::new(svc.addr);
-    http.wait_ready(TIMEOUT).await;
-    wait_for_all_watches(&fake, TIMEOUT).await;
+    let (svc, http) = started(&fake, &["--requeue", "false"]).await;
     let pod = gpu_pod("p");
     assert!(!filter_passes(&http, &pod, "n1").await);
     let (_, ready) = http.get("/readyz").await;
@@ -169,10 +161,7 @@ async fn no_signal_without_a_waiting_pod_and_none_when_turned_off() {
 async fn capacity_returns_are_what_frees_room_and_nothing_else() {
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 2, &[]);
-    let svc = service::start(&fake, &["--requeue", "false"]).await;
-    let http = Http::new(svc.addr);
-    http.wait_ready(TIMEOUT).await;
-    wait_for_all_watches(&fake, TIMEOUT).await;
+    let (svc, http) = started(&fake, &["--requeue", "false"]).await;
     let returns = svc.state.cluster.capacity_returns();
     returns.enable();
     let gpu_returned = |taken: &std::collections::BTreeMap<std::sync::Arc<str>, ResourceKinds>| {
@@ -236,10 +225,7 @@ async fn a_released_cpuset_is_a_cpu_return() {
         crate::numa::koord_nrt("n1", 1, 2, "None", &[]),
     )
     .unwrap();
-    let svc = service::start(&fake, &["--requeue", "false"]).await;
-    let http = Http::new(svc.addr);
-    http.wait_ready(TIMEOUT).await;
-    wait_for_all_watches(&fake, TIMEOUT).await;
+    let (svc, http) = started(&fake, &["--requeue", "false"]).await;
     let returns = svc.state.cluster.capacity_returns();
     returns.enable();
     let cpu_returned = |taken: &std::collections::BTreeMap<std::sync::Arc<str>, ResourceKinds>| {

@@ -65,6 +65,8 @@ const fn case(
     }
 }
 
+/// A `TestTakeCPUsWithExclusivePolicy` row (NUMAMostAllocated): `held` is the holders'
+/// exclusive policy of the allocated CPUs, `exclusive` the pod's.
 #[allow(clippy::too_many_arguments)] // one koordinator table row, field for field
 const fn exclusive(
     name: &'static str,
@@ -77,15 +79,9 @@ const fn exclusive(
     want: &'static str,
 ) -> Case {
     Case {
-        name,
-        topology,
-        allocated,
         held,
-        need,
-        policy,
-        strategy: MostAllocated,
         exclusive,
-        want,
+        ..case(name, topology, allocated, need, policy, MostAllocated, want)
     }
 }
 
