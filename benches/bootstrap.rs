@@ -293,7 +293,7 @@ async fn service(kubeconfig: &Path) -> (f64, String) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let secs = t.elapsed().as_secs_f64();
-    let nodes = svc.state.cluster.node_count();
+    let nodes = svc.state.scheduler.cluster.node_count();
     assert_eq!(nodes, NODES);
     (secs, format!("nodes={nodes}"))
 }

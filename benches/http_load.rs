@@ -52,8 +52,8 @@ use hyper_util::rt::TokioExecutor;
 use common::{Case, PerNodeSplit, extender_body, ms, slashed, summarize};
 use device_numa_extender::app::Service;
 use device_numa_extender::extender::input::{decode, read_body};
-use device_numa_extender::extender::verbs;
 use device_numa_extender::extender::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
+use device_numa_extender::scheduler::verbs;
 
 const NODES: usize = 5_000;
 const THROUGHPUT_NODES: usize = 1_000;
@@ -169,7 +169,7 @@ fn client() -> HttpClient {
 }
 
 /// Server-side (count, sum seconds) of `dne_http_request_duration_seconds{verb, outcome="ok"}`.
-fn server_metric(state: &device_numa_extender::extender::AppState, verb: &str) -> (u64, f64) {
+fn server_metric(state: &device_numa_extender::scheduler::Scheduler, verb: &str) -> (u64, f64) {
     let h = state
         .metrics
         .request_duration
@@ -224,12 +224,14 @@ async fn run() {
             let key = format!("{}@{nodes}", case.label());
             let body: &'static [u8] = Box::leak(extender_body(*case, nodes).into_boxed_slice());
             let args = || decode::<ExtenderArgsRef>(body).expect("body");
-            canned
-                .prioritize
-                .insert(key.clone(), Arc::new(verbs::prioritize(&svc.state, args())));
-            canned
-                .filter
-                .insert(key.clone(), Arc::new(verbs::filter(&svc.state, args())));
+            canned.prioritize.insert(
+                key.clone(),
+                Arc::new(verbs::prioritize(&svc.state.scheduler, args())),
+            );
+            canned.filter.insert(
+                key.clone(),
+                Arc::new(verbs::filter(&svc.state.scheduler, args())),
+            );
             bodies.insert(key, Bytes::from_static(body));
         }
     }
@@ -260,16 +262,16 @@ async fn run() {
                     .entry(format!("{}@{nodes}", case.label()))
                     .or_insert_with(|| Bytes::from(extender_body(case, nodes)));
             }
-            for memo in [Memo::Warm, Memo::Cold(&svc.state)] {
+            for memo in [Memo::Warm, Memo::Cold(&svc.state.scheduler)] {
                 let table =
                     per_verb(&client, &targets[0].base, &bodies, nodes, &Case::ALL, memo).await;
                 print_per_verb(nodes, memo, &table);
                 if let Memo::Warm = memo {
-                    print_memo_bytes(&svc.state);
+                    print_memo_bytes(&svc.state.scheduler);
                 }
             }
         }
-        print_memo(&svc.state);
+        print_memo(&svc.state.scheduler);
     }
     if phase("throughput") {
         throughput_phase(&client, &targets, &bodies).await;
@@ -317,14 +319,14 @@ async fn distinct(client: &HttpClient) {
             )
         })
         .collect();
-    for memo in [Memo::Warm, Memo::Cold(&svc.state)] {
+    for memo in [Memo::Warm, Memo::Cold(&svc.state.scheduler)] {
         let table = per_verb(client, &base, &bodies, NODES, &Case::ALL, memo).await;
         print_per_verb(NODES, memo, &table);
         if let Memo::Warm = memo {
-            print_memo_bytes(&svc.state);
+            print_memo_bytes(&svc.state.scheduler);
         }
     }
-    print_memo(&svc.state);
+    print_memo(&svc.state.scheduler);
     svc.shutdown().await.expect("shutdown");
 }
 
@@ -332,7 +334,7 @@ async fn distinct(client: &HttpClient) {
 /// (`dne_read_decisions_total`, every request so far).
 /// What the verbs' memos keep between requests (`dne_read_memo_bytes`), after a warm table:
 /// one memo per placement case's pod shape.
-fn print_memo_bytes(state: &device_numa_extender::extender::AppState) {
+fn print_memo_bytes(state: &device_numa_extender::scheduler::Scheduler) {
     println!(
         "  memos kept after the warm table: filter {:.1} KiB, prioritize {:.1} KiB",
         state.memos.filter.bytes() as f64 / 1024.0,
@@ -340,7 +342,7 @@ fn print_memo_bytes(state: &device_numa_extender::extender::AppState) {
     );
 }
 
-fn print_memo(state: &device_numa_extender::extender::AppState) {
+fn print_memo(state: &device_numa_extender::scheduler::Scheduler) {
     for verb in ["filter", "prioritize"] {
         let count = |how: &str| {
             state
@@ -374,8 +376,8 @@ async fn latency_phase(
         let body = &bodies[&key];
         let mut results = Vec::new();
         let before = (
-            server_metric(&svc.state, "filter"),
-            server_metric(&svc.state, "prioritize"),
+            server_metric(&svc.state.scheduler, "filter"),
+            server_metric(&svc.state.scheduler, "prioritize"),
         );
         // Alternate blocks so load drifts on the shared machine hit both servers alike.
         let mut samples: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
@@ -388,8 +390,8 @@ async fn latency_phase(
             }
         }
         let after = (
-            server_metric(&svc.state, "filter"),
-            server_metric(&svc.state, "prioritize"),
+            server_metric(&svc.state.scheduler, "filter"),
+            server_metric(&svc.state.scheduler, "prioritize"),
         );
         for (i, target) in targets.iter().enumerate() {
             results.push((target.name, summarize(&mut samples[i])));
@@ -486,7 +488,7 @@ enum Memo<'a> {
     Warm,
     /// Nothing: the caches are emptied before every request (outside its timing), so each is
     /// its pod shape's first and only the within-request memo helps.
-    Cold(&'a device_numa_extender::extender::AppState),
+    Cold(&'a device_numa_extender::scheduler::Scheduler),
 }
 
 impl Memo<'_> {
@@ -606,7 +608,7 @@ async fn scaling(client: &HttpClient) {
     }
     // Cold: each request decides its shape's distinct node states (a fixed number, whatever
     // the candidate count); warm: every node is a memo hit, so this is the lookup alone.
-    for memo in [Memo::Cold(&svc.state), Memo::Warm] {
+    for memo in [Memo::Cold(&svc.state.scheduler), Memo::Warm] {
         let mut rows: Vec<(usize, VerbTable)> = Vec::new();
         for nodes in SCALING_SIZES {
             rows.push((

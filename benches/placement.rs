@@ -42,14 +42,10 @@ use criterion::{Criterion, Throughput};
 use futures::future::BoxFuture;
 
 use common::{Case, PerNodeSplit, extender_body, slashed, summarize};
-use device_numa_extender::bind::{ApiError, Binder, PodApi};
 use device_numa_extender::cluster::ClusterState;
 use device_numa_extender::cluster::devices::{EntryState, RecordedAllocation};
-use device_numa_extender::extender::AppState;
 use device_numa_extender::extender::input::decode;
-use device_numa_extender::extender::verbs;
 use device_numa_extender::extender::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
-use device_numa_extender::fit::allocate_on;
 use device_numa_extender::metrics::Metrics;
 use device_numa_extender::model::cpuset::CpuSet;
 use device_numa_extender::model::ids::PodUid;
@@ -62,7 +58,10 @@ use device_numa_extender::placement::cpu::{
 };
 use device_numa_extender::placement::device::pod_device_request;
 use device_numa_extender::placement::device::request::PodDeviceRequest;
-use device_numa_extender::placement::device::score::ScoringConfig;
+use device_numa_extender::scheduler::allocate_on;
+use device_numa_extender::scheduler::bind::{ApiError, PodApi};
+use device_numa_extender::scheduler::verbs;
+use device_numa_extender::scheduler::{Scheduler, ScoringConfig};
 use device_numa_extender::sync::file_source::ClusterFile;
 use device_numa_extender::sync::{self, Readiness, SyncContext};
 
@@ -118,8 +117,8 @@ fn pod_of(case: Case, name: &str, uid: &str) -> Pod {
     serde_json::from_value(case.pending_pod(name, uid)).expect("pod decodes")
 }
 
-/// The synthetic cluster, replayed through the offline sync path, behind a ready `AppState`.
-fn state(nodes: usize) -> AppState {
+/// The synthetic cluster, replayed through the offline sync path, behind a ready `Scheduler`.
+fn state(nodes: usize) -> Scheduler {
     // PLACEMENT_CLUSTER=distinct: no two nodes alike (`common::cluster_of_distinct_holders`),
     // the per-request memo's worst case.
     let c = if std::env::var("PLACEMENT_CLUSTER").is_ok_and(|v| v == "distinct") {
@@ -149,7 +148,6 @@ fn state(nodes: usize) -> AppState {
     };
     sync::run_file(&ctx, file);
     assert!(readiness.is_ready(), "{:?}", readiness.not_ready_reason());
-    let scoring = Arc::new(ScoringConfig::default());
     let pods = Case::ALL
         .iter()
         .map(|case| {
@@ -158,33 +156,24 @@ fn state(nodes: usize) -> AppState {
             (name, pod)
         })
         .collect();
-    let binder = Arc::new(Binder::new(
-        Arc::new(MemoryPodApi { pods }),
-        cluster.clone(),
-        readiness.clone(),
-        scoring.clone(),
-        metrics.clone(),
-    ));
-    AppState {
+    Scheduler::new(
         cluster,
         readiness,
         metrics,
-        binder,
-        scoring,
-        body_limit: 16 << 20,
-        memos: Default::default(),
-        requeue: Default::default(),
-    }
+        Arc::new(MemoryPodApi { pods }),
+        ScoringConfig::default(),
+        Default::default(),
+    )
 }
 
 // ---- the server's work per request, and the baseline --------------------------------------
 
-fn filter(state: &AppState, body: &[u8]) -> Vec<u8> {
+fn filter(state: &Scheduler, body: &[u8]) -> Vec<u8> {
     let args: ExtenderArgsRef = decode(body).expect("valid body");
     serde_json::to_vec(&verbs::filter(state, args)).expect("serialize")
 }
 
-fn prioritize(state: &AppState, body: &[u8]) -> Vec<u8> {
+fn prioritize(state: &Scheduler, body: &[u8]) -> Vec<u8> {
     let args: ExtenderArgsRef = decode(body).expect("valid body");
     serde_json::to_vec(&verbs::prioritize(state, args)).expect("serialize")
 }
@@ -195,7 +184,7 @@ struct Answers<'a> {
     prioritize: Vec<HostPriority<'a>>,
 }
 
-fn answers<'a>(state: &AppState, body: &'a [u8]) -> Answers<'a> {
+fn answers<'a>(state: &Scheduler, body: &'a [u8]) -> Answers<'a> {
     Answers {
         filter: verbs::filter(state, decode(body).expect("valid body")),
         prioritize: verbs::prioritize(state, decode(body).expect("valid body")),
@@ -229,7 +218,7 @@ fn device_request(case: Case) -> PodDeviceRequest {
 /// Bind's critical section: lock the node, allocate against committed + assumed, record the
 /// assumed entry (and render the annotation), publish the node to the read snapshot. [`undo`]
 /// it outside the timed region.
-fn allocate_record(state: &AppState, req: &PodDeviceRequest, uid: &PodUid) {
+fn allocate_record(state: &Scheduler, req: &PodDeviceRequest, uid: &PodUid) {
     let started = Instant::now();
     let annotation = state
         .cluster
@@ -249,7 +238,7 @@ fn allocate_record(state: &AppState, req: &PodDeviceRequest, uid: &PodUid) {
     black_box(annotation);
 }
 
-fn undo(state: &AppState, uid: &PodUid) {
+fn undo(state: &Scheduler, uid: &PodUid) {
     state
         .cluster
         .with_existing_node(BIND_NODE, |node| node.devices.remove(uid))
@@ -268,7 +257,7 @@ fn bind_args(case: Case) -> device_numa_extender::extender::wire::ExtenderBindin
 
 // ---- criterion ------------------------------------------------------------------------------
 
-fn benches(c: &mut Criterion, state: &AppState, rt: &tokio::runtime::Runtime) {
+fn benches(c: &mut Criterion, state: &Scheduler, rt: &tokio::runtime::Runtime) {
     let mut g = c.benchmark_group(format!("placement_{NODES}_nodes"));
     g.sample_size(30)
         .warm_up_time(Duration::from_secs(1))
@@ -506,7 +495,7 @@ fn sample(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
         .collect()
 }
 
-fn percentiles(state: &AppState, rt: &tokio::runtime::Runtime) {
+fn percentiles(state: &Scheduler, rt: &tokio::runtime::Runtime) {
     println!("\n== placement percentiles, {NODES} nodes x 8 GPUs, names mode, library level ==");
     println!("{}", common::machine());
     println!("(filter+prioritize = decode + decide + serialize, both verbs, one pod)");
@@ -648,7 +637,7 @@ fn picked_cases(default: &[Case]) -> Vec<Case> {
 
 /// The time of filter (`filter`) or prioritize alone on `body` (decode before, drop after:
 /// untimed), after emptying that verb's memo when `cold`.
-fn time_verb(state: &AppState, body: &[u8], filter: bool, cold: bool) -> Duration {
+fn time_verb(state: &Scheduler, body: &[u8], filter: bool, cold: bool) -> Duration {
     let args: ExtenderArgsRef = decode(body).expect("valid body");
     match (cold, filter) {
         (true, true) => state.memos.filter.clear(),
@@ -676,7 +665,7 @@ fn timed<T>(f: impl FnOnce() -> T) -> Duration {
 /// p50), the cost added per node between sizes, and the fixed part per request. Over HTTP
 /// the same split is noisier (`http_load`'s scaling phase); here it says what the decisions
 /// themselves cost. Cases interleave request by request, so drifts hit all alike.
-fn verb_scaling(state: &AppState) {
+fn verb_scaling(state: &Scheduler) {
     println!("\n== the verbs alone, {SCALING_NODES}-node cluster, names mode, p50 ==");
     println!("{}", common::machine());
     let cases = picked_cases(&[Case::NoDevices, Case::SharedGpu, Case::GpuCpuset]);
@@ -731,7 +720,7 @@ fn verb_scaling(state: &AppState) {
 /// `PLACEMENT_LOOP=warm|cold`: filter alone (decode untimed but run), for the picked cases
 /// (default GPU + CPUs) at 1,000 candidates, `PLACEMENT_LOOP_ITERS` times (default 40,000):
 /// a steady loop to record with `perf record` and compare warm against cold.
-fn profile_loop(state: &AppState) {
+fn profile_loop(state: &Scheduler) {
     let cold = std::env::var("PLACEMENT_LOOP").is_ok_and(|v| v == "cold");
     let iters: u32 = std::env::var("PLACEMENT_LOOP_ITERS").map_or(40_000, |v| {
         v.parse().expect("PLACEMENT_LOOP_ITERS is a count")

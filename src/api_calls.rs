@@ -39,7 +39,7 @@ pub const LEADER_ELECTION_API_CALLS: &[ApiCall] = &[ApiCall {
     verbs: &["get", "create", "update"],
 }];
 /// Only with `--requeue` (the default): the requeue signal merge-patches one annotation onto a
-/// Node where capacity returned (`crate::requeue`).
+/// Node where capacity returned (`crate::scheduler::requeue`).
 pub const REQUEUE_API_CALLS: &[ApiCall] = &[ApiCall {
     group: "",
     resource: "nodes",

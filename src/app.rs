@@ -8,14 +8,14 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::bind::{Binder, KubePodApi, OfflinePodApi, PodApi};
 use crate::cli::ServeArgs;
 use crate::cluster::ClusterState;
 use crate::extender::listener::{self, Listener};
 use crate::extender::tls::{TlsError, TlsReloader};
 use crate::extender::{self, AppState, HttpConfig};
 use crate::metrics::Metrics;
-use crate::placement::device::score::ScoringConfig;
+use crate::scheduler::Scheduler;
+use crate::scheduler::bind::{KubePodApi, OfflinePodApi, PodApi};
 use crate::sync::file_source::ClusterFile;
 use crate::sync::{self, Readiness, SyncContext};
 
@@ -35,9 +35,7 @@ pub enum ServeError {
         source: std::io::Error,
     },
     #[error("invalid scoring flags: {0}")]
-    Scoring(#[from] crate::placement::device::score::ScoringConfigError),
-    #[error("invalid CPU scoring flags: {0}")]
-    CpuScoring(#[from] crate::fit::CpuScoringError),
+    Scoring(#[from] crate::scheduler::ScoringError),
     #[error("invalid leader election flags: {0}")]
     LeaderElection(String),
     #[error("invalid listener limits: {0}")]
@@ -48,7 +46,7 @@ pub enum ServeError {
     Serve(std::io::Error),
 }
 
-async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
+async fn listen_on(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Listen { addr, source })?;
@@ -190,18 +188,10 @@ impl Service {
             metrics: metrics.clone(),
         };
         let shutdown = CancellationToken::new();
-        let mut scoring =
-            ScoringConfig::from_flags(&args.score_strategy, args.score_weights.as_deref())?;
-        scoring.cpu = crate::fit::cpu_scoring_from_flags(
-            &args.cpu_score_strategy,
-            &args.numa_score_strategy,
-            args.cpu_score_weights.as_deref(),
-            &args.default_cpu_bind_policy,
-        )?;
-        let scoring = Arc::new(scoring);
+        let scoring = args.scoring.config()?;
 
         let mut elector = None;
-        let requeue = Arc::new(crate::requeue::Requeue::default());
+        let requeue = Arc::new(crate::scheduler::Requeue::default());
         let (pod_api, offline_file): (Arc<dyn PodApi>, Option<ClusterFile>) =
             match &args.cluster_file {
                 Some(path) => {
@@ -243,18 +233,18 @@ impl Service {
                                 "--requeue-interval must be above zero".to_string(),
                             ));
                         }
-                        tokio::spawn(crate::requeue::run(
+                        tokio::spawn(crate::scheduler::requeue::run(
                             requeue.clone(),
                             cluster.clone(),
                             {
                                 let readiness = readiness.clone();
                                 Arc::new(move || readiness.is_ready())
                             },
-                            Arc::new(crate::requeue::KubeNodeSignal::new(
+                            Arc::new(crate::scheduler::requeue::KubeNodeSignal::new(
                                 client.clone(),
                                 args.request_timeout,
                             )),
-                            crate::requeue::RequeueConfig {
+                            crate::scheduler::requeue::RequeueConfig {
                                 interval: args.requeue_interval,
                                 unknown_after_takeover: args.requeue_after_takeover,
                             },
@@ -273,13 +263,15 @@ impl Service {
                 }
             };
 
-        let binder = Arc::new(Binder::new(
-            pod_api,
+        let scheduler = Scheduler::new(
             cluster.clone(),
             readiness.clone(),
-            scoring.clone(),
             metrics.clone(),
-        ));
+            pod_api,
+            scoring,
+            requeue.clone(),
+        );
+        let binder = scheduler.binder.clone();
         // Ambiguous binds (a write failed with an unknown outcome) are probed promptly with
         // backoff (issue 11); the gauge of assumed entries by age is refreshed on the same tick.
         {
@@ -318,14 +310,8 @@ impl Service {
             });
         }
         let state = AppState {
-            scoring,
-            cluster: cluster.clone(),
-            readiness: readiness.clone(),
-            metrics: metrics.clone(),
-            binder,
+            scheduler,
             body_limit: args.body_limit_bytes,
-            memos: Default::default(),
-            requeue,
         };
         let http = HttpConfig {
             path_prefix: args.path_prefix.clone(),
@@ -338,9 +324,9 @@ impl Service {
             .tls_files()
             .map(|files| TlsReloader::load(files, metrics.clone()))
             .transpose()?;
-        let (listener, addr) = bind(args.listen).await?;
+        let (listener, addr) = listen_on(args.listen).await?;
         let probe_listener = match args.probe_address {
-            Some(probe) => Some(bind(probe).await?),
+            Some(probe) => Some(listen_on(probe).await?),
             None => None,
         };
         let probe_addr = probe_listener.as_ref().map_or(addr, |(_, a)| *a);
@@ -355,7 +341,7 @@ impl Service {
                     ));
                 }
                 let reloader = TlsReloader::load(files, metrics.clone())?;
-                let (tcp, bound) = bind(webhook_addr).await?;
+                let (tcp, bound) = listen_on(webhook_addr).await?;
                 tracing::info!(addr = %bound, scheduler = %rule.scheduler_name, resources = rule.managed_resources.len(), cpuset_qos = rule.cpuset_qos, "admission webhook serving (HTTPS)");
                 Some((tcp, bound, rule, reloader))
             }
@@ -493,7 +479,7 @@ impl Service {
         cut_short: impl std::future::Future<Output = ()>,
     ) -> Result<(), ServeError> {
         tracing::info!(delay = ?self.shutdown_delay, "termination requested: failing /readyz, then stopping");
-        self.state.readiness.set_shutting_down();
+        self.state.scheduler.readiness.set_shutting_down();
         tokio::select! {
             _ = tokio::time::sleep(self.shutdown_delay) => {}
             _ = cut_short => {

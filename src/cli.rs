@@ -241,43 +241,9 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_SHUTDOWN_DELAY", value_parser = parse_duration, default_value = "3s")]
     pub shutdown_delay: Duration,
 
-    /// Device scoring for prioritize and for ranking devices in bind: least-allocated spreads
-    /// pods over nodes and cards, most-allocated bin-packs them.
-    #[arg(long, env = "DNE_SCORE_STRATEGY", default_value = "least-allocated")]
-    pub score_strategy: String,
-
-    /// Resource weights for device scoring, `name=weight,...` (default:
-    /// koordinator.sh/gpu-memory-ratio=1,koordinator.sh/gpu-memory=1,koordinator.sh/rdma=1,koordinator.sh/fpga=1).
-    #[arg(long, env = "DNE_SCORE_WEIGHTS")]
-    pub score_weights: Option<String>,
-
-    /// Node-level CPU/memory scoring for pods that ask for CPU placement (a cpuset or a NUMA
-    /// policy): least-allocated or most-allocated.
-    #[arg(
-        long,
-        env = "DNE_CPU_SCORE_STRATEGY",
-        default_value = "least-allocated"
-    )]
-    pub cpu_score_strategy: String,
-
-    /// NUMA-level scoring: ranks NUMA hints and orders the cpuset accumulator on nodes without
-    /// a `node.koordinator.sh/numa-allocate-strategy` label (least-allocated spreads over NUMA
-    /// nodes, most-allocated packs them).
-    #[arg(
-        long,
-        env = "DNE_NUMA_SCORE_STRATEGY",
-        default_value = "least-allocated"
-    )]
-    pub numa_score_strategy: String,
-
-    /// Weights of cpu and memory in both CPU scorers, `cpu=N,memory=N` (default cpu=1,memory=1).
-    #[arg(long, env = "DNE_CPU_SCORE_WEIGHTS")]
-    pub cpu_score_weights: Option<String>,
-
-    /// The bind policy for LSE/LSR pods whose resource-spec says `Default` or nothing:
-    /// FullPCPUs (whole physical cores) or SpreadByPCPUs (one hyperthread per core).
-    #[arg(long, env = "DNE_DEFAULT_CPU_BIND_POLICY", default_value = "FullPCPUs")]
-    pub default_cpu_bind_policy: String,
+    /// Device and CPU scoring (shared with `simulate`).
+    #[command(flatten)]
+    pub scoring: crate::ops::args::ScoringArgs,
 
     /// Contend for a Lease and serve scheduling verbs only while holding it (standalone HA).
     /// Standbys keep their caches synced and answer /readyz 503.

@@ -4,8 +4,8 @@
 //! Layout: see `ARCHITECTURE.md` at the repository root for the layers, the rule of each,
 //! and the life of a request; `scripts/import_graph.py` checks that no import cycle exists.
 //! - [`extender`]: HTTP surface (routers, listener, TLS, probes, handlers).
-//! - [`bind`]: commits an allocation (lock node, decide, assume, write the binding, settle).
-//! - [`fit`]: the combined device + CPU/NUMA decision for one pod on one node.
+//! - [`scheduler`]: the scheduling core both front ends share: needs, the full decision, the
+//!   snapshot fast path, the read verbs, bind (the one place that commits) and requeue.
 //! - [`sync`]: force-synced bootstrap, readiness and the Kubernetes client.
 //! - [`placement`]: pure placement logic; no I/O.
 //! - [`cluster`]: the caches, the read snapshot and the operator view; never the network.
@@ -15,16 +15,14 @@
 
 pub mod api_calls;
 pub mod app;
-pub mod bind;
 pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod extender;
-pub mod fit;
-pub mod leader;
+mod leader;
 pub mod metrics;
 pub mod model;
 pub mod ops;
 pub mod placement;
-pub mod requeue;
+pub mod scheduler;
 pub mod sync;

@@ -73,7 +73,7 @@ pub struct Metrics {
     /// ([`BODY_REJECTIONS`]).
     pub request_bodies_rejected: IntCounterVec,
     /// Nodes whose capacity of a kind (`gpu`, `rdma`, `fpga`, `cpu`) grew, as the requeue
-    /// signal took them (`crate::requeue`).
+    /// signal took them (`crate::scheduler::requeue`).
     pub capacity_returns: IntCounterVec,
     /// Requeue signals by result ([`REQUEUE_RESULTS`]).
     pub requeue_signals: IntCounterVec,

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::ledger::{Entries, Entry};
 use crate::model::device::{DeviceAllocations, DeviceResources, DeviceType};
 use crate::model::ids::PodUid;
 use crate::placement::device::index::DeviceIndex;
@@ -31,26 +32,17 @@ pub enum RecordedAllocation {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EntryState {
-    /// Recorded by our bind, not yet confirmed by the pod watch.
-    Assumed { at: Instant },
-    /// Seen on an assigned pod by the pod watch.
-    Committed,
-}
+pub use super::ledger::EntryState;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LedgerEntry {
-    pub allocation: RecordedAllocation,
-    pub state: EntryState,
-}
+/// A pod's device entry.
+pub type LedgerEntry = Entry<RecordedAllocation>;
 
 /// One node's device accounting.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceLedger {
     /// Shared with the Device sync's store (one copy per Device object).
     devices: Option<Arc<NodeDevices>>,
-    entries: BTreeMap<PodUid, LedgerEntry>,
+    entries: Entries<RecordedAllocation>,
     used: UsedMap,
     malformed: usize,
 }
@@ -115,7 +107,7 @@ impl DeviceLedger {
             RecordedAllocation::Allocated(a) => apply(&mut self.used, a, true),
             RecordedAllocation::Malformed { .. } => self.malformed += 1,
         }
-        self.entries.insert(uid, LedgerEntry { allocation, state });
+        self.entries.insert(uid, allocation, state);
         previous
     }
 
@@ -146,45 +138,17 @@ impl DeviceLedger {
 
     /// Assumed entries older than `ttl`, with the instant each was assumed.
     pub fn assumed_older_than(&self, now: Instant, ttl: Duration) -> Vec<(PodUid, Instant)> {
-        self.entries
-            .iter()
-            .filter_map(|(uid, e)| match e.state {
-                EntryState::Assumed { at } if now.saturating_duration_since(at) >= ttl => {
-                    Some((uid.clone(), at))
-                }
-                _ => None,
-            })
-            .collect()
+        self.entries.assumed_older_than(now, ttl)
     }
 
     /// Removes `uid`'s entry only if it is still the one assumed at `at` (not committed by the
     /// watch or re-assumed by a later bind in the meantime). True when removed.
     pub fn remove_if_assumed_at(&mut self, uid: &PodUid, at: Instant) -> bool {
-        let same = matches!(
-            self.entries.get(uid).map(|e| e.state),
-            Some(EntryState::Assumed { at: a }) if a == at
-        );
+        let same = self.entries.is_assumed_at(uid, at);
         if same {
             self.remove(uid);
         }
         same
-    }
-
-    /// Removes assumed entries older than `ttl` (a bind whose pod update never arrived).
-    pub fn expire_assumed(&mut self, now: Instant, ttl: Duration) -> Vec<PodUid> {
-        let expired: Vec<PodUid> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| match e.state {
-                EntryState::Assumed { at } => now.saturating_duration_since(at) >= ttl,
-                EntryState::Committed => false,
-            })
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        for uid in &expired {
-            self.remove(uid);
-        }
-        expired
     }
 
     /// Used per type and minor, over every recorded allocation (including minors that are absent
@@ -630,8 +594,11 @@ mod tests {
             alloc(0, "10"),
             EntryState::Assumed { at: later },
         );
-        let gone = l.expire_assumed(later, Duration::from_secs(30));
-        assert_eq!(gone, vec![PodUid::new("old")]);
+        let old = l.assumed_older_than(later, Duration::from_secs(30));
+        assert_eq!(old, vec![(PodUid::new("old"), t0)]);
+        for (uid, at) in old {
+            assert!(l.remove_if_assumed_at(&uid, at));
+        }
         assert_eq!(l.len(), 2);
         assert_eq!(l.used()[&DeviceType::Gpu][&0][GPU_MEMORY_RATIO], q("20"));
     }

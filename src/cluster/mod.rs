@@ -5,14 +5,21 @@
 //! Everything here is in-memory bookkeeping. It must never call the network or decide where
 //! a pod goes; sync writes into it and placement reads views of it.
 
-pub mod assumed;
+pub(crate) mod assumed;
 pub mod cpus;
 pub mod devices;
-pub mod pod;
+pub(crate) mod ledger;
+pub(crate) mod node;
+pub(crate) mod nrt;
+mod parallel;
+pub(crate) mod pod;
+pub(crate) mod records;
+pub mod report;
 pub mod returns;
-pub mod snapshot;
-pub mod state;
-pub mod view;
+pub(crate) mod snapshot;
+pub(crate) mod state;
 
+pub use node::{NodeEntry, NodeState};
 pub use pod::PodRecord;
-pub use state::{ClusterState, NodeEntry, NodeRecord, NodeState, TopologyRecord};
+pub use records::{NodeRecord, Overcommitted, TopologyRecord};
+pub use state::ClusterState;

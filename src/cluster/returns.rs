@@ -1,5 +1,5 @@
 //! Capacity returns: which nodes gained room for which kind of resource since their facts
-//! were last published, collected for the requeue signal (`crate::requeue`).
+//! were last published, collected for the requeue signal (`crate::scheduler::requeue`).
 //!
 //! kube-scheduler retries a pod the extender rejected only on a cluster event it watches
 //! itself (kubernetes#122019); a Device turning healthy, a holder released without a pod

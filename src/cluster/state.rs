@@ -8,242 +8,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use serde::Serialize;
 
 use super::assumed::{AssumedPod, Assumptions};
-use super::cpus::{CpuLedger, NodeCpuLabels, NrtCpuInfo, RecordedCpus};
-use super::devices::{DeviceLedger, EntryState, NodeDevices, RecordedAllocation};
+use super::cpus::{NodeCpuLabels, RecordedCpus};
+use super::devices::{EntryState, NodeDevices, RecordedAllocation};
+use super::node::{NodeEntry, NodeState};
+use super::parallel::on_cores;
 use super::pod::{PodCpus, PodDevices, PodRecord};
+use super::records::{NodeRecord, Overcommitted, TopologyRecord};
 use super::returns::CapacityReturns;
-use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, ReadSnapshots, Snapshot, Unusable};
+use super::snapshot::{ReadSnapshots, Snapshot};
 use crate::model::ids::PodUid;
-use crate::model::node::Node;
-use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
-use crate::model::pod::ResourceList;
-
-/// Device minors a pod's allocation takes beyond their capacity.
-pub type Overcommitted = Vec<(crate::model::device::DeviceType, i32)>;
-
-/// What the caches keep of a Node object.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct NodeRecord {
-    pub uid: String,
-    pub labels: BTreeMap<String, String>,
-    pub allocatable: ResourceList,
-}
-
-impl NodeRecord {
-    pub fn from_node(node: &Node) -> Self {
-        NodeRecord {
-            uid: node.metadata.uid.clone().unwrap_or_default(),
-            labels: node.labels(),
-            allocatable: node.status.allocatable.clone().unwrap_or_default(),
-        }
-    }
-}
-
-/// What the caches keep of a NodeResourceTopology: zones, policies and koordinator's CPU
-/// topology annotations (verbatim; NUMA placement parses them).
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct TopologyRecord {
-    pub zones: Vec<Zone>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub policies: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub attributes: Vec<Attribute>,
-    /// `node.koordinator.sh/*` and `kubelet.koordinator.sh/*` annotations.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub koordinator_annotations: BTreeMap<String, String>,
-    /// The CPU/NUMA reading of the above, parsed once per NRT change.
-    #[serde(skip)]
-    pub cpu: Arc<NrtCpuInfo>,
-}
-
-impl TopologyRecord {
-    pub fn from_nrt(nrt: &NodeResourceTopology) -> Self {
-        let koordinator_annotations = nrt
-            .metadata
-            .annotations
-            .iter()
-            .flatten()
-            .filter(|(k, _)| {
-                k.starts_with("node.koordinator.sh/") || k.starts_with("kubelet.koordinator.sh/")
-            })
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let cpu = Arc::new(NrtCpuInfo::parse(
-            &nrt.zones,
-            &nrt.topology_policies,
-            &nrt.attributes,
-            &koordinator_annotations,
-        ));
-        TopologyRecord {
-            cpu,
-            zones: nrt.zones.clone(),
-            policies: nrt.topology_policies.clone(),
-            attributes: nrt.attributes.clone(),
-            koordinator_annotations,
-        }
-    }
-}
-
-/// Everything known about one node. Guarded by the node's own lock.
-#[derive(Debug, Default, Serialize)]
-pub struct NodeState {
-    /// The Node object; `None` until it arrives or after it is deleted.
-    pub node: Option<NodeRecord>,
-    /// Shared with the NRT sync's store (one copy per NRT).
-    pub topology: Option<Arc<TopologyRecord>>,
-    /// Device totals (from the Device object) and who holds what (by pod UID).
-    #[serde(skip)]
-    pub devices: DeviceLedger,
-    /// CPU topology (from the NRT and labels) and who holds which CPUs (by pod UID).
-    #[serde(skip)]
-    pub cpus: CpuLedger,
-    /// Assigned, non-terminal pods on this node, by UID. The records are shared with the pod
-    /// sync's store (one copy per pod).
-    pub pods: BTreeMap<PodUid, Arc<PodRecord>>,
-    /// The cluster-wide version of this state's last change (see [`super::snapshot`]).
-    #[serde(skip)]
-    version: u64,
-    /// Set (under this lock, while the map's write lock is held) when the entry is removed
-    /// from the map. A writer that looked the entry up before that and locked it after must
-    /// not write here: its write would be lost with the entry. See [`ClusterState::gc`].
-    #[serde(skip)]
-    dead: bool,
-}
-
-impl NodeState {
-    /// The node's facts for the read snapshot: its cached CPU summary and a freshly built
-    /// device index.
-    pub fn summary(&self) -> NodeSummary {
-        let (devices, slots, sums) = match self.devices.devices() {
-            None => (
-                DeviceFacts::Missing {
-                    held: !self.devices.is_empty(),
-                },
-                Vec::new(),
-                Default::default(),
-            ),
-            Some(_) => match self.devices.device_index() {
-                None => (DeviceFacts::Unindexed, Vec::new(), Default::default()),
-                Some(index) => (
-                    DeviceFacts::Indexed {
-                        blocked: index.blocked,
-                        ranges: index.ranges,
-                    },
-                    index.groups,
-                    index.sums,
-                ),
-            },
-        };
-        let cpu = CpuFacts {
-            constrains_plain_pods: self.cpus.constrains_plain_pods(),
-            bind_policy: self.cpus.bind_policy(),
-            summary: self.cpus.summary().map_err(|u| Unusable {
-                reason: std::sync::Arc::from(u.reason),
-                unresolvable: u.unresolvable,
-            }),
-        };
-        NodeSummary::new(devices, slots, sums, cpu)
-    }
-
-    /// Everything known about the node as JSON, ledger included (for `/debug/nodes`).
-    pub fn debug_json(&self, now: std::time::Instant) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).unwrap_or_default();
-        if let Some(map) = v.as_object_mut() {
-            map.insert(
-                "devices".into(),
-                serde_json::to_value(self.devices.debug_view(now)).unwrap_or_default(),
-            );
-            map.insert(
-                "cpus".into(),
-                serde_json::to_value(self.cpus.debug_view()).unwrap_or_default(),
-            );
-        }
-        v
-    }
-
-    /// Assumed entries (device or CPU) older than `ttl`: one pod UID, one lifecycle, whichever
-    /// ledgers it holds something in.
-    pub fn assumed_older_than(
-        &self,
-        now: std::time::Instant,
-        ttl: std::time::Duration,
-    ) -> Vec<(PodUid, std::time::Instant)> {
-        let mut out = self.devices.assumed_older_than(now, ttl);
-        for c in self.cpus.assumed_older_than(now, ttl) {
-            if !out.contains(&c) {
-                out.push(c);
-            }
-        }
-        out
-    }
-
-    /// The state of `uid`'s entry, whichever ledger holds it (both share one `at`).
-    pub fn entry_state(&self, uid: &PodUid) -> Option<EntryState> {
-        self.devices
-            .get(uid)
-            .map(|e| e.state)
-            .or_else(|| self.cpus.get(uid).map(|e| e.state))
-    }
-
-    /// Whether any ledger of this node holds `uid` as committed (seen bound here by the watch).
-    pub fn holds_committed(&self, uid: &PodUid) -> bool {
-        let committed = |s: Option<EntryState>| s == Some(EntryState::Committed);
-        committed(self.devices.get(uid).map(|e| e.state))
-            || committed(self.cpus.get(uid).map(|e| e.state))
-    }
-
-    /// Removes `uid`'s entries in every ledger, only if they are still the ones assumed at `at`.
-    pub fn remove_if_assumed_at(&mut self, uid: &PodUid, at: std::time::Instant) -> bool {
-        let d = self.devices.remove_if_assumed_at(uid, at);
-        let c = self.cpus.remove_if_assumed_at(uid, at);
-        d || c
-    }
-
-    /// Drops `uid`'s assumed entries in every ledger (a failed bind); committed ones stay.
-    pub fn remove_assumed(&mut self, uid: &PodUid) {
-        if matches!(
-            self.devices.get(uid).map(|e| e.state),
-            Some(EntryState::Assumed { .. })
-        ) {
-            self.devices.remove(uid);
-        }
-        if matches!(
-            self.cpus.get(uid).map(|e| e.state),
-            Some(EntryState::Assumed { .. })
-        ) {
-            self.cpus.remove(uid);
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.node.is_none()
-            && self.topology.is_none()
-            && self.devices.devices().is_none()
-            && self.devices.is_empty()
-            && self.cpus.is_empty()
-            && self.pods.is_empty()
-    }
-}
-
-#[derive(Debug)]
-pub struct NodeEntry {
-    pub name: Arc<str>,
-    state: RwLock<NodeState>,
-}
-
-impl NodeEntry {
-    pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, NodeState> {
-        self.state.read()
-    }
-    /// Private to the caches: every write goes through [`ClusterState`], which publishes it
-    /// to the read snapshot.
-    pub(super) fn write(&self) -> parking_lot::RwLockWriteGuard<'_, NodeState> {
-        self.state.write()
-    }
-}
 
 /// The shared cache. Cloning the `Arc<ClusterState>` is how every component sees it.
 #[derive(Debug, Default)]
@@ -286,12 +61,7 @@ impl ClusterState {
         let mut nodes = self.nodes.write();
         nodes
             .entry(Arc::from(name))
-            .or_insert_with(|| {
-                Arc::new(NodeEntry {
-                    name: Arc::from(name),
-                    state: RwLock::new(NodeState::default()),
-                })
-            })
+            .or_insert_with(|| Arc::new(NodeEntry::new(name)))
             .clone()
     }
 
@@ -383,7 +153,7 @@ impl ClusterState {
     /// Drops a node entry once nothing refers to it any more.
     ///
     /// Writers look an entry up and lock it in two steps, so one may hold the `Arc` of an
-    /// entry this removes (issue 9 §1.3). The entry is therefore marked dead under its own
+    /// entry this removes. The entry is therefore marked dead under its own
     /// write lock, taken while the map's write lock is held: a writer that then locks it sees
     /// `dead` and looks the name up again ([`Self::with_node`]). Lock order: map, then entry;
     /// nothing takes the map lock while holding an entry lock.
@@ -481,7 +251,7 @@ impl ClusterState {
     }
 
     /// Deterministic JSON of every node (no timings), for comparing caches in tests.
-    pub fn snapshot(&self) -> BTreeMap<String, serde_json::Value> {
+    pub fn debug_dump(&self) -> BTreeMap<String, serde_json::Value> {
         let entries: Vec<_> = self.nodes.read().values().cloned().collect();
         let mut out = BTreeMap::new();
         for entry in entries {
@@ -721,38 +491,6 @@ impl ClusterState {
     }
 }
 
-/// `work` over `items` split into up to `threads` parts (no more than the cores), one scoped
-/// thread per part after the first, which runs here; the parts' outputs in order.
-fn on_cores<I: Sync, O: Send>(
-    items: &[I],
-    threads: usize,
-    work: impl Fn(&[I]) -> Vec<O> + Sync,
-) -> Vec<O> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(threads);
-    if threads <= 1 || items.len() < 2 {
-        return work(items);
-    }
-    let chunk = items.len().div_ceil(threads);
-    let work = &work;
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = items
-            .chunks(chunk)
-            .skip(1)
-            .map(|part| scope.spawn(move || work(part)))
-            .collect();
-        let mut out = work(&items[..chunk]);
-        for w in workers {
-            match w.join() {
-                Ok(part) => out.extend(part),
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        }
-        out
-    })
-}
-
 /// Below this many listed pods the first list is applied on the calling thread.
 const PARALLEL_LIST_MIN: usize = 4096;
 /// Below this many nodes the read snapshot is built on the calling thread.
@@ -930,7 +668,7 @@ mod tests {
             .collect();
         want_over.sort();
         got_over.sort();
-        assert_eq!(batch.snapshot(), one_by_one.snapshot());
+        assert_eq!(batch.debug_dump(), one_by_one.debug_dump());
         assert_eq!(got_over, want_over);
         assert_eq!(batch.node_count(), one_by_one.node_count());
     }
@@ -954,7 +692,7 @@ mod tests {
         cluster.check_snapshot().unwrap();
     }
 
-    /// Issue 9 §1.3: writers racing the node-entry GC must never land in an entry that is no
+    /// Writers racing the node-entry GC must never land in an entry that is no
     /// longer in the map. Each round starts with no entry for the node; one thread owns its
     /// Device object (adds it, then deletes it, which collects the entry), the others each own
     /// one pod (add, remove, add: every remove may collect the entry too), all concurrently on
@@ -996,15 +734,15 @@ mod tests {
         for i in 0..PODS {
             replay.upsert_pod(None, &pod(i));
         }
-        let want = replay.snapshot();
+        let want = replay.debug_dump();
         let mut lost = 0;
         for round in 0..ROUNDS {
             start.wait();
             end.wait();
-            if cluster.snapshot() != want {
+            if cluster.debug_dump() != want {
                 lost += 1;
                 if lost == 1 {
-                    eprintln!("round {round}: {:?}", cluster.snapshot());
+                    eprintln!("round {round}: {:?}", cluster.debug_dump());
                 }
             }
             for i in 0..PODS {

@@ -93,9 +93,6 @@ pub struct BodyAdmission {
     metrics: Metrics,
 }
 
-/// Why a body was not admitted: the label values the metric declares.
-pub use crate::metrics::BODY_REJECTIONS;
-
 impl BodyAdmission {
     pub fn new(limits: BodyLimits, metrics: Metrics) -> Self {
         let small = limits.small_lane_bytes();

@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::input::{BadRequest, decode, read_body, read_json};
-use super::verbs;
 use super::wire::{
     ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority,
 };
+use crate::scheduler::verbs;
 
 /// How a verb call ended, for the metric label.
 #[derive(Clone, Copy)]
@@ -43,11 +43,13 @@ impl Outcome {
 fn record(state: &AppState, verb: &str, outcome: Outcome, started: Instant) {
     let elapsed = started.elapsed().as_secs_f64();
     state
+        .scheduler
         .metrics
         .requests
         .with_label_values(&[verb, outcome.as_str()])
         .inc();
     state
+        .scheduler
         .metrics
         .request_duration
         .with_label_values(&[verb, outcome.as_str()])
@@ -63,7 +65,7 @@ fn reject(state: &AppState, verb: &'static str, started: Instant, bad: BadReques
 
 /// Why the service cannot answer yet, counted as such; `None` when ready.
 fn not_ready_reason(state: &AppState, verb: &'static str, started: Instant) -> Option<String> {
-    let reason = state.readiness.not_ready_reason()?;
+    let reason = state.scheduler.readiness.not_ready_reason()?;
     record(state, verb, Outcome::NotReady, started);
     tracing::debug!(verb, reason, "answering not ready");
     Some(reason)
@@ -171,7 +173,7 @@ pub async fn filter(State(state): State<AppState>, headers: HeaderMap, body: Bod
         started,
         ExtenderFilterResult::error,
         |s, args: ExtenderArgsRef| {
-            let result = verbs::filter(s, args);
+            let result = verbs::filter(&s.scheduler, args);
             let outcome = if result.error.is_empty() {
                 Outcome::Ok
             } else {
@@ -197,7 +199,7 @@ pub async fn prioritize(State(state): State<AppState>, headers: HeaderMap, body:
         verb,
         started,
         |_| Vec::<HostPriority>::new(),
-        |s, args: ExtenderArgsRef| (verbs::prioritize(s, args), Outcome::Ok),
+        |s, args: ExtenderArgsRef| (verbs::prioritize(&s.scheduler, args), Outcome::Ok),
     )
 }
 
@@ -213,7 +215,7 @@ pub async fn bind(State(state): State<AppState>, headers: HeaderMap, body: Body)
             // the bind still either completes or rolls back instead of stopping halfway with
             // an assumed entry or a patched annotation left behind. The task counts its own
             // outcome, so a bind that outlives its request is still in the metrics.
-            let (binder, metrics, task_args) = (s.binder.clone(), s.metrics.clone(), args.clone());
+            let (binder, metrics, task_args) = (s.scheduler.binder.clone(), s.scheduler.metrics.clone(), args.clone());
             let task = tokio::spawn(async move {
                 let started = Instant::now();
                 let result = binder.bind(&task_args).await;
@@ -232,8 +234,8 @@ pub async fn bind(State(state): State<AppState>, headers: HeaderMap, body: Body)
                 Ok(result) => result,
                 // The task panicked: it counted nothing.
                 Err(join) => {
-                    let e = crate::bind::BindError::Internal(join.to_string());
-                    s.metrics.binds.with_label_values(&[e.class()]).inc();
+                    let e = crate::scheduler::bind::BindError::Internal(join.to_string());
+                    s.scheduler.metrics.binds.with_label_values(&[e.class()]).inc();
                     Err(e)
                 }
             };
@@ -256,7 +258,7 @@ pub async fn preempt(State(state): State<AppState>, headers: HeaderMap, body: Bo
         |_| ExtenderPreemptionResult {
             node_name_to_meta_victims: Some(Default::default()),
         },
-        async |s, args: ExtenderPreemptionArgs| (verbs::preempt(s, args), Outcome::Ok),
+        async |s, args: ExtenderPreemptionArgs| (verbs::preempt(&s.scheduler, args), Outcome::Ok),
     )
     .await
 }

@@ -9,19 +9,16 @@
 //! Handlers parse and answer; scheduling decisions live in [`verbs`] (reads only) and
 //! [`crate::bind`] (the one place that commits). Nothing here talks to the API server directly.
 
-pub mod admission;
+pub(crate) mod admission;
 pub mod handlers;
 pub mod input;
-pub mod listener;
-pub mod memo;
-pub mod probes;
-pub mod tls;
-pub mod verbs;
-pub mod webhook;
+pub(crate) mod listener;
+pub(crate) mod probes;
+pub(crate) mod tls;
+pub(crate) mod webhook;
 /// The wire types live in `model` (bind and the operator tools speak them too).
 pub use crate::model::wire;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -31,11 +28,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::bind::Binder;
-use crate::cluster::ClusterState;
 use crate::metrics::Metrics;
-use crate::placement::device::score::ScoringConfig;
-use crate::sync::Readiness;
+use crate::scheduler::Scheduler;
 
 /// Settings of the HTTP surface.
 #[derive(Clone, Debug)]
@@ -60,19 +54,12 @@ impl Default for HttpConfig {
     }
 }
 
-/// Shared state of every handler.
+/// Shared state of every handler: the scheduling core, and what only HTTP needs.
 #[derive(Clone)]
 pub struct AppState {
-    pub cluster: Arc<ClusterState>,
-    pub readiness: Arc<Readiness>,
-    pub metrics: Metrics,
-    pub binder: Arc<Binder>,
-    pub scoring: Arc<ScoringConfig>,
+    pub scheduler: Scheduler,
+    /// The largest request body read.
     pub body_limit: usize,
-    /// Filter's and prioritize's verdict memos, kept between requests of one pod shape.
-    pub memos: Arc<memo::ReadMemos>,
-    /// Pods filter rejected everywhere, for the requeue signal (`crate::requeue`).
-    pub requeue: Arc<crate::requeue::Requeue>,
 }
 
 /// Normalises a user-supplied prefix: `gpu/` → `/gpu`, `/` → ``.
@@ -87,7 +74,7 @@ pub fn normalize_prefix(prefix: &str) -> String {
 
 /// The verbs (under the prefix) and `/debug`: what only the scheduler may call.
 pub fn verb_router(state: AppState, config: &HttpConfig) -> Router {
-    let verbs = verbs(config, &state.metrics);
+    let verbs = verbs(config, &state.scheduler.metrics);
     with_fallbacks(verbs).with_state(state)
 }
 
@@ -98,7 +85,7 @@ pub fn probe_router(state: AppState) -> Router {
 
 /// Verbs, `/debug` and probes on one listener (when no `--probe-address` is given).
 pub fn router(state: AppState, config: &HttpConfig) -> Router {
-    let verbs = verbs(config, &state.metrics);
+    let verbs = verbs(config, &state.scheduler.metrics);
     with_fallbacks(probes().merge(verbs)).with_state(state)
 }
 

@@ -23,7 +23,7 @@ pub struct ReadyzQuery {
 /// (scheduler mode, whose kube-scheduler calls its own sidecar), so that a synced standby
 /// counts as healthy for PodDisruptionBudgets and rollouts. Verbs still serve only the leader.
 pub async fn readyz(State(state): State<AppState>, Query(query): Query<ReadyzQuery>) -> Response {
-    let report = state.readiness.report();
+    let report = state.scheduler.readiness.report();
     let standby_ok = match query.standby.as_deref() {
         None => false,
         Some("ok") => true,
@@ -48,7 +48,7 @@ pub async fn readyz(State(state): State<AppState>, Query(query): Query<ReadyzQue
     if let Some(o) = body.as_object_mut() {
         o.insert(
             "requeue".to_string(),
-            serde_json::to_value(state.requeue.status()).unwrap_or_default(),
+            serde_json::to_value(state.scheduler.requeue.status()).unwrap_or_default(),
         );
     }
     (status, axum::Json(body)).into_response()
@@ -60,14 +60,14 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics.encode(),
+        state.scheduler.metrics.encode(),
     )
         .into_response()
 }
 
 /// What the caches hold for one node, as JSON.
 pub async fn debug_node(State(state): State<AppState>, Path(name): Path<String>) -> Response {
-    match state.cluster.node(&name) {
+    match state.scheduler.cluster.node(&name) {
         Some(entry) => {
             let view = entry.read().debug_json(std::time::Instant::now());
             axum::Json(serde_json::json!({ "name": name, "state": view })).into_response()
@@ -99,7 +99,7 @@ pub async fn debug_nodes(State(state): State<AppState>, Query(q): Query<NodesQue
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect();
-    match crate::cluster::view::select(&state.cluster, &names) {
+    match crate::cluster::report::select(&state.scheduler.cluster, &names) {
         Ok(view) => axum::Json(view).into_response(),
         Err(missing) => (
             StatusCode::NOT_FOUND,

@@ -100,7 +100,7 @@ pub fn review(
             return Ok((response.deny(why).into_review(), "denied_undecodable_pod"));
         }
     };
-    let (response, result) = match rule.decide(&pod) {
+    let (response, result) = match rule.route(&pod) {
         Routing::Route { why } => {
             let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
                 { "op": "add", "path": "/spec/schedulerName", "value": rule.scheduler_name }

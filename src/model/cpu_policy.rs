@@ -68,7 +68,7 @@ impl NumaPolicy {
 /// `numa-topology-spec` `singleNUMANodeExclusive`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum NumaExclusive {
-    /// Defaults to Required only when the pod set a NUMA policy itself (reference §1.4).
+    /// Defaults to Required only when the pod set a NUMA policy itself (koordinator `apis/extension/numa_aware.go`).
     #[default]
     Unset,
     Required,

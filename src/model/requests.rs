@@ -307,7 +307,7 @@ mod tests {
     /// (effective requests: containers summed, limits standing in for absent requests, init
     /// containers' peak with restartable sidecars, overhead added, zeros dropped) with its own
     /// quantity reader and its own table of koordinator's deprecated names
-    /// (`apis/extension/deprecated.go`, reference §2.2). It uses neither `Quantity::parse`
+    /// (koordinator `apis/extension/deprecated.go`). It uses neither `Quantity::parse`
     /// nor `canonicalize_resource_names`; amounts are milli-units. Errors are only told apart
     /// as "bad quantity" or "negative", by resource.
     mod reference {

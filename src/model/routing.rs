@@ -62,7 +62,7 @@ pub enum Routing {
 }
 
 impl RoutingRule {
-    pub fn decide(&self, pod: &Pod) -> Routing {
+    pub fn route(&self, pod: &Pod) -> Routing {
         let Some(why) = self.reason(pod) else {
             return Routing::NotManaged;
         };
@@ -128,7 +128,7 @@ mod tests {
             serde_json::json!({"containers": [{"name": "a"}, {"name": "b", "resources": {"requests": {"koordinator.sh/gpu-core": "50"}}}]}),
             serde_json::json!({"schedulerName": "default-scheduler", "containers": [{"name": "a"}], "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}),
         ] {
-            let verdict = r.decide(&pod(
+            let verdict = r.route(&pod(
                 serde_json::json!({"metadata": {"name": "p"}, "spec": spec}),
             ));
             assert!(
@@ -144,16 +144,16 @@ mod tests {
         let plain = pod(
             serde_json::json!({"spec": {"containers": [{"name": "a", "resources": {"limits": {"cpu": "1", "amd.com/gpu": "1"}}}]}}),
         );
-        assert_eq!(r.decide(&plain), Routing::NotManaged);
+        assert_eq!(r.route(&plain), Routing::NotManaged);
         let mine = pod(
             serde_json::json!({"spec": {"schedulerName": "device-numa-scheduler", "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
         );
-        assert_eq!(r.decide(&mine), Routing::AlreadyRouted);
+        assert_eq!(r.route(&mine), Routing::AlreadyRouted);
         let other = pod(
             serde_json::json!({"spec": {"schedulerName": "volcano", "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
         );
         assert_eq!(
-            r.decide(&other),
+            r.route(&other),
             Routing::OtherScheduler {
                 scheduler: "volcano".into(),
                 why: "it asks for nvidia.com/gpu".into()
@@ -166,11 +166,11 @@ mod tests {
         let lsr = pod(
             serde_json::json!({"metadata": {"labels": {"koordinator.sh/qosClass": "LSR"}}, "spec": {"containers": [{"name": "a"}]}}),
         );
-        assert_eq!(rule(false).decide(&lsr), Routing::NotManaged);
-        assert!(matches!(rule(true).decide(&lsr), Routing::Route { .. }));
+        assert_eq!(rule(false).route(&lsr), Routing::NotManaged);
+        assert!(matches!(rule(true).route(&lsr), Routing::Route { .. }));
         let ls = pod(
             serde_json::json!({"metadata": {"labels": {"koordinator.sh/qosClass": "LS"}}, "spec": {"containers": [{"name": "a"}]}}),
         );
-        assert_eq!(rule(true).decide(&ls), Routing::NotManaged);
+        assert_eq!(rule(true).route(&ls), Routing::NotManaged);
     }
 }

@@ -70,13 +70,9 @@ pub struct SimulateArgs {
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: SimulateFormat,
 
-    /// As `serve --score-strategy`: simulate the scoring your deployment uses.
-    #[arg(long, default_value = "least-allocated")]
-    pub score_strategy: String,
-
-    /// As `serve --score-weights`.
-    #[arg(long)]
-    pub score_weights: Option<String>,
+    /// The scoring your deployment uses: the same flags (and environment) as `serve`.
+    #[command(flatten)]
+    pub scoring: ScoringArgs,
 }
 
 /// `serve` flags of the operator features.
@@ -86,4 +82,62 @@ pub struct ServeOpsArgs {
     /// node, so off by default on big clusters.
     #[arg(long, env = "DNE_PER_NODE_METRICS")]
     pub per_node_metrics: bool,
+}
+
+/// The scoring flags, shared by `serve` and `simulate` so both decide alike.
+#[derive(Debug, Clone, Args)]
+pub struct ScoringArgs {
+    /// Device scoring for prioritize and for ranking devices in bind: least-allocated spreads
+    /// pods over nodes and cards, most-allocated bin-packs them.
+    #[arg(long, env = "DNE_SCORE_STRATEGY", default_value = "least-allocated")]
+    pub score_strategy: String,
+
+    /// Resource weights for device scoring, `name=weight,...` (default:
+    /// koordinator.sh/gpu-memory-ratio=1,koordinator.sh/gpu-memory=1,koordinator.sh/rdma=1,koordinator.sh/fpga=1).
+    #[arg(long, env = "DNE_SCORE_WEIGHTS")]
+    pub score_weights: Option<String>,
+
+    /// Node-level CPU/memory scoring for pods that ask for CPU placement (a cpuset or a NUMA
+    /// policy): least-allocated or most-allocated.
+    #[arg(
+        long,
+        env = "DNE_CPU_SCORE_STRATEGY",
+        default_value = "least-allocated"
+    )]
+    pub cpu_score_strategy: String,
+
+    /// NUMA-level scoring: ranks NUMA hints and orders the cpuset accumulator on nodes without
+    /// a `node.koordinator.sh/numa-allocate-strategy` label (least-allocated spreads over NUMA
+    /// nodes, most-allocated packs them).
+    #[arg(
+        long,
+        env = "DNE_NUMA_SCORE_STRATEGY",
+        default_value = "least-allocated"
+    )]
+    pub numa_score_strategy: String,
+
+    /// Weights of cpu and memory in both CPU scorers, `cpu=N,memory=N` (default cpu=1,memory=1).
+    #[arg(long, env = "DNE_CPU_SCORE_WEIGHTS")]
+    pub cpu_score_weights: Option<String>,
+
+    /// The bind policy for LSE/LSR pods whose resource-spec says `Default` or nothing:
+    /// FullPCPUs (whole physical cores) or SpreadByPCPUs (one hyperthread per core).
+    #[arg(long, env = "DNE_DEFAULT_CPU_BIND_POLICY", default_value = "FullPCPUs")]
+    pub default_cpu_bind_policy: String,
+}
+
+impl ScoringArgs {
+    /// The one scoring configuration these flags give (device and CPU halves).
+    pub fn config(
+        &self,
+    ) -> Result<crate::scheduler::ScoringConfig, crate::scheduler::ScoringError> {
+        crate::scheduler::ScoringConfig::from_flags(&crate::scheduler::ScoringFlags {
+            device_strategy: &self.score_strategy,
+            device_weights: self.score_weights.as_deref(),
+            cpu_strategy: &self.cpu_score_strategy,
+            numa_strategy: &self.numa_score_strategy,
+            cpu_weights: self.cpu_score_weights.as_deref(),
+            default_cpu_bind_policy: &self.default_cpu_bind_policy,
+        })
+    }
 }

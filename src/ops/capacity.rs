@@ -3,7 +3,7 @@
 //! GPUs, cluster-wide; the same per node only with `--per-node-metrics` (one series set per node
 //! is a cardinality cost on big clusters).
 //!
-//! The numbers come from [`super::view`], the same view `inspect` prints, so the dashboard and
+//! The numbers come from [`super::report`], the same view `inspect` prints, so the dashboard and
 //! the CLI cannot disagree. This module registers a collector; it never mutates the caches.
 
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntGauge, IntGaugeVec, Opts};
 
-use super::view::{self, DeviceState, NodeView, StateCounts};
+use super::report::{self, DeviceState, NodeReport, StateCounts};
 use crate::cluster::ClusterState;
 use crate::metrics::Metrics;
 
@@ -106,7 +106,7 @@ impl Gauges {
         }
     }
 
-    fn set(&self, node: Option<&str>, summary: &view::Summary) {
+    fn set(&self, node: Option<&str>, summary: &report::Summary) {
         let with = |g: &IntGaugeVec, extra: &[&str]| -> IntGauge {
             let mut l: Vec<&str> = node.into_iter().collect();
             l.extend_from_slice(extra);
@@ -166,9 +166,9 @@ impl Collector for CapacityCollector {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let _one_at_a_time = self.collecting.lock();
-        let nodes: Vec<NodeView> = view::cluster_view(&self.cluster, &[]).nodes;
+        let nodes: Vec<NodeReport> = report::cluster_report(&self.cluster, &[]).nodes;
         self.cluster_gauges.reset();
-        self.cluster_gauges.set(None, &view::summarize(&nodes));
+        self.cluster_gauges.set(None, &report::summarize(&nodes));
         let mut out: Vec<MetricFamily> = self
             .cluster_gauges
             .all()
@@ -179,7 +179,7 @@ impl Collector for CapacityCollector {
             // Reset first: a node that left the cluster must not keep its last values.
             per_node.reset();
             for n in &nodes {
-                per_node.set(Some(&n.name), &view::summarize(std::iter::once(n)));
+                per_node.set(Some(&n.name), &report::summarize(std::iter::once(n)));
             }
             out.extend(per_node.all().into_iter().flat_map(|g| g.collect()));
         }

@@ -3,7 +3,7 @@
 //! Every source ends in the service's own code: a cluster file is replayed through
 //! [`crate::sync::run_file`] and a kubeconfig is listed once through the service's watchers and
 //! handlers ([`crate::sync::list_kube_once`]), each into a fresh [`ClusterState`]; a running
-//! service is asked for `GET /debug/nodes`, which serves [`super::view::cluster_view`] of its
+//! service is asked for `GET /debug/nodes`, which serves [`super::report::cluster_report`] of its
 //! live caches. This module never parses API objects itself.
 
 use std::io::{IsTerminal, Write};
@@ -12,12 +12,11 @@ use std::sync::Arc;
 use super::OpsError;
 use super::args::{InspectArgs, InspectFormat};
 use super::render;
-use super::view::ClusterView;
-use crate::bind::{Binder, PodApi};
+use super::report::ClusterReport;
 use crate::cluster::ClusterState;
-use crate::extender::AppState;
 use crate::metrics::Metrics;
-use crate::placement::device::score::ScoringConfig;
+use crate::scheduler::bind::PodApi;
+use crate::scheduler::{Scheduler, ScoringConfig};
 use crate::sync::file_source::ClusterFile;
 use crate::sync::{self, Readiness, SyncContext};
 
@@ -46,32 +45,17 @@ impl Loaded {
         }
     }
 
-    /// The verbs' state over these caches, binding through `api` (`simulate`, and tests that
-    /// drive the verbs without a server).
-    pub fn into_app_state(
-        self,
-        api: Arc<dyn PodApi>,
-        scoring: ScoringConfig,
-        body_limit: usize,
-    ) -> AppState {
-        let scoring = Arc::new(scoring);
-        let binder = Arc::new(Binder::new(
+    /// The scheduling core over these caches, binding through `api` (`simulate`, and tests
+    /// that drive the verbs without a server).
+    pub fn into_scheduler(self, api: Arc<dyn PodApi>, scoring: ScoringConfig) -> Scheduler {
+        Scheduler::new(
+            self.cluster,
+            self.readiness,
+            self.metrics,
             api,
-            self.cluster.clone(),
-            self.readiness.clone(),
-            scoring.clone(),
-            self.metrics.clone(),
-        ));
-        AppState {
-            cluster: self.cluster,
-            readiness: self.readiness,
-            metrics: self.metrics,
-            binder,
             scoring,
-            body_limit,
-            memos: Default::default(),
-            requeue: Default::default(),
-        }
+            Default::default(),
+        )
     }
 }
 
@@ -92,7 +76,7 @@ pub async fn load_kube(client: &kube::Client) -> Result<Loaded, OpsError> {
 }
 
 /// The view a running service serves at `GET /debug/nodes`.
-pub async fn fetch_server(url: &str, nodes: &[String]) -> Result<ClusterView, OpsError> {
+pub async fn fetch_server(url: &str, nodes: &[String]) -> Result<ClusterReport, OpsError> {
     let server = |message: String| OpsError::Server {
         url: url.to_string(),
         message,
@@ -130,7 +114,7 @@ pub async fn fetch_server(url: &str, nodes: &[String]) -> Result<ClusterView, Op
 }
 
 /// The view for `args`' source, restricted to `args.nodes`.
-pub async fn view(args: &InspectArgs) -> Result<ClusterView, OpsError> {
+pub async fn view(args: &InspectArgs) -> Result<ClusterReport, OpsError> {
     if let Some(url) = &args.server {
         return fetch_server(url, &args.nodes).await;
     }
@@ -147,8 +131,8 @@ pub async fn view(args: &InspectArgs) -> Result<ClusterView, OpsError> {
 }
 
 /// The view of `nodes` (all when empty); naming a node the caches do not hold is an error.
-pub fn select(cluster: &ClusterState, nodes: &[String]) -> Result<ClusterView, OpsError> {
-    crate::cluster::view::select(cluster, nodes).map_err(OpsError::UnknownNodes)
+pub fn select(cluster: &ClusterState, nodes: &[String]) -> Result<ClusterReport, OpsError> {
+    crate::cluster::report::select(cluster, nodes).map_err(OpsError::UnknownNodes)
 }
 
 /// Colour only for a terminal, and never with `NO_COLOR` set (<https://no-color.org>).
@@ -157,7 +141,11 @@ pub fn use_color(stream_is_terminal: bool) -> bool {
 }
 
 /// Renders `view` in `format`.
-pub fn render(view: &ClusterView, format: InspectFormat, color: bool) -> Result<String, OpsError> {
+pub fn render(
+    view: &ClusterReport,
+    format: InspectFormat,
+    color: bool,
+) -> Result<String, OpsError> {
     match format {
         InspectFormat::Json => {
             let mut s =

@@ -1,6 +1,6 @@
 //! Operator tools: what the extender sees, for the people who run it.
 //!
-//! - [`view`]: the per-node device view and cluster summary, computed from the caches (the one
+//! - [`report`]: the per-node device report and cluster summary, computed from the caches (the one
 //!   implementation behind `inspect`, `simulate`, `GET /debug/nodes` and the capacity gauges);
 //! - [`inspect`]: the view from a cluster file, a kubeconfig (one list, no watch) or a running
 //!   service, printed as a table or JSON;
@@ -9,15 +9,15 @@
 //! - [`args`]: their command-line flags.
 //!
 //! Nothing here parses API objects or decides placements: loading goes through [`crate::sync`],
-//! decisions through [`crate::extender::verbs`] and [`crate::bind`].
+//! decisions through [`crate::scheduler`] (its verbs and bind).
 
 pub mod args;
-pub mod capacity;
+pub(crate) mod capacity;
 pub mod inspect;
-pub mod render;
+pub(crate) mod render;
 pub mod simulate;
-/// The view lives in `cluster` (the service's `/debug/nodes` serves it too).
-pub use crate::cluster::view;
+/// The report lives in `cluster` (the service's `/debug/nodes` serves it too).
+pub use crate::cluster::report;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
@@ -42,7 +42,7 @@ pub enum OpsError {
     #[error("not in the cluster: {}", .0.join(", "))]
     UnknownNodes(Vec<String>),
     #[error("invalid scoring flags: {0}")]
-    Scoring(#[from] crate::placement::device::score::ScoringConfigError),
+    Scoring(#[from] crate::scheduler::ScoringError),
     #[error("cannot encode the output: {0}")]
     Encode(String),
     #[error("cannot write the output: {0}")]

@@ -2,13 +2,13 @@
 //! holder, so a row never grows with the number of pods and the default table stays within 80
 //! columns for typical names. Colour is optional (the caller decides: terminal and `NO_COLOR`).
 //!
-//! Presentation only: every number comes from [`super::view`].
+//! Presentation only: every number comes from [`super::report`].
 
 use std::fmt::Write as _;
 
-use super::view::{
-    ClusterView, CpuHolder, CpuView, DeviceState, DeviceView, Holder, NodeView, StateCounts,
-    Summary, Usage,
+use super::report::{
+    ClusterReport, CpuHolder, CpuReport, DeviceReport, DeviceState, Holder, NodeReport,
+    StateCounts, Summary, Usage,
 };
 use crate::model::device::format_bytes;
 use crate::model::quantity::Quantity;
@@ -79,7 +79,7 @@ fn used_of(u: Option<Usage>, fmt: fn(i64) -> String) -> String {
     }
 }
 
-fn state_cell(d: &DeviceView) -> Cell {
+fn state_cell(d: &DeviceReport) -> Cell {
     match d.state {
         DeviceState::WholeFree => Cell::plain("free"),
         DeviceState::PartlyUsed => Cell::plain("partial"),
@@ -122,7 +122,7 @@ fn holder_text(h: &Holder, wide: bool) -> (String, Option<&'static str>) {
 }
 
 /// Rows for one device type: a header, then one row per device and one more per extra holder.
-fn device_rows(kind: &str, devices: &[DeviceView], wide: bool) -> Vec<Vec<Cell>> {
+fn device_rows(kind: &str, devices: &[DeviceReport], wide: bool) -> Vec<Vec<Cell>> {
     let gpu = kind == "GPU";
     let mut header = vec![
         Cell::plain(kind),
@@ -203,7 +203,7 @@ fn cpu_holder_text(h: &CpuHolder, wide: bool) -> (String, Option<&'static str>) 
 }
 
 /// The CPU part of a node's block: a heading line, one row per NUMA node, one per holder.
-fn cpu_block(out: &mut String, c: &CpuView, wide: bool, color: bool) {
+fn cpu_block(out: &mut String, c: &CpuReport, wide: bool, color: bool) {
     let mut heading = format!(
         "  CPUS {}  reserved {}  NUMA policy {}",
         c.cpus.as_deref().unwrap_or("unknown"),
@@ -274,7 +274,7 @@ fn cpu_block(out: &mut String, c: &CpuView, wide: bool, color: bool) {
 }
 
 /// One node's block.
-pub fn node(out: &mut String, n: &NodeView, wide: bool, color: bool) {
+pub fn node(out: &mut String, n: &NodeReport, wide: bool, color: bool) {
     let name = if color {
         format!("{BOLD}{}{RESET}", n.name)
     } else {
@@ -360,7 +360,7 @@ pub fn summary(out: &mut String, title: &str, s: &Summary) {
 }
 
 /// Every node's block, then the summary.
-pub fn cluster(view: &ClusterView, wide: bool, color: bool) -> String {
+pub fn cluster(view: &ClusterReport, wide: bool, color: bool) -> String {
     let mut out = String::new();
     for n in &view.nodes {
         node(&mut out, n, wide, color);

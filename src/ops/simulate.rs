@@ -24,19 +24,18 @@ use super::OpsError;
 use super::args::{SimulateArgs, SimulateFormat};
 use super::inspect::load_cluster_file;
 use super::render;
-use super::view::{ClusterView, Summary, cluster_view};
-use crate::bind::{OfflinePodApi, PodApi};
+use super::report::{ClusterReport, Summary, cluster_report};
 use crate::cluster::NodeState;
 use crate::cluster::pod::{PodCpus, PodDevices};
-use crate::extender::AppState;
-use crate::extender::verbs;
 use crate::model::device::{GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO};
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
 use crate::model::quantity::Quantity;
 use crate::model::requests::{Requests, pod_requests};
 use crate::model::wire::{ExtenderArgsRef, ExtenderBindingArgs};
-use crate::placement::device::score::ScoringConfig;
+use crate::scheduler::bind::{OfflinePodApi, PodApi};
+use crate::scheduler::verbs;
+use crate::scheduler::{Scheduler, ScoringConfig};
 use crate::sync::Kind;
 use crate::sync::file_source::{ClusterFile, documents, fill_identity};
 
@@ -84,7 +83,7 @@ pub struct Report {
 /// A run's results: the report, the full view after, and the resulting cluster's objects.
 pub struct Simulation {
     pub report: Report,
-    pub after: ClusterView,
+    pub after: ClusterReport,
     /// The cluster file's objects with the placed pods added (bound and annotated) — what
     /// `--output-cluster` writes.
     pub cluster_objects: Vec<Value>,
@@ -193,8 +192,8 @@ pub async fn simulate(
             .cloned()
             .chain(pending.iter().map(|(p, _)| p.clone())),
     ));
-    let state = load_cluster_file(file).into_app_state(api.clone(), scoring, usize::MAX);
-    let before = cluster_view(&state.cluster, &[]).summary;
+    let state = load_cluster_file(file).into_scheduler(api.clone(), scoring);
+    let before = cluster_report(&state.cluster, &[]).summary;
 
     let mut placements = Vec::new();
     let mut placed: BTreeSet<(String, String)> = BTreeSet::new();
@@ -206,7 +205,7 @@ pub async fn simulate(
         }
     }
 
-    let after = cluster_view(&state.cluster, &[]);
+    let after = cluster_report(&state.cluster, &[]);
     let report = Report {
         before,
         placements,
@@ -273,7 +272,7 @@ fn apply_binding(doc: &mut Value, pod: &Pod) {
 }
 
 /// One pod through filter, prioritize and bind.
-async fn place(state: &AppState, pod: &Pod, ns: &str, name: &str) -> Placement {
+async fn place(state: &Scheduler, pod: &Pod, ns: &str, name: &str) -> Placement {
     let key = format!("{ns}/{name}");
     let mut placement = Placement {
         pod: key.clone(),
@@ -528,7 +527,7 @@ pub async fn run(args: SimulateArgs) -> Result<(), OpsError> {
     };
     let cluster_text = read(&args.cluster_file)?;
     let pods_text = read(&args.pods)?;
-    let scoring = ScoringConfig::from_flags(&args.score_strategy, args.score_weights.as_deref())?;
+    let scoring = args.scoring.config()?;
     let sim = simulate(
         &cluster_text,
         &args.cluster_file.display().to_string(),

@@ -4,3 +4,6 @@
 pub mod arith;
 pub mod cpu;
 pub mod device;
+pub mod fit_error;
+
+pub use fit_error::FitError;

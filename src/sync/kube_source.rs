@@ -78,7 +78,7 @@ pub async fn try_discover(
     let devices = served(client, DEVICE_API_VERSION, "devices").await?;
     requirements.insert(
         Kind::Devices,
-        decide(
+        requirement(
             Kind::Devices,
             devices,
             insisted,
@@ -106,7 +106,7 @@ pub async fn try_discover(
     }
     requirements.insert(
         Kind::NodeResourceTopologies,
-        decide(
+        requirement(
             Kind::NodeResourceTopologies,
             nrt,
             insisted,
@@ -119,7 +119,7 @@ pub async fn try_discover(
     })
 }
 
-fn decide(kind: Kind, served: bool, insisted: &BTreeSet<Kind>, why: &str) -> Requirement {
+fn requirement(kind: Kind, served: bool, insisted: &BTreeSet<Kind>, why: &str) -> Requirement {
     if served {
         Requirement::Required
     } else if insisted.contains(&kind) {

@@ -2,13 +2,13 @@
 //! per kind into buffer-and-diff ([`store`]), whose handlers ([`handlers`]) apply to the
 //! caches, and [`readiness`] records when every required kind has applied its first list.
 
-pub mod client;
+pub(crate) mod client;
 pub mod file_source;
-pub mod handlers;
-pub mod kind;
+pub(crate) mod handlers;
+pub(crate) mod kind;
 pub mod kube_source;
-pub mod readiness;
-pub mod store;
+pub(crate) mod readiness;
+pub(crate) mod store;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -61,7 +61,7 @@ impl SyncContext {
 /// Discovers the optional CRDs, then runs one watcher task per required kind until shutdown.
 ///
 /// An optional kind whose CRD is not served at startup is looked for again every
-/// `rediscover` (issue 22 §3): when its CRD appears, its watcher starts and `/readyz` waits for
+/// `rediscover` : when its CRD appears, its watcher starts and `/readyz` waits for
 /// its first list as at startup. A CRD removed while running keeps its kind's last state: the
 /// watch fails, is retried and counted (`dne_watch_errors_total`), and `--max-staleness`
 /// fails readiness if set.

@@ -124,7 +124,7 @@ pub struct Readiness {
     /// has been applied. Binds refuse to decide meanwhile.
     pods_fenced: AtomicBool,
     /// How long a binding the previous leader sent may still land after this replica becomes
-    /// leader ([`crate::bind::PodApi::binding_deadline`]; 0 = none). See [`Self::pods_current`].
+    /// leader ([`crate::scheduler::bind::PodApi::binding_deadline`]; 0 = none). See [`Self::pods_current`].
     takeover_window_nanos: AtomicU64,
     /// The end of the current takeover window as [`BootInstant`] nanoseconds (0: none).
     takeover_until: AtomicU64,
@@ -451,7 +451,7 @@ impl Readiness {
     /// After a takeover that is not enough: the previous leader checked its leadership before
     /// each write, but a binding it sent just before losing the Lease can still be applied by
     /// the API server until that request's own deadline (`?timeout=`, and kube's client may
-    /// resend a 504'd binding once: [`crate::bind::PodApi::binding_deadline`]), after this
+    /// resend a 504'd binding once: [`crate::scheduler::bind::PodApi::binding_deadline`]), after this
     /// replica's first relist. Its pod is not written meanwhile, so the binding's
     /// resourceVersion precondition does not stop it. So for the takeover window binds wait,
     /// and when it has passed the fence is raised once more: only a relist begun after every

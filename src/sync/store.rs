@@ -450,7 +450,7 @@ mod tests {
         assert!(state(&h).is_empty());
     }
 
-    /// Issue 9 §1.5: an `InitDone` with no `Init` before it must not diff "nothing listed"
+    /// An `InitDone` with no `Init` before it must not diff "nothing listed"
     /// against the cache (which deleted every object of the kind).
     #[test]
     fn init_done_without_init_is_ignored_and_counted() {

@@ -21,24 +21,45 @@ K8S_VERSION = "1.33.0"
 # --- the binary's contract ------------------------------------------------------------------------
 
 CLI_RS = R.ROOT / "src" / "cli.rs"
+# Where the clap structs `serve` flattens in (`#[command(flatten)]`) are defined.
+ARGS_RS = [CLI_RS, R.ROOT / "src" / "ops" / "args.rs"]
+
+
+def clap_struct(name: str) -> str:
+    """The body of `pub struct <name>` in one of ARGS_RS."""
+    for path in ARGS_RS:
+        src = path.read_text()
+        start = src.find(f"pub struct {name} ")
+        if start >= 0:
+            body = src[start:]
+            return body[: body.index("\n}\n")]
+    raise AssertionError(f"pub struct {name} is in none of {[str(p) for p in ARGS_RS]}")
 
 
 def parse_serve_contract() -> tuple[set[str], set[str]]:
-    """(flags, env vars) of `device-numa-extender serve`, read from the clap definitions in
-    src/cli.rs, so the chart is checked against what the binary really accepts. Each
-    `#[arg(long, env = "X", ...)]` names the flag after the field below it."""
-    src = CLI_RS.read_text()
-    body = src[src.index("pub struct ServeArgs"):]
-    body = body[: body.index("\n}\n")]
+    """(flags, env vars) of `device-numa-extender serve`, read from the clap definitions of
+    ServeArgs in src/cli.rs and of every struct it flattens in, so the chart is checked against
+    what the binary really accepts. Each `#[arg(long, env = "X", ...)]` names the flag after the
+    field below it."""
     flags, envs = set(), set()
-    for m in re.finditer(r"#\[arg\((.*?)\)\]\s*pub (\w+):", body, re.S):
-        attrs, field = m.group(1), m.group(2)
-        if re.search(r"\blong\b", attrs):
-            flags.add("--" + field.replace("_", "-"))
-        env = re.search(r'env\s*=\s*"([A-Z0-9_]+)"', attrs)
-        if env:
-            envs.add(env.group(1))
-    assert len(flags) >= 20, f"parsed only {sorted(flags)} from {CLI_RS}"
+    pending, seen = ["ServeArgs"], set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        body = clap_struct(name)
+        for m in re.finditer(r"#\[command\(flatten\)\]\s*pub \w+:\s*(?:[\w:]+::)?(\w+)\s*,", body):
+            pending.append(m.group(1))
+        for m in re.finditer(r"#\[arg\((.*?)\)\]\s*pub (\w+):", body, re.S):
+            attrs, field = m.group(1), m.group(2)
+            if re.search(r"\blong\b", attrs):
+                flags.add("--" + field.replace("_", "-"))
+            env = re.search(r'env\s*=\s*"([A-Z0-9_]+)"', attrs)
+            if env:
+                envs.add(env.group(1))
+    assert {"ScoringArgs", "ServeOpsArgs"} <= seen, f"flattened structs not followed: {seen}"
+    assert len(flags) >= 20, f"parsed only {sorted(flags)} from {ARGS_RS}"
     return flags, envs
 
 

@@ -43,7 +43,7 @@ async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
 }
 
 fn counter(env: &Env, family: &str, listener: &str, reason: &str) -> u64 {
-    let m = &env.svc.state.metrics;
+    let m = &env.svc.state.scheduler.metrics;
     match family {
         "rejected" => m
             .connections_rejected
@@ -60,6 +60,7 @@ fn counter(env: &Env, family: &str, listener: &str, reason: &str) -> u64 {
 fn open(env: &Env, listener: &str) -> i64 {
     env.svc
         .state
+        .scheduler
         .metrics
         .connections_open
         .with_label_values(&[listener])
@@ -290,7 +291,12 @@ async fn slow_body(env: &Env, length: usize, sent: usize) -> TcpStream {
 }
 
 fn body_bytes_in_flight(env: &Env) -> i64 {
-    env.svc.state.metrics.request_body_bytes_in_flight.get()
+    env.svc
+        .state
+        .scheduler
+        .metrics
+        .request_body_bytes_in_flight
+        .get()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -352,6 +358,7 @@ async fn a_declared_length_over_the_limit_is_refused_before_any_body_byte() {
     assert_eq!(
         env.svc
             .state
+            .scheduler
             .metrics
             .request_bodies_rejected
             .with_label_values(&["declared_too_large"])
@@ -382,13 +389,16 @@ async fn at_the_cap_with_every_connection_serving_a_request_a_new_one_is_refused
     ])
     .await;
     let mut busy = Vec::new();
-    for _ in 0..4 {
+    // One at a time, each serving its request before the next connects: at the cap the
+    // eviction then takes a connection the harness left open, never a slow body whose head
+    // the server had not read yet (which waited as long, to the millisecond, under load).
+    for n in 1..=4 {
         busy.push(slow_body(&env, 1000, 1).await);
+        eventually(GUARD, &format!("{n} requests in progress"), || {
+            body_bytes_in_flight(&env) == n
+        })
+        .await;
     }
-    eventually(GUARD, "four requests in progress", || {
-        body_bytes_in_flight(&env) == 4
-    })
-    .await;
     // Nothing can be evicted: the fifth connection is closed unanswered.
     let mut fifth = connect(&env).await;
     let _ = fifth
@@ -423,6 +433,7 @@ async fn a_request_that_arrived_while_the_server_was_starved_is_served() {
         let before = env
             .svc
             .state
+            .scheduler
             .metrics
             .connections_accepted
             .with_label_values(&["verbs"])
@@ -448,7 +459,7 @@ async fn a_request_that_arrived_while_the_server_was_starved_is_served() {
         // On this (the server's only) thread: once the connection is accepted and its task has
         // run (its head deadline armed), let the client send, and block the thread for three
         // head deadlines while the request arrives.
-        let metrics = env.svc.state.metrics.clone();
+        let metrics = env.svc.state.scheduler.metrics.clone();
         tokio::spawn(async move {
             let accepted = || {
                 metrics

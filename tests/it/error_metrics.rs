@@ -431,19 +431,22 @@ enum Fault {
 /// A `PodApi` that serves and writes the stored pods (offline) with one [`Fault`], and counts
 /// the writes it gets. The fake API server has no hook at these points.
 struct FaultyPodApi {
-    inner: device_numa_extender::bind::OfflinePodApi,
+    inner: device_numa_extender::scheduler::bind::OfflinePodApi,
     fault: Fault,
     writes: std::sync::atomic::AtomicUsize,
 }
 
-impl device_numa_extender::bind::PodApi for FaultyPodApi {
+impl device_numa_extender::scheduler::bind::PodApi for FaultyPodApi {
     fn get_pod<'a>(
         &'a self,
         namespace: &'a str,
         name: &'a str,
     ) -> futures::future::BoxFuture<
         'a,
-        Result<Option<device_numa_extender::model::pod::Pod>, device_numa_extender::bind::ApiError>,
+        Result<
+            Option<device_numa_extender::model::pod::Pod>,
+            device_numa_extender::scheduler::bind::ApiError,
+        >,
     > {
         match &self.fault {
             Fault::LosesLeadershipOnRead(readiness) => readiness.set_leader(false),
@@ -467,7 +470,8 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
         uid: &'a str,
         resource_version: Option<&'a str>,
         annotations: &'a std::collections::BTreeMap<String, Option<String>>,
-    ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::bind::ApiError>> {
+    ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::scheduler::bind::ApiError>>
+    {
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let patch =
@@ -490,7 +494,8 @@ impl device_numa_extender::bind::PodApi for FaultyPodApi {
         resource_version: Option<&'a str>,
         node: &'a str,
         annotations: &'a std::collections::BTreeMap<String, String>,
-    ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::bind::ApiError>> {
+    ) -> futures::future::BoxFuture<'a, Result<(), device_numa_extender::scheduler::bind::ApiError>>
+    {
         if let Fault::PanicsOnBinding = self.fault {
             panic!("injected: a bug in the bind task");
         }
@@ -537,9 +542,9 @@ fn two_gpus_over_a_faulty_api(
     device_numa_extender::extender::AppState,
     std::sync::Arc<FaultyPodApi>,
 ) {
-    use device_numa_extender::bind::OfflinePodApi;
     use device_numa_extender::ops::inspect::load_cluster_file;
-    use device_numa_extender::placement::device::score::ScoringConfig;
+    use device_numa_extender::scheduler::ScoringConfig;
+    use device_numa_extender::scheduler::bind::OfflinePodApi;
     use device_numa_extender::sync::file_source::ClusterFile;
 
     let loaded = load_cluster_file(ClusterFile {
@@ -564,7 +569,10 @@ fn two_gpus_over_a_faulty_api(
         fault: fault(loaded.readiness.clone()),
         writes: std::sync::atomic::AtomicUsize::new(0),
     });
-    let state = loaded.into_app_state(api.clone(), ScoringConfig::default(), 1 << 20);
+    let state = device_numa_extender::extender::AppState {
+        scheduler: loaded.into_scheduler(api.clone(), ScoringConfig::default()),
+        body_limit: 1 << 20,
+    };
     (state, api)
 }
 
@@ -599,12 +607,12 @@ async fn bind_through_the_handler(
 /// Filter's passing nodes for a pod asking for both of `n1`'s GPUs.
 fn passing_for_both_gpus(state: &device_numa_extender::extender::AppState) -> Vec<String> {
     use device_numa_extender::extender::input::decode;
-    use device_numa_extender::extender::verbs;
     use device_numa_extender::extender::wire::ExtenderArgsRef;
+    use device_numa_extender::scheduler::verbs;
 
     let both = service::pending("q", json!({"nvidia.com/gpu": "2"}));
     let body = serde_json::to_vec(&service::extender_args(&both, &["n1"])).unwrap();
-    let result = verbs::filter(state, decode::<ExtenderArgsRef>(&body).unwrap());
+    let result = verbs::filter(&state.scheduler, decode::<ExtenderArgsRef>(&body).unwrap());
     result
         .node_names
         .unwrap_or_default()
@@ -614,7 +622,12 @@ fn passing_for_both_gpus(state: &device_numa_extender::extender::AppState) -> Ve
 }
 
 fn binds_counted(state: &device_numa_extender::extender::AppState, outcome: &str) -> u64 {
-    state.metrics.binds.with_label_values(&[outcome]).get()
+    state
+        .scheduler
+        .metrics
+        .binds
+        .with_label_values(&[outcome])
+        .get()
 }
 
 /// A bind whose replica loses leadership after the request was admitted writes nothing,
@@ -659,15 +672,21 @@ async fn a_bind_task_that_panics_counts_internal_and_holds_its_gpu_until_expiry(
     );
     // Expiry (any age) asks the API: the pod is not bound, but unchanged since the binding
     // was about to be sent, so it may still take it: held. Once the pod changes, released.
-    assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 0);
+    assert_eq!(
+        state.scheduler.binder.expire_assumed(Duration::ZERO).await,
+        0
+    );
     touch(&api, &pod).await;
-    assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 1);
+    assert_eq!(
+        state.scheduler.binder.expire_assumed(Duration::ZERO).await,
+        1
+    );
     assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
 }
 
 /// The stored pod's node, as the (offline) API holds it.
 async fn stored_node(api: &FaultyPodApi, pod: &serde_json::Value) -> Option<String> {
-    use device_numa_extender::bind::PodApi;
+    use device_numa_extender::scheduler::bind::PodApi;
     let name = pod["metadata"]["name"].as_str().unwrap();
     let namespace = pod["metadata"]["namespace"].as_str().unwrap();
     let stored = api.inner.get_pod(namespace, name).await.unwrap().unwrap();
@@ -717,7 +736,7 @@ async fn a_lapsed_lease_stops_writes_without_the_election_task() {
     );
     assert_eq!(binds_counted(&state, "not_leader"), 1);
     assert!(
-        !state.readiness.is_ready(),
+        !state.scheduler.readiness.is_ready(),
         "a lapsed leader answered ready"
     );
 }
@@ -741,32 +760,38 @@ async fn a_binding_in_flight_is_abandoned_when_leadership_is_lost_and_its_gpu_he
     tokio::time::timeout(Duration::from_secs(60), started.notified())
         .await
         .expect("the binding was never sent");
-    state.readiness.set_leader(false);
+    state.scheduler.readiness.set_leader(false);
     let error = tokio::time::timeout(Duration::from_secs(60), bind)
         .await
         .expect("the bind waited out a binding that never answers")
         .unwrap();
     assert!(error.contains("not the leader"), "answer's error: {error}");
-    assert_eq!(state.metrics.binds_fenced.get(), 1);
+    assert_eq!(state.scheduler.metrics.binds_fenced.get(), 1);
     assert_eq!(stored_node(&api, &pod).await, None);
     assert!(
         passing_for_both_gpus(&state).is_empty(),
         "the abandoned binding's GPU was handed out while it could still land"
     );
     // Unchanged, the pod could still take that binding: the expiry keeps the GPU held.
-    assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 0);
+    assert_eq!(
+        state.scheduler.binder.expire_assumed(Duration::ZERO).await,
+        0
+    );
     assert!(passing_for_both_gpus(&state).is_empty());
     // Once the pod changes, the binding's resourceVersion precondition can never match: the
     // expiry (no longer the leader, it writes nothing) releases it.
     touch(&api, &pod).await;
-    assert_eq!(state.binder.expire_assumed(Duration::ZERO).await, 1);
+    assert_eq!(
+        state.scheduler.binder.expire_assumed(Duration::ZERO).await,
+        1
+    );
     assert_eq!(passing_for_both_gpus(&state), vec!["n1"]);
 }
 
 /// Another write to the stored pod (kube-scheduler recording a failed attempt, say): it moves
 /// the resourceVersion on.
 async fn touch(api: &FaultyPodApi, pod: &serde_json::Value) {
-    use device_numa_extender::bind::PodApi;
+    use device_numa_extender::scheduler::bind::PodApi;
     let annotations = std::collections::BTreeMap::from([(
         "example.com/touched".to_string(),
         Some("1".to_string()),
@@ -823,6 +848,7 @@ async fn a_pod_bound_here_while_the_bind_decides_keeps_its_committed_gpu() {
     let bound_pod: device_numa_extender::model::pod::Pod =
         serde_json::from_value(bound.clone()).unwrap();
     state
+        .scheduler
         .cluster
         .upsert_pod(None, &PodRecord::from_pod(&bound_pod).unwrap());
     assert!(
@@ -844,6 +870,7 @@ async fn a_pod_bound_here_while_the_bind_decides_keeps_its_committed_gpu() {
     assert_eq!(binds_counted(&state, "bound_meanwhile"), 1);
     assert_eq!(
         state
+            .scheduler
             .metrics
             .bound_elsewhere
             .with_label_values(&["patch"])
@@ -890,7 +917,7 @@ async fn a_pod_bound_here_while_the_bind_commits_keeps_its_committed_gpu() {
     let Fault::StaleReadThenWatchCommitsOnBinding { cluster, .. } = &api.fault else {
         unreachable!()
     };
-    cluster.set(state.cluster.clone()).ok().unwrap();
+    cluster.set(state.scheduler.cluster.clone()).ok().unwrap();
     assert_eq!(
         passing_for_both_gpus(&state),
         vec!["n1"],
@@ -906,6 +933,7 @@ async fn a_pod_bound_here_while_the_bind_commits_keeps_its_committed_gpu() {
     assert_eq!(binds_counted(&state, "bound_elsewhere"), 0);
     assert_eq!(
         state
+            .scheduler
             .metrics
             .bound_elsewhere
             .with_label_values(&["patch"])

@@ -248,6 +248,7 @@ async fn exactly_one_replica_is_ready_and_binds_while_standby_stays_synced() {
     // relist lifted it, and /readyz says so. The standby never became leader.
     let became_leader = |svc: &Service| {
         svc.state
+            .scheduler
             .metrics
             .pod_fences
             .with_label_values(&["became_leader"])
@@ -260,10 +261,13 @@ async fn exactly_one_replica_is_ready_and_binds_while_standby_stays_synced() {
     assert_eq!(report["binds_wait_for_pod_relist"], false, "{report}");
 
     // Both caches see the bind through their watches and agree.
-    let (ca, cb) = (a.state.cluster.clone(), b.state.cluster.clone());
+    let (ca, cb) = (
+        a.state.scheduler.cluster.clone(),
+        b.state.scheduler.cluster.clone(),
+    );
     service::eventually(HANG_GUARD, "equal committed snapshots", || {
-        let sa = ca.snapshot();
-        sa == cb.snapshot() && sa["n1"]["devices"]["entries"]["uid-p0"]["state"] == "committed"
+        let sa = ca.debug_dump();
+        sa == cb.debug_dump() && sa["n1"]["devices"]["entries"]["uid-p0"]["state"] == "committed"
     })
     .await;
     assert_lease_rbac(&fake);
@@ -283,7 +287,10 @@ async fn graceful_shutdown_hands_over_through_the_released_lease_not_its_expiry(
     let b = service::start(&fake, &as_strs(&elect_flags_with("b", STEADY.0, STEADY.1))).await;
     let hb = Http::new(b.addr);
     // b synced but standing by.
-    service::eventually(HANG_GUARD, "b synced", || b.state.readiness.all_synced()).await;
+    service::eventually(HANG_GUARD, "b synced", || {
+        b.state.scheduler.readiness.all_synced()
+    })
+    .await;
     assert!(!ready(&hb).await);
 
     a.shutdown().await.unwrap();
@@ -410,7 +417,10 @@ async fn no_double_allocation_across_graceful_failover() {
     ha.wait_ready(HANG_GUARD).await;
     let b = service::start_with(&fake, &fb, &as_strs(&elect_flags("b"))).await;
     let hb = Http::new(b.addr);
-    service::eventually(HANG_GUARD, "b synced", || b.state.readiness.all_synced()).await;
+    service::eventually(HANG_GUARD, "b synced", || {
+        b.state.scheduler.readiness.all_synced()
+    })
+    .await;
 
     // Sends every pod's bind to both replicas until each pod is bound or cannot be placed.
     let stream = |ha: Http, hb: Http, pods: Vec<Value>| async move {
@@ -526,7 +536,7 @@ async fn follow_mode_tracks_the_scheduler_lease_and_never_writes_it() {
     // Another scheduler pod (a prefix of ours is not us) wins: we stop serving.
     set_scheduler_holder(&fake, "sched-ab_5f1c2d3e-0000-4000-8000-000000000002");
     service::eventually(HANG_GUARD, "not ready after the holder moved", || {
-        !a.state.readiness.is_leader()
+        !a.state.scheduler.readiness.is_leader()
     })
     .await;
     let (status, report) = ha.get("/readyz").await;
@@ -581,14 +591,17 @@ async fn follow_mode_stays_not_ready_when_reads_fail_after_losing() {
     let ha = Http::new(a.addr);
     ha.wait_ready(HANG_GUARD).await;
     set_scheduler_holder(&fake, "sched-b_2");
-    service::eventually(HANG_GUARD, "not leader", || !a.state.readiness.is_leader()).await;
+    service::eventually(HANG_GUARD, "not leader", || {
+        !a.state.scheduler.readiness.is_leader()
+    })
+    .await;
     // Counted in failed lease reads, not in time: after each of them, still not the leader.
     let before = faults.failed_lease_requests();
     faults.set_link(Link::Fail);
     let deadline = Instant::now() + HANG_GUARD;
     while faults.failed_lease_requests() < before + 5 {
         assert!(
-            !a.state.readiness.is_leader(),
+            !a.state.scheduler.readiness.is_leader(),
             "leader again after {} failed lease reads, having lost",
             faults.failed_lease_requests() - before
         );
@@ -598,7 +611,7 @@ async fn follow_mode_stays_not_ready_when_reads_fail_after_losing() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(!a.state.readiness.is_leader());
+    assert!(!a.state.scheduler.readiness.is_leader());
     faults.set_link(Link::Up);
     a.shutdown().await.unwrap();
 }

@@ -15,13 +15,13 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use device_numa_extender::bind::OfflinePodApi;
-use device_numa_extender::extender::AppState;
 use device_numa_extender::extender::input::decode;
-use device_numa_extender::extender::verbs;
 use device_numa_extender::extender::wire::ExtenderArgsRef;
 use device_numa_extender::ops::inspect::load_cluster_file;
-use device_numa_extender::placement::device::score::ScoringConfig;
+use device_numa_extender::scheduler::Scheduler;
+use device_numa_extender::scheduler::ScoringConfig;
+use device_numa_extender::scheduler::bind::OfflinePodApi;
+use device_numa_extender::scheduler::verbs;
 use device_numa_extender::sync::file_source::ClusterFile;
 
 use crate::support::service;
@@ -74,7 +74,7 @@ impl Template {
 
     /// The same cores held, and every GPU: the same CPU state as this template, with devices
     /// that answer every NUMA mask "no", so a GPU + CPU pod's aligned decision on this CPU
-    /// state gets other answers than on the template (`fit::shared` must not replay it).
+    /// state gets other answers than on the template (`scheduler::shared` must not replay it).
     fn gpus_all_held(&self) -> Template {
         Template {
             gpus: self.gpus,
@@ -164,7 +164,7 @@ fn node_objects(name: &str, t: &Template) -> (Vec<Value>, Vec<Value>) {
     (objects, pods)
 }
 
-fn state_of(nodes: &[(String, Template)]) -> AppState {
+fn state_of(nodes: &[(String, Template)]) -> Scheduler {
     fn typed<T: serde::de::DeserializeOwned>(v: Vec<Value>) -> Vec<T> {
         v.into_iter()
             .map(|o| serde_json::from_value(o).expect("fixture decodes"))
@@ -187,10 +187,9 @@ fn state_of(nodes: &[(String, Template)]) -> AppState {
         ignored: 0,
     });
     assert!(loaded.readiness.is_ready());
-    loaded.into_app_state(
+    loaded.into_scheduler(
         Arc::new(OfflinePodApi::new(Vec::new())),
         ScoringConfig::default(),
-        usize::MAX,
     )
 }
 
@@ -223,7 +222,7 @@ fn pending(case: usize) -> Value {
 
 /// Each candidate's filter verdict: `None` when it passes, else its reason (and whether it is
 /// unresolvable).
-fn filter_verdicts(state: &AppState, pod: &Value, names: &[&str]) -> Vec<Option<(String, bool)>> {
+fn filter_verdicts(state: &Scheduler, pod: &Value, names: &[&str]) -> Vec<Option<(String, bool)>> {
     let body = serde_json::to_vec(&service::extender_args(pod, names)).unwrap();
     let args: ExtenderArgsRef = decode(&body).expect("valid body");
     let out = verbs::filter(state, args);
@@ -246,7 +245,7 @@ fn filter_verdicts(state: &AppState, pod: &Value, names: &[&str]) -> Vec<Option<
         .collect()
 }
 
-fn memo_hits(state: &AppState, verb: &str) -> u64 {
+fn memo_hits(state: &Scheduler, verb: &str) -> u64 {
     state
         .metrics
         .read_decisions
@@ -292,7 +291,7 @@ proptest! {
         let together = filter_verdicts(&state, &pod, &names);
         for (i, name) in names.iter().enumerate() {
             // Empty memo caches: the node is decided, not recalled from `together`.
-            let afresh = AppState { memos: Default::default(), ..state.clone() };
+            let afresh = Scheduler { memos: Default::default(), ..state.clone() };
             let alone = filter_verdicts(&afresh, &pod, &[name]);
             prop_assert_eq!(&together[i], &alone[0], "node {}", name);
         }

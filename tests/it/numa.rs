@@ -334,9 +334,9 @@ async fn restart_rebuilds_the_same_cpu_ledger_and_a_relist_frees_a_deleted_pods_
         env.bind(p, "n").await.expect("bind");
     }
     // 16 CPUs minus 2 reserved: three 4-CPU pods fit (single NUMA each), a fourth does not.
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     service::eventually(WAIT, "all three committed", || {
-        let snap = cluster.snapshot();
+        let snap = cluster.debug_dump();
         let by_pod = &snap["n"]["cpus"]["allocated_by_pod"];
         (0..3).all(|i| by_pod[format!("uid-r{i}")]["state"] == "committed")
     })
@@ -383,9 +383,9 @@ async fn restart_rebuilds_the_same_cpu_ledger_and_a_relist_frees_a_deleted_pods_
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     service::eventually(WAIT, "r1's CPUs released", || {
-        cluster.snapshot()["n"]["cpus"]["allocated_by_pod"]["uid-r1"].is_null()
+        cluster.debug_dump()["n"]["cpus"]["allocated_by_pod"]["uid-r1"].is_null()
     })
     .await;
     let r1 = koordlet_status(&annotation_in(&before, "uid-r1")).0;
@@ -403,7 +403,7 @@ async fn restart_rebuilds_the_same_cpu_ledger_and_a_relist_frees_a_deleted_pods_
     // cache, and a relist begun after the latest fence must lift it. `/readyz` can already
     // say "synced" from an earlier relist when a later watch error fenced again (seen once in
     // CI: the bind was refused with "retry shortly", which is kube-scheduler's cue to retry).
-    let readiness = env.svc.state.readiness.clone();
+    let readiness = env.svc.state.scheduler.readiness.clone();
     service::eventually(WAIT, "the pod fence lifted", || readiness.pods_current()).await;
     let next = lsr_pod("r3", 4, json!({}));
     fake.create(Kind::Pod, next.clone()).unwrap();

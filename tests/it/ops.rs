@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use device_numa_extender::app::Service;
 use device_numa_extender::ops::inspect::load_cluster_file;
+use device_numa_extender::ops::report::cluster_report;
 use device_numa_extender::ops::simulate::{Simulation, cluster_yaml, simulate};
-use device_numa_extender::ops::view::cluster_view;
-use device_numa_extender::placement::device::score::ScoringConfig;
+use device_numa_extender::scheduler::ScoringConfig;
 use device_numa_extender::sync::file_source::ClusterFile;
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -805,7 +805,7 @@ proptest! {
         let reloaded = load_cluster_file(
             ClusterFile::parse(&cluster_yaml(&sim.cluster_objects).unwrap(), "out.yaml").unwrap(),
         );
-        prop_assert_eq!(&cluster_view(&reloaded.cluster, &[]), &sim.after);
+        prop_assert_eq!(&cluster_report(&reloaded.cluster, &[]), &sim.after);
         prop_assert_eq!(&sim.report.after, &sim.after.summary);
     }
 }

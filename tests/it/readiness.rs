@@ -91,11 +91,11 @@ async fn watch_readiness_flip(
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     let mut seen = Vec::new();
     loop {
-        let before = cache_counts(&svc.state.cluster);
+        let before = cache_counts(&svc.state.scheduler.cluster);
         let (status, body) = http.get("/readyz").await;
         if status == 200 {
             // The flip happens only after the diff is applied: everything is in the cache now.
-            return (cache_counts(&svc.state.cluster), seen);
+            return (cache_counts(&svc.state.scheduler.cluster), seen);
         }
         assert_eq!(status, 503, "{body}");
         assert_eq!(body["ready"], false, "{body}");
@@ -173,7 +173,7 @@ async fn readyz_waits_for_the_last_page_of_a_slowly_paginated_kind() {
         assert!(listing < PODS, "{body}");
         assert_eq!(body["kinds"]["pods"]["phase"], "listing", "{body}");
         assert_eq!(
-            cache_counts(&svc.state.cluster).pods,
+            cache_counts(&svc.state.scheduler.cluster).pods,
             0,
             "pods applied before InitDone: {body}"
         );
@@ -228,7 +228,7 @@ async fn readyz_waits_for_a_delayed_list() {
     .await;
     assert_eq!(body["ready"], false, "{body}");
     assert_ne!(body["kinds"]["devices"]["phase"], "synced", "{body}");
-    assert_eq!(cache_counts(&svc.state.cluster).devices, 0);
+    assert_eq!(cache_counts(&svc.state.scheduler.cluster).devices, 0);
     fake.release_lists(Kind::Device);
     let (at_flip, _) = watch_readiness_flip(&http, &svc, "devices", |body, before| {
         if body["kinds"]["devices"]["listing"].as_u64().unwrap_or(0) == 0 {

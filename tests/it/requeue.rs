@@ -1,4 +1,4 @@
-//! The requeue signal (`device_numa_extender::requeue`): capacity returning on a node is seen
+//! The requeue signal (`device_numa_extender::scheduler::requeue`): capacity returning on a node is seen
 //! through the real sync path, a pod filter rejected everywhere is remembered, and one Node
 //! annotation is written for all of them; nothing is written without a waiting pod, nor with
 //! `--requeue false`. kube-scheduler's side (that the annotation requeues the pods) is proved
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use device_numa_extender::app::Service;
 use device_numa_extender::cluster::returns::ResourceKinds;
-use device_numa_extender::requeue::REQUEUE_ANNOTATION;
+use device_numa_extender::scheduler::requeue::REQUEUE_ANNOTATION;
 use serde_json::{Value, json};
 
 use crate::support::service::{self, Http, wait_for_all_watches};
@@ -96,7 +96,7 @@ async fn a_gpu_turning_healthy_writes_one_signal_for_every_waiting_pod() {
         })
     })
     .await;
-    let metrics = &svc.state.metrics;
+    let metrics = &svc.state.scheduler.metrics;
     assert_eq!(
         metrics
             .requeue_signals
@@ -124,7 +124,7 @@ async fn no_signal_without_a_waiting_pod_and_none_when_turned_off() {
     let (svc, _http) = started(&fake, &SIGNAL).await;
     fake.replace(Kind::Device, service::gpu_device("n1", 2, 1, &[]))
         .unwrap();
-    let metrics = svc.state.metrics.clone();
+    let metrics = svc.state.scheduler.metrics.clone();
     service::eventually(TIMEOUT, "the return judged", || {
         metrics
             .requeue_signals
@@ -162,7 +162,7 @@ async fn capacity_returns_are_what_frees_room_and_nothing_else() {
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 2, &[]);
     let (svc, http) = started(&fake, &["--requeue", "false"]).await;
-    let returns = svc.state.cluster.capacity_returns();
+    let returns = svc.state.scheduler.cluster.capacity_returns();
     returns.enable();
     let gpu_returned = |taken: &std::collections::BTreeMap<std::sync::Arc<str>, ResourceKinds>| {
         taken
@@ -226,7 +226,7 @@ async fn a_released_cpuset_is_a_cpu_return() {
     )
     .unwrap();
     let (svc, http) = started(&fake, &["--requeue", "false"]).await;
-    let returns = svc.state.cluster.capacity_returns();
+    let returns = svc.state.scheduler.cluster.capacity_returns();
     returns.enable();
     let cpu_returned = |taken: &std::collections::BTreeMap<std::sync::Arc<str>, ResourceKinds>| {
         taken

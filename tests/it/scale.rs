@@ -56,7 +56,7 @@ async fn bootstrap_5000_nodes_50000_pods() {
     eprintln!(
         "bootstrap of {NODES} nodes, {PODS} pods, {NODES} Devices, {NODES} NRTs: ready in {elapsed:.2?} (debug build)"
     );
-    let counts = cache_counts(&svc.state.cluster);
+    let counts = cache_counts(&svc.state.scheduler.cluster);
     assert_eq!(
         counts,
         service::CacheCounts {
@@ -68,7 +68,7 @@ async fn bootstrap_5000_nodes_50000_pods() {
     );
     assert_eq!(ready["kinds"]["pods"]["cached"], PODS);
     assert_eq!(ready["kinds"]["pods"]["replayed"], PODS);
-    let snap = svc.state.cluster.snapshot();
+    let snap = svc.state.scheduler.cluster.debug_dump();
     assert_eq!(
         snap[&name(7)]["devices"]["types"]["gpu"]["0"]["used"]["koordinator.sh/gpu-core"],
         "100"

@@ -48,11 +48,11 @@ async fn bootstrap_then_filter_prioritize_bind() {
     );
 
     // The pod watch confirms the assumed entry.
-    let cluster = svc.state.cluster.clone();
+    let cluster = svc.state.scheduler.cluster.clone();
     service::eventually(
         Duration::from_secs(5),
         "the watch to commit the bind",
-        || cluster.snapshot()["n1"]["devices"]["entries"]["uid-p"]["state"] == "committed",
+        || cluster.debug_dump()["n1"]["devices"]["entries"]["uid-p"]["state"] == "committed",
     )
     .await;
     svc.shutdown().await.unwrap();

@@ -163,14 +163,14 @@ async fn writes_during_the_initial_list_pages_end_in_the_fresh_bootstrap_cache()
     wait_for_all_watches(&fake, TIMEOUT).await;
 
     let want = fresh_snapshot(&fake, &[]).await;
-    eventually_equal(&svc.state.cluster, &want, TIMEOUT).await;
+    eventually_equal(&svc.state.scheduler.cluster, &want, TIMEOUT).await;
 
     // Spot checks, so an empty or wrong "fresh" cache cannot pass by accident.
-    let counts = cache_counts(&svc.state.cluster);
+    let counts = cache_counts(&svc.state.scheduler.cluster);
     // 7 gone (deleted or terminal), p0005 recreated, q-early and q-mid new.
     assert_eq!(counts.pods, PODS - 7 + 2, "{counts:?}");
     assert_eq!((counts.nodes, counts.devices, counts.topologies), (3, 4, 2));
-    let snap = svc.state.cluster.snapshot();
+    let snap = svc.state.scheduler.cluster.debug_dump();
     assert!(
         snap["n1"]["devices"]["entries"]["uid-q-early"].is_object(),
         "{}",
@@ -265,7 +265,7 @@ async fn relist_after_410_replaces_gone_and_recreated_objects_without_losing_rea
     }
     wait_for_all_watches(&fake, TIMEOUT).await;
     let want = fresh_snapshot(&fake, &[]).await;
-    eventually_equal(&svc.state.cluster, &want, TIMEOUT).await;
+    eventually_equal(&svc.state.scheduler.cluster, &want, TIMEOUT).await;
 
     stop.store(true, Ordering::SeqCst);
     poller.await.unwrap();
@@ -275,7 +275,7 @@ async fn relist_after_410_replaces_gone_and_recreated_objects_without_losing_rea
         failures.lock().first()
     );
 
-    let snap = svc.state.cluster.snapshot();
+    let snap = svc.state.scheduler.cluster.debug_dump();
     let entries = &snap["n1"]["devices"]["entries"];
     assert!(
         entries["uid-holder-1"].is_null(),
@@ -327,7 +327,7 @@ async fn pod_before_its_device_and_nrt_keeps_its_allocation() {
         body["kinds"]["devices"]["phase"], "synced",
         "the test needs pods first: {body}"
     );
-    let snap = svc.state.cluster.snapshot();
+    let snap = svc.state.scheduler.cluster.debug_dump();
     let n0 = &snap["n0"];
     assert_eq!(n0["devices"]["device_object_present"], false, "{n0}");
     assert!(
@@ -343,7 +343,7 @@ async fn pod_before_its_device_and_nrt_keeps_its_allocation() {
     fake.release_lists(Kind::Device);
     fake.release_lists(Kind::NodeResourceTopology);
     http.wait_ready(TIMEOUT).await;
-    let snap = svc.state.cluster.snapshot();
+    let snap = svc.state.scheduler.cluster.debug_dump();
     let gpus = &snap["n0"]["devices"]["types"]["gpu"];
     for minor in ["0", "1"] {
         assert_eq!(gpus[minor]["present"], true, "{gpus}");
@@ -389,7 +389,7 @@ async fn device_created_after_its_pod_counts_the_recorded_use() {
     let http = Http::new(svc.addr);
     http.wait_ready(TIMEOUT).await;
     wait_for_all_watches(&fake, TIMEOUT).await;
-    let snap = svc.state.cluster.snapshot();
+    let snap = svc.state.scheduler.cluster.debug_dump();
     assert!(
         snap["n0"]["devices"]["entries"]["uid-early"]["allocation"].is_string(),
         "{}",
@@ -400,17 +400,17 @@ async fn device_created_after_its_pod_counts_the_recorded_use() {
         .unwrap();
     fake.create(Kind::NodeResourceTopology, service::nrt("n0"))
         .unwrap();
-    let cluster = svc.state.cluster.clone();
+    let cluster = svc.state.scheduler.cluster.clone();
     service::eventually(TIMEOUT, "the Device and NRT to arrive", || {
-        let s = cluster.snapshot();
+        let s = cluster.debug_dump();
         s["n0"]["devices"]["device_object_present"] == true && s["n0"]["topology"].is_object()
     })
     .await;
-    let snap = svc.state.cluster.snapshot();
+    let snap = svc.state.scheduler.cluster.debug_dump();
     let gpu2 = &snap["n0"]["devices"]["types"]["gpu"]["2"];
     assert_eq!(gpu2["used"]["koordinator.sh/gpu-core"], "100", "{gpu2}");
     assert_eq!(gpu2["free"], json!({}), "nothing left: {gpu2}");
     let want = fresh_snapshot(&fake, &[]).await;
-    eventually_equal(&svc.state.cluster, &want, TIMEOUT).await;
+    eventually_equal(&svc.state.scheduler.cluster, &want, TIMEOUT).await;
     svc.shutdown().await.unwrap();
 }

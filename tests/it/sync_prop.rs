@@ -230,10 +230,10 @@ async fn run_case(setup: Vec<Op>, live: Vec<Op>) {
         apply(&fake, op, &mut uid_seq).await;
     }
     let want = fresh_snapshot(&fake, &[]).await;
-    eventually_equal(&svc.state.cluster, &want, QUIESCENCE).await;
+    eventually_equal(&svc.state.scheduler.cluster, &want, QUIESCENCE).await;
     // The read snapshot, built at bootstrap and published to by every live event and relist
     // since, equals one rebuilt from the caches now.
-    assert_eq!(svc.state.cluster.check_snapshot(), Ok(()));
+    assert_eq!(svc.state.scheduler.cluster.check_snapshot(), Ok(()));
     svc.shutdown().await.unwrap();
 }
 

@@ -745,6 +745,7 @@ async fn the_webhook_listener_answers_reviews_over_tls_and_refuses_bad_bodies() 
 
     let reviews = |result: &str| {
         svc.state
+            .scheduler
             .metrics
             .webhook_reviews
             .with_label_values(&[result])

@@ -314,7 +314,7 @@ async fn malformed_input_gets_a_4xx_naming_the_problem_and_changes_nothing() {
         if bad.what == "over --body-limit-bytes" {
             assert!(bad.body.len() > LIMIT);
         }
-        let before = svc.state.cluster.snapshot();
+        let before = svc.state.scheduler.cluster.debug_dump();
         let (status, body) = http
             .send("POST", bad.path, bad.content_type, bad.body.clone())
             .await;
@@ -329,7 +329,7 @@ async fn malformed_input_gets_a_4xx_naming_the_problem_and_changes_nothing() {
             );
         }
         assert_eq!(
-            svc.state.cluster.snapshot(),
+            svc.state.scheduler.cluster.debug_dump(),
             before,
             "{}: the cache must not change",
             bad.what

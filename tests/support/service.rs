@@ -393,7 +393,7 @@ pub async fn wait_for_all_watches(fake: &FakeApiServer, timeout: Duration) {
     }
 }
 
-/// `ClusterState::snapshot()` as compared between services: everything in the cache is a
+/// `ClusterState::debug_dump()` as compared between services: everything in the cache is a
 /// function of current API state, so nothing is left out.
 pub fn comparable(
     snapshot: std::collections::BTreeMap<String, Value>,
@@ -410,7 +410,7 @@ pub async fn fresh_snapshot(
     Http::new(svc.addr)
         .wait_ready(Duration::from_secs(30))
         .await;
-    let snap = comparable(svc.state.cluster.snapshot());
+    let snap = comparable(svc.state.scheduler.cluster.debug_dump());
     svc.shutdown().await.expect("fresh service shuts down");
     snap
 }
@@ -444,7 +444,7 @@ pub async fn eventually_equal(
 ) {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let got = comparable(cluster.snapshot());
+        let got = comparable(cluster.debug_dump());
         if &got == want {
             return;
         }

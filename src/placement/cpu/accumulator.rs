@@ -3,9 +3,9 @@
 //! sockets, then whole cores, with koordinator's two passes per stage ("with exclusivity",
 //! which for a spread also offers one CPU per core, then "without").
 //!
-//! koordinator's code is the authority, not the reference's summary (§1.6): every case of
+//! koordinator's code is the authority, not a summary of it: every case of
 //! koordinator v1.7.0's `cpu_accumulator_test.go` this accumulator's inputs can express is a
-//! test here (`koord_cases`). Where §1.6 was silent or misleading and the code differed: the
+//! test here (`koord_cases`). Where a summary was silent or misleading and the code differed: the
 //! fallback orders by the free CPUs *left after what earlier stages took* (not the free set the
 //! pod started from; it inverted MostAllocated and LeastAllocated there), and it takes
 //! round-robin across cores for FullPCPUs too; the spread stages' first pass (one CPU per core)
@@ -524,7 +524,7 @@ mod tests {
     use CpuBindPolicy::{FullPcpus, SpreadByPcpus};
     use NumaAllocateStrategy::{LeastAllocated, MostAllocated};
 
-    // Reference §1.6 vectors (koordinator cpu_accumulator_test.go).
+    // Vectors from koordinator's cpu_accumulator_test.go.
     #[test]
     fn full_pcpus_within_one_numa_node_packs_or_spreads() {
         let t = synthetic_topology(2, 2, 4, 2);

@@ -1,4 +1,4 @@
-//! Pod classification (reference `numa.md` §1.3, §4.8–4.10): a [`PodCpuRequest`] from a Pod,
+//! Pod classification (koordinator nodenumaresource `PreFilter`): a [`PodCpuRequest`] from a Pod,
 //! independent of any node.
 //!
 //! Pure: reads the pod's requests, labels, priority and the `resource-spec` /

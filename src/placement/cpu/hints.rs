@@ -1,5 +1,5 @@
 //! NUMA hint generation, the kubelet-style merge with device hints, and the BestEffort /
-//! Restricted / SingleNUMANode decisions (reference §1.5, §3).
+//! Restricted / SingleNUMANode decisions (koordinator `pkg/scheduler/frameworkext/topologymanager`, a clone of the kubelet's topology manager).
 //!
 //! Works on [`NumaStats`], a fixed-size per-NUMA table built once per node view (and kept by
 //! the filter summary), so enumerating every non-empty NUMA subset is arithmetic on bitmasks:
@@ -11,7 +11,7 @@
 //! Where koordinator and the kubelet diverge this follows the kubelet, on purpose:
 //! - `preferred` = the mask has the minimum number of NUMA nodes that could hold the request
 //!   *by capacity* (kubelet), not by current availability, and Restricted does not mark every
-//!   feasible hint preferred (koordinator quirk, §4.22). So a request that fits one NUMA node
+//!   feasible hint preferred (a koordinator quirk). So a request that fits one NUMA node
 //!   by capacity but only two right now is rejected by Restricted (resolvable: freeing helps),
 //!   and admitted by BestEffort.
 //! - device hints (koordinator `deviceshare`): every mask the caller's callback accepts;
@@ -24,7 +24,7 @@
 //!   (`numaScoringStrategy`); then the lower ids.
 //!
 //! - a one-NUMA node under SingleNUMANode records its share on NUMA 0 (koordinator records
-//!   none there, §4.18; koordlet then binds to NUMA 0's pool either way) so the ledger's
+//!   none there; koordlet then binds to NUMA 0's pool either way) so the ledger's
 //!   per-NUMA sums stay complete.
 //! - a node that lists no NUMA zones gives no hints: every provider is "don't care" and the
 //!   pod is admitted without an affinity, as the kubelet does.
@@ -35,7 +35,7 @@
 use std::ops::ControlFlow;
 
 use super::score::{self, Amounts};
-use super::{CpuFitError, CpuScoring, MAX_NUMA_NODES, NodeCpuView, NumaId, NumaMask, NumaPolicy};
+use super::{CpuScoring, FitError, MAX_NUMA_NODES, NodeCpuView, NumaId, NumaMask, NumaPolicy};
 
 /// One NUMA node's counts, independent of any pod. CPU counts fit `u16`: a `CpuSet` holds at
 /// most 1,024 CPUs.
@@ -372,8 +372,8 @@ pub mod reason {
     pub const EXCLUSIVE: &str = "numa exclusivity: every fitting NUMA node is shared";
 }
 
-fn fail(reason: &'static str, unresolvable: bool) -> CpuFitError {
-    CpuFitError {
+fn fail(reason: &'static str, unresolvable: bool) -> FitError {
+    FitError {
         reason: reason.into(),
         unresolvable,
     }
@@ -443,7 +443,7 @@ pub fn choose(
     scoring: &CpuScoring,
     mut devices: Option<&mut dyn FnMut(NumaMask) -> bool>,
     goal: Goal,
-) -> Result<Choice, CpuFitError> {
+) -> Result<Choice, FitError> {
     let n = stats.len as usize;
     let requested = d.cpu > 0 || d.memory > 0;
     if n == 0 || policy == NumaPolicy::None || (!requested && devices.is_none()) {

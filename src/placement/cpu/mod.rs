@@ -1,4 +1,4 @@
-//! NUMA-aware CPU placement (koordinator `NodeNUMAResource` semantics, reference `numa.md` §1):
+//! NUMA-aware CPU placement (koordinator `NodeNUMAResource` semantics, `pkg/scheduler/plugins/nodenumaresource`):
 //! the view types placement decides on, and (in submodules) the cpuset accumulator, the NUMA
 //! split, hint generation and merge, and the NUMA policies.
 //!
@@ -20,16 +20,16 @@
 //! per NUMA subset, or talks to the network.
 
 pub mod accumulator;
-pub mod classify;
-pub mod hints;
+pub(crate) mod classify;
+pub(crate) mod hints;
 #[cfg(test)]
 mod koord_cases;
-pub mod place;
-pub mod policy;
-pub mod score;
-pub mod split;
-pub mod summary;
-pub mod topology;
+pub(crate) mod place;
+pub(crate) mod policy;
+pub(crate) mod score;
+pub(crate) mod split;
+pub(crate) mod summary;
+pub(crate) mod topology;
 
 #[cfg(test)]
 pub(crate) mod proptests;
@@ -125,7 +125,7 @@ pub struct NumaUsage {
     pub cpu_milli: i64,
     pub memory_bytes: i64,
     /// Pods whose cpuset or NUMA shares are confined to this NUMA node only. Count pods with
-    /// NUMA shares but no cpuset too: koordinator counts only cpuset pods (quirk §4.22), which
+    /// NUMA shares but no cpuset too: koordinator counts only cpuset pods (a koordinator quirk), which
     /// lets an exclusive pod land beside a NUMA-bound shared-pool pod.
     pub single_numa_pods: u32,
     /// Pods whose cpuset or NUMA shares span this and other NUMA nodes.
@@ -139,12 +139,12 @@ pub struct NumaUsage {
 pub struct NodeCpuView<'a> {
     pub topology: &'a CpuTopology,
     /// Never handed out: kubelet reserved, kubelet-static pods, node reservation, exclusive
-    /// system QoS (reference §1.2).
+    /// system QoS (koordinator `topology_options.go`).
     pub reserved: CpuSet,
     /// CPUs held by some pod's cpuset (reference count ≥ 1 = taken; MaxRefCount is 1).
     pub allocated: CpuSet,
     /// Free CPUs kept for NUMA nodes' shared pools: the NUMA shares of pods without a cpuset
-    /// run there, so a new cpuset must not take them (issue 22 §4). Not free, but usable: the
+    /// run there, so a new cpuset must not take them. Not free, but usable: the
     /// pods holding those shares may go.
     pub shared_pool: CpuSet,
     /// Held CPUs whose holder asked for PCPULevel exclusivity.
@@ -200,14 +200,4 @@ pub struct CpuPlacement {
     pub affinity: Option<NumaMask>,
 }
 
-/// Why a pod's CPU/NUMA request does not fit a node.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}")]
-pub struct CpuFitError {
-    /// Short and categorical, suitable for FailedNodes ("insufficient cpus on one NUMA node");
-    /// static for every fixed reason, so a rejection does not allocate.
-    pub reason: std::borrow::Cow<'static, str>,
-    /// True when freeing resources can never help (no topology, policy conflict, SMT
-    /// misalignment, request larger than any NUMA node can hold).
-    pub unresolvable: bool,
-}
+pub use crate::placement::FitError;

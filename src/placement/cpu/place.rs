@@ -1,10 +1,10 @@
 //! [`place`]: the one decision for one pod on one node that filter, prioritize, preempt and
-//! bind all ask (reference §1.4–1.7): resolve the policies, choose the NUMA hint (aligned with
+//! bind all ask (koordinator nodenumaresource `Filter`, `Reserve`, `Score`): resolve the policies, choose the NUMA hint (aligned with
 //! the pod's devices when a NUMA policy applies), split the request over it and pick the
 //! cpuset, and score the result.
 //!
 //! Unlike koordinator, a pod that only *prefers* a cpuset is checked here too (koordinator
-//! skips the check in Filter on NUMA-None nodes and fails later in Reserve, quirk §1.4).
+//! skips the check in Filter on NUMA-None nodes and fails later in Reserve).
 //! Pure and deterministic; callers lock, record and report.
 
 use super::accumulator::{Ask, eligible, take_cpus};
@@ -13,13 +13,13 @@ use super::policy::{Resolved, resolve};
 use super::score::{self, Amounts};
 use super::split::split;
 use super::{
-    CpuBindPolicy, CpuFitError, CpuPlacement, CpuScoring, NodeCpuView, NumaMask, NumaPolicy,
+    CpuBindPolicy, CpuPlacement, CpuScoring, FitError, NodeCpuView, NumaMask, NumaPolicy,
     NumaShare, PodCpuRequest,
 };
 use crate::model::cpuset::CpuSet;
 
-fn fail(reason: &'static str, unresolvable: bool) -> CpuFitError {
-    CpuFitError {
+fn fail(reason: &'static str, unresolvable: bool) -> FitError {
+    FitError {
         reason: reason.into(),
         unresolvable,
     }
@@ -38,7 +38,7 @@ pub fn place(
     req: &PodCpuRequest,
     devices: Option<&mut dyn FnMut(NumaMask) -> bool>,
     scoring: &CpuScoring,
-) -> Result<Option<CpuPlacement>, CpuFitError> {
+) -> Result<Option<CpuPlacement>, FitError> {
     let cpc = view.topology.cpus_per_core();
     let Some(res) = resolve(
         view.bind_policy,
@@ -52,7 +52,7 @@ pub fn place(
     };
     let stats = NumaStats::from_view(view);
     let d = demand(&res, req, stats.cpus_per_core);
-    let decision = decide(&stats, &res, &d, devices, scoring, Goal::Best)?;
+    let decision = choose_hint(&stats, &res, &d, devices, scoring, Goal::Best)?;
     let score = placement_score(&stats, decision, req, scoring);
     match decision {
         Decision::NodeLevel => node_level(view, &res, score).map(Some),
@@ -69,14 +69,14 @@ pub(crate) enum Decision {
 }
 
 /// Feasibility and the hint, from the counts alone (shared by `place` and the summary).
-pub(crate) fn decide(
+pub(crate) fn choose_hint(
     stats: &NumaStats,
     res: &Resolved,
     d: &Demand,
     devices: Option<&mut dyn FnMut(NumaMask) -> bool>,
     scoring: &CpuScoring,
     goal: Goal,
-) -> Result<Decision, CpuFitError> {
+) -> Result<Decision, FitError> {
     let choice = match res.numa_policy {
         NumaPolicy::None => Choice::DontCare,
         policy => hints::choose(
@@ -106,7 +106,7 @@ pub(crate) fn decide(
     }
 }
 
-/// The prioritize score (reference §1.7) with the operator's node `scoringStrategy`, as
+/// The prioritize score (koordinator nodenumaresource `scoring.go`) with the operator's node `scoringStrategy`, as
 /// koordinator does: over the whole node, or over the chosen NUMA nodes when a hint applies
 /// (`numaScoringStrategy` only ranks hints). A NUMA node's used cpu is the larger of its NUMA
 /// shares and its cpuset CPUs, so cpuset pods without NUMA shares count too.
@@ -144,7 +144,7 @@ pub(crate) fn placement_score(
     )
 }
 
-/// `place` for prioritize: the score, 0 when the trial fails (reference §4.16), `None` when
+/// `place` for prioritize: the score, 0 when the trial fails (koordinator nodenumaresource `Score`), `None` when
 /// nothing CPU/NUMA-related applies.
 pub fn score_or_zero(
     view: &NodeCpuView<'_>,
@@ -182,7 +182,7 @@ pub(crate) fn demand(res: &Resolved, req: &PodCpuRequest, cpus_per_core: u16) ->
 }
 
 /// Whole-node cpuset feasibility from counts (no NUMA policy in force): `Ok` or the reason.
-pub(crate) fn node_level_fits(stats: &NumaStats, res: &Resolved) -> Result<(), CpuFitError> {
+pub(crate) fn node_level_fits(stats: &NumaStats, res: &Resolved) -> Result<(), FitError> {
     let Some(plan) = res.cpuset else {
         return Ok(());
     };
@@ -224,7 +224,7 @@ fn node_level(
     view: &NodeCpuView<'_>,
     res: &Resolved,
     score: i64,
-) -> Result<CpuPlacement, CpuFitError> {
+) -> Result<CpuPlacement, FitError> {
     let mut cpuset = CpuSet::new();
     if let (Some(plan), Some(a)) = (res.cpuset, ask(view, res, res.cpuset.map_or(0, |p| p.cpus))) {
         let pool = eligible(view.topology, free_cpus(view), plan.policy, plan.required);
@@ -247,7 +247,7 @@ fn numa_level(
     demand: &Demand,
     members: u32,
     score: i64,
-) -> Result<CpuPlacement, CpuFitError> {
+) -> Result<CpuPlacement, FitError> {
     let cpc = stats.cpus_per_core;
     let d = *demand;
     let avail = Table::new(stats, &d, false);
@@ -300,10 +300,10 @@ fn numa_level(
     })
 }
 
-/// The last line of the promise (reference §1.6 step 4): the set has the size asked, holds
+/// The last line of the promise (koordinator `cpu_accumulator.go`): the set has the size asked, holds
 /// no allocated or reserved CPU, and honours a required policy. A failure here is a bug in
 /// the accumulator; it is reported as a non-fit rather than handed out.
-fn verify(view: &NodeCpuView<'_>, res: &Resolved, set: CpuSet) -> Result<(), CpuFitError> {
+fn verify(view: &NodeCpuView<'_>, res: &Resolved, set: CpuSet) -> Result<(), FitError> {
     let Some(plan) = res.cpuset else {
         return Ok(());
     };

@@ -1,11 +1,11 @@
-//! Node × pod policy resolution (reference §1.3–1.4): which bind policy, which NUMA policy and
+//! Node × pod policy resolution (koordinator nodenumaresource `PreFilter`/`Filter`): which bind policy, which NUMA policy and
 //! which exclusivity apply to one pod on one node, or why the pair can never work.
 //!
 //! Owns only the resolution rules and their categorical reasons. It must not look at free CPUs
 //! or NUMA usage: everything it rejects is unresolvable (freeing pods cannot change a policy).
 
 use super::{
-    CpuBindPolicy, CpuExclusivePolicy, CpuFitError, NodeCpuBindPolicy, NumaExclusive, NumaPolicy,
+    CpuBindPolicy, CpuExclusivePolicy, FitError, NodeCpuBindPolicy, NumaExclusive, NumaPolicy,
     PodCpuRequest,
 };
 
@@ -53,8 +53,8 @@ pub(crate) fn numa_name(p: NumaPolicy) -> &'static str {
     }
 }
 
-fn unresolvable(reason: impl Into<std::borrow::Cow<'static, str>>) -> CpuFitError {
-    CpuFitError {
+fn unresolvable(reason: impl Into<std::borrow::Cow<'static, str>>) -> FitError {
+    FitError {
         reason: reason.into(),
         unresolvable: true,
     }
@@ -71,7 +71,7 @@ pub fn resolve(
     cpus_per_core: usize,
     req: &PodCpuRequest,
     has_devices: bool,
-) -> Result<Option<Resolved>, CpuFitError> {
+) -> Result<Option<Resolved>, FitError> {
     let forced = match node_bind {
         NodeCpuBindPolicy::None => None,
         NodeCpuBindPolicy::FullPcpusOnly => Some(CpuBindPolicy::FullPcpus),

@@ -3,7 +3,7 @@
 //! **Independent oracles** (written from the view's raw fields and the specification, calling
 //! none of the placement code): the brute-force feasibility checks and [`oracle`], which
 //! enumerates every NUMA subset, counts eligible CPUs per NUMA node from the raw `CpuDetail`s,
-//! applies the documented hint rules and scores with the formula of reference §1.7 written
+//! applies the documented hint rules and scores with koordinator's formula written
 //! out again. It judges the outcome (fits, fails, unresolvable), the chosen NUMA hint and the
 //! score of `place` and the summary's score. A planted bug, `hint_score` ranking hints with
 //! the node strategy instead of `numaScoringStrategy`, passed every comparison here before
@@ -296,7 +296,7 @@ pub(crate) enum Expected {
     Numa { mask: u16, score: i64 },
 }
 
-/// The scoring rule of reference §1.7, written out again: per resource with a positive
+/// koordinator's scoring rule (`scoring.go`), written out again: per resource with a positive
 /// allocatable and a positive weight, LeastAllocated `(alloc − used)·100 / alloc` (0 when
 /// over), MostAllocated `min(used, alloc)·100 / alloc`, with `used` = requested + the pod;
 /// the node score is the weighted mean, integer division throughout.
@@ -335,7 +335,7 @@ fn raw_numa_cpus(node: &Node, numa: NumaId) -> CpuSet {
 }
 
 /// The independent oracle for [`place`] without devices, from the raw node, the reference's
-/// own policy reading and the specification (reference §1.4–1.7 and the deviations the
+/// own policy reading and the specification (koordinator nodenumaresource and the deviations the
 /// `hints` module documents: "preferred" = the fewest NUMA nodes that could hold the request
 /// *by capacity*; Restricted admits only preferred hints; exclusivity demotes; the best hint
 /// is preferred first, then fewest NUMA nodes, then the highest `numaScoringStrategy` score,
@@ -570,7 +570,7 @@ pub(crate) fn oracle(
 }
 
 /// `place`'s answer in the oracle's terms.
-fn observed(got: &Result<Option<CpuPlacement>, CpuFitError>) -> Expected {
+fn observed(got: &Result<Option<CpuPlacement>, FitError>) -> Expected {
     match got {
         Ok(None) => Expected::Nothing,
         Err(e) => Expected::Fails {

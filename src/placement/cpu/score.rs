@@ -1,4 +1,4 @@
-//! CPU/NUMA scoring (reference §1.7, koordinator `least_allocated.go` / `most_allocated.go`):
+//! CPU/NUMA scoring (koordinator `least_allocated.go` / `most_allocated.go`):
 //! LeastAllocated or MostAllocated over cpu and memory, weighted, integer arithmetic, 0..=100.
 //!
 //! Owns the formula only. Callers choose what "allocatable" and "requested" are (the whole

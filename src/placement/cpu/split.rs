@@ -1,9 +1,9 @@
 //! The NUMA split of one resource of a request over the NUMA nodes of a chosen hint (reference
-//! §1.6, koordinator `tryBestToDistributeEvenly`): walk the nodes by ascending availability and
+//! koordinator `tryBestToDistributeEvenly`): walk the nodes by ascending availability and
 //! give each `remaining / nodes_left`, capped at what it has.
 //!
 //! Koordinator sorts by availability indexed by slice *position* instead of NUMA id (a quirk,
-//! §4.22) so its "smallest first" order is only right when ids equal positions; this module
+//! a koordinator quirk) so its "smallest first" order is only right when ids equal positions; this module
 //! implements the intended order (smallest availability first, ties by lower zone index).
 //!
 //! Owns the arithmetic only, in whatever unit the caller chose (whole cores, whole CPUs,

@@ -14,10 +14,10 @@
 //! property test holds the two equal on generated nodes.
 
 use super::hints::{Goal, NumaStats};
-use super::place::{Decision, decide, demand, placement_score};
+use super::place::{Decision, choose_hint, demand, placement_score};
 use super::policy::resolve;
 use super::{
-    CpuFitError, CpuScoring, NodeCpuBindPolicy, NodeCpuView, NumaMask, NumaPolicy, PodCpuRequest,
+    CpuScoring, FitError, NodeCpuBindPolicy, NodeCpuView, NumaMask, NumaPolicy, PodCpuRequest,
 };
 
 /// A node's CPU/NUMA state reduced to what feasibility needs. `repr(C)`, policies before the
@@ -50,7 +50,7 @@ fn summary_decision(
     devices: Option<&mut dyn FnMut(NumaMask) -> bool>,
     scoring: &CpuScoring,
     goal: Goal,
-) -> Option<Result<Option<Decision>, CpuFitError>> {
+) -> Option<Result<Option<Decision>, FitError>> {
     let stats = &summary.stats;
     let res = match resolve(
         summary.bind_policy,
@@ -69,13 +69,13 @@ fn summary_decision(
     let d = demand(&res, req, stats.cpus_per_core);
     // Scores do not change feasibility, but they rank the non-preferred hints, and the
     // failure reason names the best of those (exclusivity or not): same scoring as place.
-    Some(decide(stats, &res, &d, devices, scoring, goal).map(Some))
+    Some(choose_hint(stats, &res, &d, devices, scoring, goal).map(Some))
 }
 
 /// A decision's CPU score, `score_or_zero`'s way: 0 when the pod does not fit.
 fn score_of(
     summary: &CpuSummary,
-    decision: Result<Option<Decision>, CpuFitError>,
+    decision: Result<Option<Decision>, FitError>,
     req: &PodCpuRequest,
     scoring: &CpuScoring,
 ) -> Option<i64> {
@@ -94,7 +94,7 @@ pub fn fast_feasible(
     req: &PodCpuRequest,
     has_devices: bool,
     scoring: &CpuScoring,
-) -> Option<Result<(), CpuFitError>> {
+) -> Option<Result<(), FitError>> {
     summary_decision(summary, req, has_devices, None, scoring, Goal::AnyFit).map(|r| r.map(|_| ()))
 }
 
@@ -109,7 +109,7 @@ pub fn fast_aligned(
     req: &PodCpuRequest,
     devices: &mut dyn FnMut(NumaMask) -> bool,
     scoring: &CpuScoring,
-) -> Result<Option<NumaMask>, CpuFitError> {
+) -> Result<Option<NumaMask>, FitError> {
     // With a callback the summary always answers.
     let decision = summary_decision(summary, req, true, Some(devices), scoring, Goal::AnyFit)
         .unwrap_or(Ok(None));

@@ -100,7 +100,7 @@ pub(crate) fn cpuset_pod(cpus: i64, policy: CpuBindPolicy, required: bool) -> Po
     }
 }
 
-fn place_on(node: &Node, req: &PodCpuRequest) -> Result<Option<CpuPlacement>, CpuFitError> {
+fn place_on(node: &Node, req: &PodCpuRequest) -> Result<Option<CpuPlacement>, FitError> {
     place(&node.view(), req, None, &CpuScoring::default())
 }
 
@@ -124,7 +124,7 @@ fn plain_pods_and_policy_free_nodes_are_untouched() {
 fn cpuset_without_numa_policy_is_checked_in_filter_too() {
     let mut node = two_numa();
     node.hold("0-13");
-    // Preferred-only FullPCPUs pod: koordinator would not check it in Filter (quirk §1.4).
+    // Preferred-only FullPCPUs pod: koordinator would not check it in Filter (koordinator nodenumaresource `Filter`).
     let req = cpuset_pod(4, CpuBindPolicy::FullPcpus, false);
     let e = place_on(&node, &req).unwrap_err();
     assert_eq!(e.reason, "insufficient free cpus");

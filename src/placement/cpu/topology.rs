@@ -1,7 +1,7 @@
 //! [`CpuTopology`]: a node's logical CPUs with their physical core, socket and NUMA node,
 //! validated once when the NRT arrives so placement never re-checks it.
 //!
-//! Cores are keyed by (socket, core): Linux core ids repeat per socket (reference §1.2, §4.5).
+//! Cores are keyed by (socket, core): Linux core ids repeat per socket (as koordinator's `topology_options.go` keys them).
 
 use std::collections::{BTreeMap, BTreeSet};
 

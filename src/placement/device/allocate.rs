@@ -18,42 +18,32 @@ use crate::placement::cpu::{NumaId, NumaMask};
 
 use super::inventory::{DeviceHoldings, DeviceSlot, FreeMap, fits_in};
 use super::request::{DeviceTypeRequest, JointScope, PodDeviceRequest};
-use super::score::ScoringConfig;
+use super::score::DeviceScoring;
 
-/// Why a pod does not fit a node's devices.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}")]
-pub struct FitError {
-    /// Short and categorical ("insufficient gpu devices"), suitable for FailedNodes. Static
-    /// for the common reasons, so rejecting a node (or repeating a memoized verdict) does not
-    /// allocate.
-    pub reason: Cow<'static, str>,
-    /// True when freeing resources can never help (no such devices, too few in total).
-    pub unresolvable: bool,
-}
+pub use crate::placement::FitError;
 
-impl FitError {
-    pub(crate) fn insufficient(t: &DeviceType, unresolvable: bool) -> Self {
-        let reason = match t {
-            DeviceType::Gpu => Cow::Borrowed("insufficient gpu devices"),
-            DeviceType::Rdma => Cow::Borrowed("insufficient rdma devices"),
-            DeviceType::Fpga => Cow::Borrowed("insufficient fpga devices"),
-            DeviceType::Other(_) => Cow::Owned(format!("insufficient {t} devices")),
-        };
-        FitError {
-            reason,
-            unresolvable,
-        }
+/// "insufficient <type> devices".
+pub(crate) fn insufficient(t: &DeviceType, unresolvable: bool) -> FitError {
+    let reason = match t {
+        DeviceType::Gpu => Cow::Borrowed("insufficient gpu devices"),
+        DeviceType::Rdma => Cow::Borrowed("insufficient rdma devices"),
+        DeviceType::Fpga => Cow::Borrowed("insufficient fpga devices"),
+        DeviceType::Other(_) => Cow::Owned(format!("insufficient {t} devices")),
+    };
+    FitError {
+        reason,
+        unresolvable,
     }
 }
 
-/// [`fit_with`] using the default scoring (LeastAllocated).
+/// [`fit_with`] using the default scoring (LeastAllocated), for the tests.
+#[cfg(test)]
 pub fn fit(
     ledger: &(impl DeviceHoldings + ?Sized),
     req: &PodDeviceRequest,
     ignore: &[PodUid],
 ) -> Result<DeviceAllocations, FitError> {
-    fit_with(ledger, req, ignore, &ScoringConfig::default())
+    fit_with(ledger, req, ignore, &DeviceScoring::default())
 }
 
 /// Allocates devices for `req` on the ledger's node, treating the recorded allocations of
@@ -62,7 +52,7 @@ pub fn fit_with(
     ledger: &(impl DeviceHoldings + ?Sized),
     req: &PodDeviceRequest,
     ignore: &[PodUid],
-    cfg: &ScoringConfig,
+    cfg: &DeviceScoring,
 ) -> Result<DeviceAllocations, FitError> {
     fit_on_numa(ledger, req, ignore, cfg, None)
 }
@@ -84,7 +74,7 @@ pub fn fit_on_numa(
     ledger: &(impl DeviceHoldings + ?Sized),
     req: &PodDeviceRequest,
     ignore: &[PodUid],
-    cfg: &ScoringConfig,
+    cfg: &DeviceScoring,
     allowed: Option<NumaMask>,
 ) -> Result<DeviceAllocations, FitError> {
     let Some(devices) = ledger.devices() else {
@@ -100,7 +90,7 @@ pub fn fit_on_numa(
             .filter(|s| capable_of(t, s, r, &s.total))
             .count();
         if capable < r.count {
-            return Err(FitError::insufficient(t, true));
+            return Err(insufficient(t, true));
         }
     }
     if ledger.blocked(ignore) {
@@ -149,7 +139,7 @@ pub fn fit_on_numa(
                         max: sr.count.max(pcies.len()),
                     };
                     view.default_allocate(secondary, sr, desired, Some(pref))
-                        .ok_or_else(|| FitError::insufficient(secondary, false))?
+                        .ok_or_else(|| insufficient(secondary, false))?
                 };
                 if joint.required_scope == Some(JointScope::SamePcie)
                     && view.pcies(secondary, &minors) != pcies
@@ -257,7 +247,7 @@ struct Preference<'a> {
 
 struct View<'a> {
     free: FreeMap,
-    cfg: &'a ScoringConfig,
+    cfg: &'a DeviceScoring,
     slots: BTreeMap<DeviceType, Vec<&'a DeviceSlot>>,
 }
 
@@ -318,7 +308,7 @@ impl<'a> View<'a> {
             // suppressed in koordinator and falls through to the default allocator).
             self.default_allocate(t, r, r.count, pref)
         };
-        found.ok_or_else(|| FitError::insufficient(t, false))
+        found.ok_or_else(|| insufficient(t, false))
     }
 
     /// The topology tree (node → NUMA node → PCIe switch). `None` when some GPU lacks topology
@@ -545,7 +535,7 @@ mod tests {
     #[test]
     fn numa_restriction_excludes_devices_elsewhere_but_not_unknown_ones() {
         let l = ledger(eight());
-        let cfg = ScoringConfig::default();
+        let cfg = DeviceScoring::default();
         let one = request(&[(NVIDIA_GPU, "1")], &[]);
         let a = fit_on_numa(&l, &one, &[], &cfg, Some(NumaMask::single(1))).unwrap();
         assert_eq!(minors(&a, &DeviceType::Gpu), vec![4]);
@@ -650,7 +640,7 @@ mod tests {
 
     #[test]
     fn shared_requests_bin_pack_onto_partly_used_cards() {
-        let most = ScoringConfig {
+        let most = DeviceScoring {
             strategy: ScoringStrategy::MostAllocated,
             ..Default::default()
         };
@@ -924,7 +914,7 @@ mod tests {
             ),
         );
         let req = request(&[(GPU_CORE, "50"), (GPU_MEMORY_RATIO, "50")], &[]);
-        let least = ScoringConfig {
+        let least = DeviceScoring {
             strategy: ScoringStrategy::LeastAllocated,
             ..Default::default()
         };
@@ -944,7 +934,7 @@ mod tests {
                 r#"{{"gpu":[{{"minor":3,"resources":{halfj}}},{{"minor":4,"resources":{halfj}}}]}}"#
             ),
         );
-        let most = ScoringConfig {
+        let most = DeviceScoring {
             strategy: ScoringStrategy::MostAllocated,
             ..Default::default()
         };

@@ -14,10 +14,10 @@
 use crate::model::device::{DeviceType, GPU_MEMORY, GPU_MEMORY_RATIO};
 use crate::model::quantity::Quantity;
 
-use super::allocate::FitError;
+use super::allocate::{FitError, insufficient};
 use super::index::{DeviceIndexRef, DimVec, INDEX_DIMS, TypeSums, dim_of};
 use super::request::PodDeviceRequest;
-use super::score::{ScoringConfig, ScoringStrategy};
+use super::score::{DeviceScoring, ScoringStrategy};
 use crate::placement::arith::div;
 use crate::placement::cpu::{MAX_NUMA_NODES, NumaMask};
 
@@ -53,7 +53,7 @@ pub struct FastRequest {
 impl FastRequest {
     /// `None` when the request needs the full allocator (joint allocation, or resource names
     /// the index does not carry).
-    pub fn new(req: &PodDeviceRequest, cfg: &ScoringConfig) -> Option<Self> {
+    pub fn new(req: &PodDeviceRequest, cfg: &DeviceScoring) -> Option<Self> {
         if req.joint.is_some() || req.types.len() > MAX_TYPES {
             return None;
         }
@@ -205,10 +205,6 @@ impl Capacity {
     }
 }
 
-fn insufficient(t: &DeviceType, unresolvable: bool) -> FitError {
-    FitError::insufficient(t, unresolvable)
-}
-
 /// One pass per type counts both the devices that could hold one request unit when empty
 /// (structural, `fit_on_numa`'s first check) and those that can now, per NUMA node.
 pub fn capacity(index: DeviceIndexRef<'_>, req: &FastRequest) -> Capacity {
@@ -283,7 +279,7 @@ pub fn score(index: DeviceIndexRef<'_>, req: &FastRequest) -> i64 {
     if n == 0 { 0 } else { (sum / n).clamp(0, 100) }
 }
 
-/// `ScoringConfig::score` over whole-unit vectors.
+/// `DeviceScoring::score` over whole-unit vectors.
 fn score_dims(req: &FastRequest, request: &NeedVec, sums: &TypeSums) -> i64 {
     let (mut sum, mut weight_sum) = (0i128, 0i128);
     for &(d, w) in &req.weights {
@@ -432,7 +428,7 @@ mod tests {
             for i in 0..fpgas {
                 slots.push((DeviceType::Fpga, slot(&DeviceType::Fpga, i as i32, true, 0, 0)));
             }
-            let mut cfg = ScoringConfig::default();
+            let mut cfg = DeviceScoring::default();
             if most_allocated {
                 cfg.strategy = ScoringStrategy::MostAllocated;
             }
@@ -489,7 +485,7 @@ mod tests {
 
     #[test]
     fn joint_requests_and_foreign_dims_defer_to_the_full_allocator() {
-        let cfg = ScoringConfig::default();
+        let cfg = DeviceScoring::default();
         let mut ann = BTreeMap::new();
         ann.insert(
             crate::model::device::DEVICE_JOINT_ALLOCATE.to_string(),

@@ -26,7 +26,7 @@ pub enum ScoringStrategy {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ScoringConfigError {
+pub enum DeviceScoringError {
     #[error("unknown scoring strategy {0:?}: expected least-allocated or most-allocated")]
     Strategy(String),
     #[error("invalid resource weight {entry:?}: {reason}")]
@@ -36,12 +36,12 @@ pub enum ScoringConfigError {
 }
 
 impl FromStr for ScoringStrategy {
-    type Err = ScoringConfigError;
+    type Err = DeviceScoringError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim() {
             "least-allocated" | "LeastAllocated" => Ok(Self::LeastAllocated),
             "most-allocated" | "MostAllocated" => Ok(Self::MostAllocated),
-            other => Err(ScoringConfigError::Strategy(other.to_string())),
+            other => Err(DeviceScoringError::Strategy(other.to_string())),
         }
     }
 }
@@ -76,11 +76,11 @@ impl Default for ResourceWeights {
 }
 
 impl FromStr for ResourceWeights {
-    type Err = ScoringConfigError;
+    type Err = DeviceScoringError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut out = BTreeMap::new();
         for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let bad = |reason: String| ScoringConfigError::Weight {
+            let bad = |reason: String| DeviceScoringError::Weight {
                 entry: entry.to_string(),
                 reason,
             };
@@ -109,7 +109,7 @@ impl FromStr for ResourceWeights {
             out.insert(qualified, w);
         }
         if out.is_empty() {
-            return Err(ScoringConfigError::NoWeights);
+            return Err(DeviceScoringError::NoWeights);
         }
         Ok(ResourceWeights(out))
     }
@@ -117,23 +117,20 @@ impl FromStr for ResourceWeights {
 
 /// How devices and nodes are scored; shared by allocation (minor ranking) and prioritize.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ScoringConfig {
+pub struct DeviceScoring {
     pub strategy: ScoringStrategy,
     pub weights: ResourceWeights,
-    /// CPU/NUMA placement scoring and the default bind policy (one config for one decision).
-    pub cpu: crate::placement::cpu::CpuScoring,
 }
 
-impl ScoringConfig {
+impl DeviceScoring {
     /// From CLI flag values; `weights: None` keeps the defaults.
-    pub fn from_flags(strategy: &str, weights: Option<&str>) -> Result<Self, ScoringConfigError> {
-        Ok(ScoringConfig {
+    pub fn from_flags(strategy: &str, weights: Option<&str>) -> Result<Self, DeviceScoringError> {
+        Ok(DeviceScoring {
             strategy: strategy.parse()?,
             weights: match weights {
                 Some(w) => w.parse()?,
                 None => ResourceWeights::default(),
             },
-            cpu: Default::default(),
         })
     }
 
@@ -183,7 +180,7 @@ impl ScoringConfig {
 pub fn score_node(
     ledger: &(impl DeviceHoldings + ?Sized),
     req: &PodDeviceRequest,
-    cfg: &ScoringConfig,
+    cfg: &DeviceScoring,
 ) -> i64 {
     let Some(devices) = ledger.devices() else {
         return 0;
@@ -252,7 +249,7 @@ mod tests {
 
     #[test]
     fn parses_flags() {
-        let c = ScoringConfig::from_flags(
+        let c = DeviceScoring::from_flags(
             "most-allocated",
             Some("gpu-memory=2, koordinator.sh/rdma=1,kubernetes.io/fpga=3"),
         )
@@ -261,8 +258,8 @@ mod tests {
         assert_eq!(c.weights.0[GPU_MEMORY], 2);
         assert_eq!(c.weights.0[FPGA], 3);
         assert_eq!(
-            ScoringConfig::from_flags("least-allocated", None).unwrap(),
-            ScoringConfig::default()
+            DeviceScoring::from_flags("least-allocated", None).unwrap(),
+            DeviceScoring::default()
         );
         for (s, w, needle) in [
             ("spread", None, "spread"),
@@ -272,7 +269,7 @@ mod tests {
             ("least-allocated", Some("rdma=x"), "not an integer"),
             ("least-allocated", Some(""), "at least one"),
         ] {
-            let e = ScoringConfig::from_flags(s, w).unwrap_err().to_string();
+            let e = DeviceScoring::from_flags(s, w).unwrap_err().to_string();
             assert!(e.contains(needle), "{e}");
         }
     }
@@ -290,10 +287,10 @@ mod tests {
             (GPU_CORE, "100"),
         ]);
         let req = res(&[(GPU_MEMORY_RATIO, "25"), (GPU_MEMORY, "20Gi")]);
-        let least = ScoringConfig::default();
+        let least = DeviceScoring::default();
         assert_eq!(least.score(&req, &total, &free), 25);
         assert_eq!(least.score(&req, &total, &total), 75);
-        let most = ScoringConfig {
+        let most = DeviceScoring {
             strategy: ScoringStrategy::MostAllocated,
             ..Default::default()
         };
@@ -361,8 +358,8 @@ mod tests {
         let req = parse_device_request(&res(&[(GPU_MEMORY_RATIO, "20")]), None)
             .unwrap()
             .unwrap();
-        let least = ScoringConfig::default();
-        let most = ScoringConfig {
+        let least = DeviceScoring::default();
+        let most = DeviceScoring {
             strategy: ScoringStrategy::MostAllocated,
             ..Default::default()
         };
@@ -376,7 +373,7 @@ mod tests {
 
         // score_node sums free per minor without `DeviceLedger::free`; it must agree with it,
         // including over-use (clamped at zero), minors no longer present and malformed entries.
-        let reference = |ledger: &DeviceLedger, cfg: &ScoringConfig| -> i64 {
+        let reference = |ledger: &DeviceLedger, cfg: &DeviceScoring| -> i64 {
             let Some(devices) = ledger.devices() else {
                 return 0;
             };

@@ -21,14 +21,14 @@ struct Monitor {
 impl Monitor {
     fn start(env: &Env, node: &'static str) -> Monitor {
         let stop = Arc::new(AtomicBool::new(false));
-        let cluster = env.svc.state.cluster.clone();
+        let cluster = env.svc.state.scheduler.cluster.clone();
         let flag = stop.clone();
         let task = tokio::spawn(async move {
             let mut violation = None;
             let mut max_entries = 0;
             loop {
                 let done = flag.load(Ordering::SeqCst);
-                if let Some(n) = cluster.snapshot().get(node) {
+                if let Some(n) = cluster.debug_dump().get(node) {
                     let view = &n["devices"];
                     max_entries =
                         max_entries.max(view["entries"].as_object().map_or(0, |e| e.len()));
@@ -267,9 +267,9 @@ async fn binds_racing_deletes_and_completions_converge_to_a_fresh_bootstrap() {
         "API state over capacity: {per_minor:?}"
     );
 
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     let held = || -> BTreeMap<String, String> {
-        cluster.snapshot()["n1"]["devices"]["entries"]
+        cluster.debug_dump()["n1"]["devices"]["entries"]
             .as_object()
             .unwrap()
             .iter()
@@ -287,7 +287,7 @@ async fn binds_racing_deletes_and_completions_converge_to_a_fresh_bootstrap() {
         "the ledger to hold exactly the live bound pods",
         || {
             held() == want
-                && cluster.snapshot()["n1"]["devices"]["entries"]
+                && cluster.debug_dump()["n1"]["devices"]["entries"]
                     .as_object()
                     .unwrap()
                     .len()
@@ -299,8 +299,8 @@ async fn binds_racing_deletes_and_completions_converge_to_a_fresh_bootstrap() {
     assert_eq!(violation, None, "over-allocation observed during the churn");
 
     let fresh = Env::start(&fake, &[]).await;
-    let old = without_timings(env.svc.state.cluster.snapshot()["n1"].clone());
-    let new = without_timings(fresh.svc.state.cluster.snapshot()["n1"].clone());
+    let old = without_timings(env.svc.state.scheduler.cluster.debug_dump()["n1"].clone());
+    let new = without_timings(fresh.svc.state.scheduler.cluster.debug_dump()["n1"].clone());
     assert_eq!(old, new, "the live cache drifted from a fresh bootstrap");
     check_capacity(&new["devices"]).unwrap();
     fresh.svc.shutdown().await.unwrap();

@@ -120,7 +120,13 @@ async fn expiry_never_drops_an_entry_whose_bind_is_in_flight() {
     let (env, faults) = start(&["n1"], &[&p, &q]).await;
     let first = HeldBind::start(&env, &faults, &p, "n1").await;
     // Every assumed entry is "too old" for a zero TTL.
-    let expired = env.svc.state.binder.expire_assumed(Duration::ZERO).await;
+    let expired = env
+        .svc
+        .state
+        .scheduler
+        .binder
+        .expire_assumed(Duration::ZERO)
+        .await;
     assert_eq!(expired, 0, "an in-flight bind's entry was expired");
     let err = env.bind(&q, "n1").await.unwrap_err();
     assert!(
@@ -142,9 +148,9 @@ async fn bind_that_allocates_nothing_removes_a_stale_annotation() {
     let (env, _) = start(&["n1"], &[&p, &q]).await;
     env.bind(&p, "n1").await.unwrap();
     assert_eq!(annotation_of(&env.fake, &p), None, "stale annotation kept");
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     service::eventually(WAIT, "the pod to be seen on n1", || {
-        cluster.snapshot()["n1"]["pods"].get("uid-p").is_some()
+        cluster.debug_dump()["n1"]["pods"].get("uid-p").is_some()
     })
     .await;
     let n1 = env.ledger("n1").await;
@@ -188,6 +194,7 @@ async fn failed_bind_to_an_unknown_node_leaves_no_node_entry() {
     assert!(
         !env.svc
             .state
+            .scheduler
             .cluster
             .node_names()
             .iter()

@@ -38,10 +38,10 @@ async fn unconfirmed_assumed_entry_expires_and_is_counted() {
     // Deleted while the watch is still down: no relist can happen (watch starts and lists
     // fail), so only the expiry can free the GPU.
     fake.delete(Kind::Pod, "ml", "lost").unwrap();
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     let u2 = u.clone();
     service::eventually(WAIT, "the assumed entry to expire", move || {
-        cluster.snapshot()["n1"]["devices"]["entries"]
+        cluster.debug_dump()["n1"]["devices"]["entries"]
             .get(&u2)
             .is_none()
     })
@@ -90,7 +90,13 @@ async fn expiry_during_a_watch_outage_must_not_free_a_gpu_in_use() {
     // every entry too old runs now, deterministically. Neither may free the GPU: the API
     // server says the pod is bound here.
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let expired = env.svc.state.binder.expire_assumed(Duration::ZERO).await;
+    let expired = env
+        .svc
+        .state
+        .scheduler
+        .binder
+        .expire_assumed(Duration::ZERO)
+        .await;
     assert_eq!(expired, 0, "a bound pod's entry was expired");
     // Filter reads the same ledger as bind (binds themselves are fenced during the outage).
     let offered = env.filter(&next, &["n1"]).await;

@@ -83,10 +83,10 @@ impl Env {
 
     /// Waits until the pod watch has turned the uid's entry on `node` into `committed`.
     pub async fn wait_committed(&self, node: &str, uid: &str) {
-        let cluster = self.svc.state.cluster.clone();
+        let cluster = self.svc.state.scheduler.cluster.clone();
         service::eventually(WAIT, &format!("{uid} committed on {node}"), || {
             cluster
-                .snapshot()
+                .debug_dump()
                 .get(node)
                 .map(|n| n["devices"]["entries"][uid]["state"].clone())
                 == Some(json!("committed"))
@@ -154,11 +154,11 @@ impl HeldBind {
             let (pod, node) = (pod.clone(), node.to_string());
             tokio::spawn(async move { bind(&http, &pod, &node).await })
         };
-        let cluster = env.svc.state.cluster.clone();
+        let cluster = env.svc.state.scheduler.cluster.clone();
         let u = uid(pod);
         service::eventually(WAIT, "the bind to record its assumed entry", || {
             cluster
-                .snapshot()
+                .debug_dump()
                 .get(node)
                 .map(|n| n["devices"]["entries"][&u]["state"].clone())
                 == Some(json!("assumed"))

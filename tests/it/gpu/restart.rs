@@ -47,10 +47,10 @@ async fn restart_rebuilds_the_same_ledger_on_every_node() {
     env.fake
         .set_pod_phase("ml", &name(&pods[1]), "Succeeded")
         .ok();
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     let (u0, u1) = (uid(&pods[0]), uid(&pods[1]));
     crate::support::service::eventually(WAIT, "churn applied", || {
-        let s = cluster.snapshot();
+        let s = cluster.debug_dump();
         s.values().all(|n| {
             n["devices"]["entries"].get(&u0).is_none() && n["devices"]["entries"].get(&u1).is_none()
         })

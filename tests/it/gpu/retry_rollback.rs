@@ -194,9 +194,9 @@ async fn retried_bind_of_a_bound_pod_succeeds_once_and_never_moves_it() {
     env.fake.delete(Kind::Pod, "ml", "p").unwrap();
     let recreated = service::pod("ml", "p", "uid-p-2", ratio(50), None, None);
     env.fake.create(Kind::Pod, recreated.clone()).unwrap();
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     service::eventually(WAIT, "the deleted pod's entry to go", || {
-        cluster.snapshot()["n1"]["devices"]["entries"]
+        cluster.debug_dump()["n1"]["devices"]["entries"]
             .as_object()
             .is_some_and(|e| e.is_empty())
     })
@@ -230,11 +230,11 @@ async fn duplicate_bind_in_flight_is_refused_without_disturbing_the_first() {
         let p = p.clone();
         tokio::spawn(async move { bind(&http, &p, "n1").await })
     };
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     let u = uid(&p);
     service::eventually(WAIT, "the first bind to assume", || {
         cluster
-            .snapshot()
+            .debug_dump()
             .get("n1")
             .map(|n| n["devices"]["entries"][&u]["state"].clone())
             == Some(json!("assumed"))

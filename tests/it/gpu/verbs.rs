@@ -91,10 +91,10 @@ async fn node_without_a_device_object_passes_and_binds_without_an_annotation() {
         None,
         "the kubelet's device plugin owns this node"
     );
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     let u = uid(&p);
     service::eventually(WAIT, "the bound pod to be seen", || {
-        cluster.snapshot()["plain"]["pods"].get(&u).is_some()
+        cluster.debug_dump()["plain"]["pods"].get(&u).is_some()
     })
     .await;
     let view = env.ledger("plain").await;
@@ -119,9 +119,9 @@ async fn deleted_device_object_fails_resolvably_and_keeps_the_used_ledger() {
     let held = gpu_shares(&annotation_of(&fake, &a).unwrap())[0].0;
 
     fake.delete(Kind::Device, "", "n1").unwrap();
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     service::eventually(WAIT, "the Device deletion to be applied", || {
-        cluster.snapshot()["n1"]["devices"]["device_object_present"] == false
+        cluster.debug_dump()["n1"]["devices"]["device_object_present"] == false
     })
     .await;
     let f = env.filter(&b, &["n1"]).await;
@@ -140,7 +140,7 @@ async fn deleted_device_object_fails_resolvably_and_keeps_the_used_ledger() {
     fake.create(Kind::Device, service::gpu_device("n1", 2, 1, &[]))
         .unwrap();
     service::eventually(WAIT, "the Device to return", || {
-        cluster.snapshot()["n1"]["devices"]["device_object_present"] == true
+        cluster.debug_dump()["n1"]["devices"]["device_object_present"] == true
     })
     .await;
     let f = env.filter(&two, &["n1"]).await;
@@ -185,9 +185,9 @@ async fn malformed_annotation_blocks_the_node_until_its_pod_goes() {
     assert!(env.metric("dne_malformed_annotations_total", "").await >= 1.0);
 
     fake.delete(Kind::Pod, "ml", "bad").unwrap();
-    let cluster = env.svc.state.cluster.clone();
+    let cluster = env.svc.state.scheduler.cluster.clone();
     service::eventually(WAIT, "the malformed pod to be forgotten", || {
-        cluster.snapshot()["n1"]["devices"]["blocked_by_malformed_entries"] == false
+        cluster.debug_dump()["n1"]["devices"]["blocked_by_malformed_entries"] == false
     })
     .await;
     let f = env.filter(&p, &["n1", "n2"]).await;
@@ -212,7 +212,9 @@ async fn invalid_requests_are_unresolvable_everywhere_and_change_nothing() {
         .unwrap();
     let env = Env::start(&fake, &[]).await;
     env.wait_committed("n1", "uid-h").await;
-    let before = without_timings(serde_json::to_value(env.svc.state.cluster.snapshot()).unwrap());
+    let before = without_timings(
+        serde_json::to_value(env.svc.state.scheduler.cluster.debug_dump()).unwrap(),
+    );
 
     for (pod, names_in_reason) in [
         (&over, vec!["koordinator.sh/gpu-memory-ratio"]),
@@ -244,7 +246,9 @@ async fn invalid_requests_are_unresolvable_everywhere_and_change_nothing() {
         assert_eq!(node_of(&fake, pod), None);
         assert_eq!(annotation_of(&fake, pod), None);
     }
-    let after = without_timings(serde_json::to_value(env.svc.state.cluster.snapshot()).unwrap());
+    let after = without_timings(
+        serde_json::to_value(env.svc.state.scheduler.cluster.debug_dump()).unwrap(),
+    );
     assert_eq!(before, after, "invalid requests changed the cache");
     env.svc.shutdown().await.unwrap();
 }

@@ -21,7 +21,7 @@
 //!
 //! Equal fingerprints mean equal facts (`cluster::snapshot::Fingerprint`), as for the verdict
 //! memo. Debug builds decide every replayed answer again in full and compare. Tests: a
-//! property test (`fit::aligned_tests`) holds a shared memo's answers to each node's own
+//! property test (`scheduler::aligned_tests`) holds a shared memo's answers to each node's own
 //! full decision over random fleets of a few device and CPU states; the verbs' memo property
 //! (`it::memo`, whose fleets include CPU twins with every GPU held) holds a request's answers
 //! to each node's alone. Replaying on the first recorded answer only fails both.
@@ -75,7 +75,7 @@ impl<R: Clone + PartialEq + Debug> AlignedMemo<R> {
     /// The node's device capacity for `fast` and the CPU side's result, where `cpu_side(f)`
     /// decides with `f` answering "do the devices fit within this mask". `fingerprint` is the
     /// node's; `index` and the facts `cpu_side` reads must be the node's too.
-    pub fn decide(
+    pub fn decide_aligned(
         &mut self,
         fingerprint: Fingerprint,
         index: DeviceIndexRef<'_>,
@@ -151,12 +151,14 @@ impl<R: Clone + PartialEq + Debug> AlignedMemo<R> {
         capacity
     }
 
-    /// Decisions answered by replaying a transcript.
+    /// Decisions answered by replaying a transcript (tests).
+    #[cfg(test)]
     pub fn replayed(&self) -> u32 {
         self.replayed
     }
 
     /// Device and CPU fingerprints kept (tests).
+    #[cfg(test)]
     pub fn kept(&self) -> (usize, usize) {
         (self.capacity.len(), self.transcripts.len())
     }

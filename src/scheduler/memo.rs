@@ -7,13 +7,13 @@
 //! - **Across requests of the same pod shape** ([`MemoCache`]). kube-scheduler places the
 //!   replicas of a Job or Deployment one after the other, each asking the same of every node,
 //!   and between two of them a bind changes one node. The memo of a shape (a 128-bit
-//!   fingerprint of the pod's [`PodNeeds`](crate::fit::PodNeeds), which is all the decision
+//!   fingerprint of the pod's [`PodNeeds`](crate::scheduler::PodNeeds), which is all the decision
 //!   reads of the pod) is kept for the next request of that shape, so on a fleet where no two
 //!   nodes are alike the second replica on decides only the nodes that changed. A changed
 //!   node has a new fingerprint and misses, so nothing is ever invalidated by hand.
 //!
 //! Below both, a decision for a new key of a pod whose devices must be NUMA-aligned with its
-//! CPUs reuses the halves it shares with earlier nodes of the request (`fit::shared`).
+//! CPUs reuses the halves it shares with earlier nodes of the request (`scheduler::shared`).
 //!
 //! The key holds only the parts the decision reads: the device fingerprint when the pod asks
 //! for devices, the CPU fingerprint when it needs CPU placement. So a GPU pod's verdicts are

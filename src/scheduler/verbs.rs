@@ -4,7 +4,7 @@
 //! the summaries cannot answer; preempt, which must release victims' allocations, always
 //! decides in full. None of them mutates the caches.
 //!
-//! Device policy for nodes (reference koord-deviceshare §2.6, koordinator #1594):
+//! Device policy for nodes (koordinator `pkg/scheduler/plugins/deviceshare/plugin.go`, koordinator #1594):
 //! - a node without a `Device` object passes device filtering: its devices, if any, are
 //!   managed by the kubelet's device plugins, which kube-scheduler's own resource fit checks;
 //! - unless pods on it hold device allocations: then its `Device` is missing (deleted, or not
@@ -12,7 +12,7 @@
 //!   it), while what its pods hold stays counted;
 //! - when the Device CRD is not served at all, device filtering is off.
 //!
-//! CPU/NUMA placement (`crate::fit`) runs for pods that ask for a cpuset or a NUMA policy, and
+//! CPU/NUMA placement (`crate::scheduler`) runs for pods that ask for a cpuset or a NUMA policy, and
 //! for any pod with a CPU request on a node that forces a bind policy or has a NUMA policy;
 //! when the NodeResourceTopology CRD is not served it is off. Prioritize combines the two raw
 //! 0–100 scores (device score, CPU/NUMA score) as their mean when the pod asks for both (the
@@ -22,68 +22,37 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use super::AppState;
+use super::Scheduler;
 use super::memo::table_limit;
-use super::wire::{
+use super::needs::pod_needs;
+use super::{PodNeeds, decide, read};
+use crate::cluster::returns::ResourceKinds;
+use crate::cluster::snapshot::hash128;
+use crate::model::ids::PodUid;
+use crate::model::wire::{
     ExtenderArgsRef, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
     FailedNodesMap, HostPriority, MetaPod, MetaVictims, NodeList,
 };
-use crate::cluster::returns::ResourceKinds;
-use crate::cluster::snapshot::hash128;
-use crate::fit::{self, PodNeeds};
-use crate::model::ids::PodUid;
-use crate::model::pod::Pod;
 use crate::placement::device::allocate::FitError;
 use crate::placement::device::fast::FastRequest;
-use crate::placement::device::pod_device_request;
-use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::normalize_scores;
-use crate::sync::Kind;
-
-/// The pod's device request: `Ok(None)` when it needs no devices (or device placement is off).
-pub fn device_request(state: &AppState, pod: &Pod) -> Result<Option<PodDeviceRequest>, String> {
-    if !state.readiness.is_enabled(Kind::Devices) {
-        return Ok(None);
-    }
-    pod_device_request(pod)
-}
-
-/// Everything the pod asks of a node; `Err` when its request is invalid everywhere.
-pub fn pod_needs(state: &AppState, pod: &Pod) -> Result<PodNeeds, String> {
-    let cpu = fit::cpu_needs(
-        pod,
-        state.readiness.is_enabled(Kind::NodeResourceTopologies),
-        &state.scoring,
-    )?
-    // A plain pod (no cpuset wish, no NUMA policy) needs CPU placement only on nodes that
-    // constrain plain pods; with none in the cluster it stays pass-through.
-    .filter(|c| {
-        c.cpuset.is_some()
-            || c.numa_policy != crate::placement::cpu::NumaPolicy::None
-            || state.cluster.cpu_constraining_nodes() > 0
-    });
-    Ok(PodNeeds {
-        devices: device_request(state, pod)?,
-        cpu,
-    })
-}
 
 /// Does the pod fit `name` (CPU/NUMA and devices), decided in full on the node's locked state
 /// with `ignore`'s allocations released (preempt, and nodes the snapshot cannot answer).
 fn full_fit(
-    state: &AppState,
+    state: &Scheduler,
     name: &str,
     needs: &PodNeeds,
     ignore: &[PodUid],
 ) -> Result<(), FitError> {
     let entry = state.cluster.node(name);
     let guard = entry.as_ref().map(|e| e.read());
-    fit::decide(guard.as_deref(), needs, ignore, &state.scoring).map(|_| ())
+    decide::decide_on_node(guard.as_deref(), needs, ignore, &state.scoring).map(|_| ())
 }
 
 /// Filter: the subset of candidates that fit, and a categorical reason for every other one.
 /// Names mode: the answer's names are the request's, moved (they borrow from the body).
-pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFilterResult<'a> {
+pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderFilterResult<'a> {
     let Some(pod) = args.pod.take() else {
         return ExtenderFilterResult::error("filter request has no Pod");
     };
@@ -97,8 +66,9 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
     let passing: Vec<Cow<'a, str>> = match pod_needs(state, &pod) {
         // No device or CPU needs: pass through untouched and cheaply.
         Ok(needs) if needs.is_none() => candidates,
-        Err(reason) => {
+        Err(invalid) => {
             result = "invalid_request";
+            let reason = invalid.to_string();
             for name in candidates {
                 unresolvable.insert(name, Cow::Owned(reason.clone()));
             }
@@ -108,9 +78,9 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
             let fast = needs
                 .devices
                 .as_ref()
-                .and_then(|req| FastRequest::new(req, &state.scoring));
+                .and_then(|req| FastRequest::new(req, &state.scoring.device));
             // Read before the snapshot: a capacity return published after it is replayed to
-            // the requeue signal if this pod ends up rejected everywhere (`crate::requeue`).
+            // the requeue signal if this pod ends up rejected everywhere (`crate::scheduler::requeue`).
             let returns_seen = state.cluster.capacity_returns().generation();
             // One snapshot for the whole request: no node lock, no allocation per node; one
             // decision per distinct node state that no earlier request of this pod shape
@@ -122,9 +92,9 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
                 needs.cpu.is_some(),
             );
             let mut finder = snapshot.finder();
-            // What this request's aligned decisions share between nodes (`fit::shared`); a
+            // What this request's aligned decisions share between nodes (`aligned_memo`); a
             // cell, since the memo may run a decision twice (debug builds check a hit).
-            let aligned = RefCell::new(fit::FitMemo::default());
+            let aligned = RefCell::new(read::FitMemo::default());
             let mut passing = Vec::with_capacity(candidates.len());
             // Rejections are collected, then sorted into the maps at once: candidate lists
             // usually come sorted, which makes that one linear pass.
@@ -133,7 +103,7 @@ pub fn filter<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> ExtenderFi
                 let verdict = memo
                     .answer(finder.find(&name), |view| {
                         let aligned = &mut aligned.borrow_mut();
-                        fit::snapshot_fit(view, &needs, fast.as_ref(), &state.scoring, aligned)
+                        read::snapshot_fit(view, &needs, fast.as_ref(), &state.scoring, aligned)
                     })
                     .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
                 match verdict {
@@ -220,7 +190,7 @@ fn waits_for(needs: &PodNeeds) -> ResourceKinds {
 /// Counts the filter's result and its rejections by reason class: one tally per request, then
 /// one counter update per class (not one label lookup per rejected node).
 fn record_filter(
-    state: &AppState,
+    state: &Scheduler,
     result: &str,
     failed: &FailedNodesMap<'_>,
     unresolvable: &FailedNodesMap<'_>,
@@ -268,7 +238,7 @@ fn record_filter(
 
 /// Prioritize: one integer score 0..=10 per candidate node, best node 10. The answer's hosts
 /// are the request's names, moved (they borrow from the body).
-pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<HostPriority<'a>> {
+pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<HostPriority<'a>> {
     let names = args.take_candidates();
     let needs = match args.pod.as_ref().map(|p| pod_needs(state, p)) {
         Some(Ok(needs)) if needs.devices.is_some() || needs.wants_cpu_placement() => needs,
@@ -284,7 +254,7 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
     let fast = needs
         .devices
         .as_ref()
-        .and_then(|req| FastRequest::new(req, &state.scoring));
+        .and_then(|req| FastRequest::new(req, &state.scoring.device));
     let cpu_req = needs.cpu.as_ref().filter(|_| needs.wants_cpu_placement());
     let snapshot = state.cluster.read_snapshot();
     let mut memo =
@@ -293,13 +263,13 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
             .prioritize
             .take(hash128(&needs), needs.devices.is_some(), cpu_req.is_some());
     let mut finder = snapshot.finder();
-    let aligned = RefCell::new(fit::ScoreMemo::default());
+    let aligned = RefCell::new(read::ScoreMemo::default());
     let raw: Vec<i64> = names
         .iter()
         .map(|name| {
             memo.answer(finder.find(name), |view| {
                 let aligned = &mut aligned.borrow_mut();
-                fit::snapshot_score(
+                read::snapshot_score(
                     view,
                     &needs,
                     cpu_req,
@@ -311,7 +281,7 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
             .unwrap_or_else(|| {
                 let entry = state.cluster.node(name);
                 let guard = entry.as_ref().map(|e| e.read());
-                fit::full_score(guard.as_deref(), &needs, cpu_req, &state.scoring)
+                decide::full_score(guard.as_deref(), &needs, cpu_req, &state.scoring)
             })
         })
         .collect();
@@ -330,7 +300,7 @@ pub fn prioritize<'a>(state: &AppState, mut args: ExtenderArgsRef<'a>) -> Vec<Ho
 
 /// Preempt: keep the candidate nodes where removing the proposed victims lets the pod fit,
 /// victims in the order given (kube-scheduler reads the first as the highest priority).
-pub fn preempt(state: &AppState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult {
+pub fn preempt(state: &Scheduler, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult {
     let mut candidates: BTreeMap<String, MetaVictims> = BTreeMap::new();
     if let Some(meta) = args.node_name_to_meta_victims {
         candidates = meta;

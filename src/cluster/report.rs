@@ -3,7 +3,7 @@
 //!
 //! This is the one place the view is computed. `inspect` (from a cluster file, a kubeconfig or
 //! a running service), `simulate`'s before/after summaries, `GET /debug/nodes` and the capacity
-//! gauges all call [`cluster_view`] / [`node_view`] on a [`ClusterState`], so they can never
+//! gauges all call [`cluster_report`] / [`node_view`] on a [`ClusterState`], so they can never
 //! disagree. It only reads (node read locks, one node at a time) and never decides placement.
 //!
 //! The JSON shape is documented in `docs/inspect.md` and is stable: fields are only added.
@@ -84,7 +84,7 @@ pub struct Holder {
 
 /// One device of one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceView {
+pub struct DeviceReport {
     pub minor: i32,
     pub id: String,
     pub state: DeviceState,
@@ -111,7 +111,7 @@ pub struct DeviceView {
 
 /// Everything about one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeView {
+pub struct NodeReport {
     pub name: String,
     /// The Node object is in the cache.
     pub node_object: bool,
@@ -120,17 +120,17 @@ pub struct NodeView {
     /// Pods whose `device-allocated` annotation did not parse: while any is on the node, every
     /// device counts as fully used.
     pub blocked_by: Vec<String>,
-    pub gpus: Vec<DeviceView>,
-    pub rdma: Vec<DeviceView>,
-    pub fpga: Vec<DeviceView>,
+    pub gpus: Vec<DeviceReport>,
+    pub rdma: Vec<DeviceReport>,
+    pub fpga: Vec<DeviceReport>,
     /// CPUs from the node's NodeResourceTopology: free per NUMA node, cpusets and who holds
     /// them, reserved. `null` when the node has no NRT.
-    pub cpus: Option<CpuView>,
+    pub cpus: Option<CpuReport>,
 }
 
 /// The CPU half of a node: what koordlet's NRT says and what pods hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CpuView {
+pub struct CpuReport {
     /// Every CPU of the node (Linux list form); `null` when the `cpu-topology` annotation is
     /// absent or malformed.
     pub cpus: Option<String>,
@@ -179,7 +179,7 @@ pub struct CpuHolder {
 }
 
 /// The CPU view of one node; `None` without an NRT.
-fn cpu_view(state: &NodeState) -> Option<CpuView> {
+fn cpu_view(state: &NodeState) -> Option<CpuReport> {
     use crate::cluster::cpus::RecordedCpus;
     let ledger = &state.cpus;
     let nrt = ledger.nrt()?;
@@ -245,7 +245,7 @@ fn cpu_view(state: &NodeState) -> Option<CpuView> {
         })
         .collect();
     holders.sort_by(|a, b| (&a.pod, &a.uid).cmp(&(&b.pod, &b.uid)));
-    Some(CpuView {
+    Some(CpuReport {
         cpus: nrt.topology.as_deref().map(|t| t.all().to_string()),
         reserved: nrt.reserved.to_string(),
         allocated: allocated.to_string(),
@@ -296,9 +296,9 @@ pub struct Summary {
 
 /// The whole view: summary and one entry per node, by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClusterView {
+pub struct ClusterReport {
     pub summary: Summary,
-    pub nodes: Vec<NodeView>,
+    pub nodes: Vec<NodeReport>,
 }
 
 fn amount(r: Option<&DeviceResources>, name: &str) -> i64 {
@@ -316,14 +316,14 @@ fn usage(total: &DeviceResources, used: Option<&DeviceResources>, name: &str) ->
 }
 
 /// The view of one node, from its cached state.
-pub fn node_view(name: &str, state: &NodeState) -> NodeView {
+pub fn node_view(name: &str, state: &NodeState) -> NodeReport {
     let ledger = &state.devices;
     let devices = ledger.devices();
     let free = ledger.free(&[]);
     let used = ledger.used();
     let blocked = ledger.has_malformed();
 
-    let mut rows: BTreeMap<DeviceType, BTreeMap<i32, DeviceView>> = BTreeMap::new();
+    let mut rows: BTreeMap<DeviceType, BTreeMap<i32, DeviceReport>> = BTreeMap::new();
     let gpu_like = |t: &DeviceType| matches!(t, DeviceType::Gpu);
     let share_name = |t: &DeviceType| match t {
         DeviceType::Rdma => RDMA,
@@ -361,7 +361,7 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeView {
                 };
                 rows.entry(t.clone()).or_default().insert(
                     slot.minor,
-                    DeviceView {
+                    DeviceReport {
                         minor: slot.minor,
                         id: slot.id.clone(),
                         state,
@@ -426,15 +426,16 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeView {
         }
     }
     blocked_by.sort();
-    let mut take = |t: DeviceType| -> Vec<DeviceView> {
-        let mut list: Vec<DeviceView> = rows.remove(&t).unwrap_or_default().into_values().collect();
+    let mut take = |t: DeviceType| -> Vec<DeviceReport> {
+        let mut list: Vec<DeviceReport> =
+            rows.remove(&t).unwrap_or_default().into_values().collect();
         for d in &mut list {
             d.holders
                 .sort_by(|a, b| (&a.pod, &a.uid).cmp(&(&b.pod, &b.uid)));
         }
         list
     };
-    NodeView {
+    NodeReport {
         name: name.to_string(),
         node_object: state.node.is_some(),
         device_object: devices.is_some(),
@@ -447,7 +448,7 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeView {
 }
 
 /// A minor only an allocation names (the Device object lost it, or never had it).
-fn absent_row(t: &DeviceType, minor: i32, used: &crate::cluster::devices::UsedMap) -> DeviceView {
+fn absent_row(t: &DeviceType, minor: i32, used: &crate::cluster::devices::UsedMap) -> DeviceReport {
     let none = DeviceResources::new();
     let slot_used = used.get(t).and_then(|m| m.get(&minor));
     let gpu = matches!(t, DeviceType::Gpu);
@@ -456,7 +457,7 @@ fn absent_row(t: &DeviceType, minor: i32, used: &crate::cluster::devices::UsedMa
     } else {
         FPGA
     };
-    DeviceView {
+    DeviceReport {
         minor,
         id: String::new(),
         state: DeviceState::Absent,
@@ -472,7 +473,7 @@ fn absent_row(t: &DeviceType, minor: i32, used: &crate::cluster::devices::UsedMa
 }
 
 /// Adds one node to a summary.
-pub fn add_to_summary(summary: &mut Summary, node: &NodeView) {
+pub fn add_to_summary(summary: &mut Summary, node: &NodeReport) {
     summary.nodes += 1;
     for g in &node.gpus {
         summary.gpus.count(g.state);
@@ -500,7 +501,7 @@ pub fn add_to_summary(summary: &mut Summary, node: &NodeView) {
 }
 
 /// The summary of a list of node views.
-pub fn summarize<'a>(nodes: impl IntoIterator<Item = &'a NodeView>) -> Summary {
+pub fn summarize<'a>(nodes: impl IntoIterator<Item = &'a NodeReport>) -> Summary {
     let mut s = Summary::default();
     for n in nodes {
         add_to_summary(&mut s, n);
@@ -509,8 +510,8 @@ pub fn summarize<'a>(nodes: impl IntoIterator<Item = &'a NodeView>) -> Summary {
 }
 
 /// The view of `nodes` (all when empty); `Err` lists the named nodes the caches do not hold.
-pub fn select(cluster: &ClusterState, nodes: &[String]) -> Result<ClusterView, Vec<String>> {
-    let view = cluster_view(cluster, nodes);
+pub fn select(cluster: &ClusterState, nodes: &[String]) -> Result<ClusterReport, Vec<String>> {
+    let view = cluster_report(cluster, nodes);
     let missing: Vec<String> = nodes
         .iter()
         .filter(|n| !view.nodes.iter().any(|v| &v.name == *n))
@@ -525,8 +526,8 @@ pub fn select(cluster: &ClusterState, nodes: &[String]) -> Result<ClusterView, V
 
 /// The view of every cached node (or only those named in `only`, when it is not empty), by name.
 /// Names asked for but not cached are left out; the caller reports them.
-pub fn cluster_view(cluster: &ClusterState, only: &[String]) -> ClusterView {
-    let nodes: Vec<NodeView> = cluster
+pub fn cluster_report(cluster: &ClusterState, only: &[String]) -> ClusterReport {
+    let nodes: Vec<NodeReport> = cluster
         .node_names()
         .into_iter()
         .filter(|n| only.is_empty() || only.iter().any(|o| o.as_str() == &**n))
@@ -536,7 +537,7 @@ pub fn cluster_view(cluster: &ClusterState, only: &[String]) -> ClusterView {
             Some(node_view(&name, &state))
         })
         .collect();
-    ClusterView {
+    ClusterReport {
         summary: summarize(&nodes),
         nodes,
     }
@@ -575,10 +576,10 @@ spec:
         RecordedAllocation::Allocated(DeviceAllocations::parse_annotation(&json).unwrap())
     }
 
-    fn view_after(f: impl FnOnce(&mut NodeState)) -> NodeView {
+    fn view_after(f: impl FnOnce(&mut NodeState)) -> NodeReport {
         let loaded = load_cluster_file(ClusterFile::parse(CLUSTER, "t.yaml").unwrap());
         loaded.cluster.with_existing_node("n1", f).expect("node n1");
-        cluster_view(&loaded.cluster, &[]).nodes.remove(0)
+        cluster_report(&loaded.cluster, &[]).nodes.remove(0)
     }
 
     #[test]
@@ -623,7 +624,7 @@ spec:
             }
         );
         let table = crate::ops::render::cluster(
-            &ClusterView {
+            &ClusterReport {
                 summary: s,
                 nodes: vec![v.clone()],
             },

@@ -1,248 +1,25 @@
-//! The combined device + CPU/NUMA decision for one pod on one node, shared by filter,
-//! prioritize, preempt and bind so all four agree.
-//!
-//! Order: the CPU/NUMA decision first (`placement::cpu::place`), with a callback that runs the
-//! device allocator restricted to a NUMA mask so the chosen NUMA hint is one the devices can
-//! also use; then the devices, restricted to the chosen affinity. With no NUMA policy the two
-//! are chosen independently (koordinator's topology manager aligns only under a policy).
-//!
-//! Two ways in: the full decision on a locked [`NodeState`] (bind, preempt, and any node the
-//! summaries cannot answer), and the read verbs' answers from a node's snapshot
-//! [`NodeView`] (`snapshot_fit`, `snapshot_score`), which equal the full decision's wherever
-//! they answer (property tests below). Never mutates anything (bind records the result
-//! itself) and never talks to the network. What aligned decisions share between the nodes
-//! of one request is kept in [`shared::AlignedMemo`].
+//! The read verbs' fast path: filter's and prioritize's answers from a node's snapshot view
+//! ([`NodeView`]), which equal the full decision's (`decide`) wherever they answer (property
+//! tests below) and defer to it (`None`) where they cannot. What aligned decisions share
+//! between the nodes of one request is kept in [`AlignedMemo`].
 
-pub mod shared;
-
-use crate::cluster::NodeState;
-use crate::cluster::cpus::CpuAllocation;
+use super::aligned_memo::AlignedMemo;
+use super::config::ScoringConfig;
+use super::decide::{combine, cpu_error, needs_topology, no_topology_error};
+use super::needs::PodNeeds;
 use crate::cluster::snapshot::{CpuFacts, DeviceView, NodeView};
-use crate::model::device::DeviceAllocations;
-use crate::model::ids::PodUid;
-use crate::model::koord_cpu::{self, ResourceSpec, ResourceStatus};
-use crate::model::pod::Pod;
-use crate::placement::cpu::classify::classify;
 use crate::placement::cpu::hints::reason;
 use crate::placement::cpu::{
-    CpuBindPolicy, CpuExclusivePolicy, CpuPlacement, NodeCpuBindPolicy, NumaMask, NumaPolicy,
-    PodCpuRequest, fast_aligned, fast_aligned_score, fast_feasible, fast_score, place,
-    score_or_zero,
+    NumaMask, NumaPolicy, PodCpuRequest, fast_aligned, fast_aligned_score, fast_feasible,
+    fast_score,
 };
-use crate::placement::device::allocate::{FitError, fit_on_numa, fit_with};
+use crate::placement::device::allocate::FitError;
 use crate::placement::device::fast::{self as fast_device, FastRequest};
-use crate::placement::device::request::PodDeviceRequest;
-use crate::placement::device::score::{ScoringConfig, score_node};
-use shared::AlignedMemo;
 
 /// Filter's memo of aligned decisions: the CPU side's affinity or error.
-pub type FitMemo = AlignedMemo<Result<Option<NumaMask>, crate::placement::cpu::CpuFitError>>;
+pub type FitMemo = AlignedMemo<Result<Option<NumaMask>, crate::placement::FitError>>;
 /// Prioritize's memo of aligned decisions: the CPU score.
 pub type ScoreMemo = AlignedMemo<Option<i64>>;
-
-/// What a pod asks of a node, computed once per request.
-#[derive(Clone, Debug, Default, Hash)]
-pub struct PodNeeds {
-    /// `None` when the pod needs no devices (or device placement is off).
-    pub devices: Option<PodDeviceRequest>,
-    /// `None` when CPU placement is off (no NRT CRD) or the pod requests neither cpu nor
-    /// memory and asks for no cpuset or NUMA policy.
-    pub cpu: Option<PodCpuRequest>,
-}
-
-impl PodNeeds {
-    /// Nothing to decide anywhere: the verbs pass the pod through.
-    pub fn is_none(&self) -> bool {
-        self.devices.is_none() && self.cpu.is_none()
-    }
-
-    /// The pod itself asks for CPU placement (a cpuset wish or a NUMA policy): only then does
-    /// the CPU score join prioritize (plain CPU is kube-scheduler's own NodeResourcesFit).
-    pub fn wants_cpu_placement(&self) -> bool {
-        self.cpu
-            .as_ref()
-            .is_some_and(|c| c.cpuset.is_some() || c.numa_policy != NumaPolicy::None)
-    }
-}
-
-/// The CPU half of [`PodNeeds`]: classification, or an error that makes every node
-/// unresolvable (it names the annotation or the fractional request).
-pub fn cpu_needs(
-    pod: &Pod,
-    enabled: bool,
-    scoring: &ScoringConfig,
-) -> Result<Option<PodCpuRequest>, String> {
-    if !enabled {
-        return Ok(None);
-    }
-    let req = classify(pod, scoring.cpu.default_bind_policy).map_err(|e| e.to_string())?;
-    let nothing = req.cpu_milli <= 0
-        && req.memory_bytes <= 0
-        && req.cpuset.is_none()
-        && req.numa_policy == NumaPolicy::None;
-    Ok((!nothing).then_some(req))
-}
-
-/// The decision for one node.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Decision {
-    pub devices: Option<DeviceAllocations>,
-    pub cpu: Option<CpuPlacement>,
-}
-
-fn cpu_error(e: crate::placement::cpu::CpuFitError) -> FitError {
-    FitError {
-        reason: e.reason,
-        unresolvable: e.unresolvable,
-    }
-}
-
-/// Whether a node without usable CPU data must reject the pod: it asks for a cpuset, or the
-/// node forces a bind policy on every pod with a CPU request (koordinator: "invalid CPU
-/// topology" for any pod that would be bound).
-fn needs_topology(bind_policy: NodeCpuBindPolicy, req: &PodCpuRequest) -> bool {
-    req.cpuset.is_some() || (bind_policy != NodeCpuBindPolicy::None && req.cpu_milli > 0)
-}
-
-fn no_topology_error() -> FitError {
-    FitError {
-        reason: "node has no CPU topology (no NodeResourceTopology)".into(),
-        unresolvable: true,
-    }
-}
-
-/// Whether `devices` fit `node` using only devices on the NUMA nodes of `mask`.
-fn devices_fit_within(
-    node: &NodeState,
-    devices: &PodDeviceRequest,
-    ignore: &[PodUid],
-    scoring: &ScoringConfig,
-    mask: Option<NumaMask>,
-) -> bool {
-    fit_on_numa(&node.devices, devices, ignore, scoring, mask).is_ok()
-}
-
-/// The CPU/NUMA placement on `node`, with `ignore`'s allocations released.
-pub fn cpu_decision(
-    node: Option<&NodeState>,
-    req: &PodCpuRequest,
-    devices: Option<&PodDeviceRequest>,
-    ignore: &[PodUid],
-    scoring: &ScoringConfig,
-) -> Result<Option<CpuPlacement>, FitError> {
-    let Some(node) = node else {
-        return if req.cpuset.is_some() {
-            Err(no_topology_error())
-        } else {
-            Ok(None)
-        };
-    };
-    node.cpus
-        .with_view(ignore, &scoring.cpu, |view| match view {
-            Err(unusable) => {
-                if needs_topology(node.cpus.bind_policy(), req) {
-                    Err(FitError {
-                        reason: unusable.reason.into(),
-                        unresolvable: unusable.unresolvable,
-                    })
-                } else {
-                    Ok(None)
-                }
-            }
-            Ok(view) => {
-                let mut aligned = |mask: NumaMask| {
-                    devices
-                        .is_some_and(|d| devices_fit_within(node, d, ignore, scoring, Some(mask)))
-                };
-                let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
-                    if devices.is_some() && node.devices.devices().is_some() {
-                        Some(&mut aligned)
-                    } else {
-                        None
-                    };
-                place(&view, req, callback, &scoring.cpu).map_err(|e| {
-                    // "Not aligned" only when the devices fit somewhere on the node at all;
-                    // otherwise the device shortage is the reason an operator must see.
-                    if e.reason == reason::DEVICES_UNALIGNED
-                        && let Some(d) = devices
-                        && let Err(shortage) = fit_on_numa(&node.devices, d, ignore, scoring, None)
-                    {
-                        return shortage;
-                    }
-                    cpu_error(e)
-                })
-            }
-        })
-}
-
-/// The full decision (bind and preempt): CPU first, then devices within its affinity.
-pub fn decide(
-    node: Option<&NodeState>,
-    needs: &PodNeeds,
-    ignore: &[PodUid],
-    scoring: &ScoringConfig,
-) -> Result<Decision, FitError> {
-    let cpu = match &needs.cpu {
-        Some(req) => cpu_decision(node, req, needs.devices.as_ref(), ignore, scoring)?,
-        None => None,
-    };
-    let affinity = cpu.as_ref().and_then(|p| p.affinity);
-    let devices = match &needs.devices {
-        None => None,
-        Some(d) => allocate_devices(node, d, ignore, scoring, affinity)?,
-    };
-    Ok(Decision { devices, cpu })
-}
-
-/// The device policy for one node, shared by filter, preempt and bind:
-/// `Ok(None)` = nothing to allocate here, `Ok(Some)` = the allocation, `Err` = no fit.
-///
-/// A node without a Device object is left to the kubelet's device plugins (koordinator #1594)
-/// unless pods on it hold koordinator device allocations: then its Device object is missing
-/// (deleted, or not yet arrived) and nothing is allocatable until it is back, while what those
-/// pods hold stays counted (koordinator #1186); pods in `ignore` (preemption victims) do not
-/// count as holding. The rule depends only on current API state, so
-/// a restarted or standby replica decides exactly as a long-running one.
-pub fn allocate_on(
-    node: Option<&NodeState>,
-    req: &PodDeviceRequest,
-    ignore: &[PodUid],
-    scoring: &ScoringConfig,
-) -> Result<Option<DeviceAllocations>, FitError> {
-    let Some(node) = node else {
-        return Ok(None);
-    };
-    if node.devices.devices().is_none() {
-        // Preemption victims (`ignore`) count as gone: once they are, the node may hold
-        // nothing any more and is left to the device plugins again (issue 9 §1.5).
-        let held = node.devices.entries().any(|(uid, _)| !ignore.contains(uid));
-        return if !held {
-            Ok(None)
-        } else {
-            Err(FitError {
-                reason: "device object missing".into(),
-                unresolvable: false,
-            })
-        };
-    }
-    fit_with(&node.devices, req, ignore, scoring).map(Some)
-}
-
-/// [`allocate_on`] with an optional NUMA restriction.
-fn allocate_devices(
-    node: Option<&NodeState>,
-    req: &PodDeviceRequest,
-    ignore: &[PodUid],
-    scoring: &ScoringConfig,
-    affinity: Option<NumaMask>,
-) -> Result<Option<DeviceAllocations>, FitError> {
-    match (node, affinity) {
-        (Some(n), Some(mask)) if n.devices.devices().is_some() => {
-            fit_on_numa(&n.devices, req, ignore, scoring, Some(mask)).map(Some)
-        }
-        _ => allocate_on(node, req, ignore, scoring),
-    }
-}
 
 /// Filter's verdict from a node's snapshot view (`None`: the caches know no such node):
 /// `Some` exactly as `decide(node, needs, &[], ..)` answers, `None` when only the full
@@ -337,7 +114,7 @@ fn aligned_check(
     };
     // Every NUMA hint asks the devices once: one pass over them (per device state, `shared`)
     // answers every mask.
-    let (chosen, capacity) = shared.decide(node.fingerprint, index, fast, |aligned| {
+    let (chosen, capacity) = shared.decide_aligned(node.fingerprint, index, fast, |aligned| {
         fast_aligned(summary, req, aligned, &scoring.cpu)
     });
     match chosen {
@@ -401,7 +178,7 @@ fn snapshot_cpu_score(
         return Some(score);
     }
     if let (true, Some(fr), DeviceView::Indexed(index)) = (aligns, fast, node.devices) {
-        let (score, _) = shared.decide(node.fingerprint, index, fr, |aligned| {
+        let (score, _) = shared.decide_aligned(node.fingerprint, index, fr, |aligned| {
             fast_aligned_score(summary, req, aligned, &scoring.cpu)
         });
         return Some(score);
@@ -409,211 +186,11 @@ fn snapshot_cpu_score(
     None
 }
 
-/// Device and CPU scores into one: their mean when both apply.
-fn combine(device: Option<i64>, cpu: Option<i64>) -> i64 {
-    match (device, cpu) {
-        (Some(d), Some(c)) => (d + c) / 2,
-        (Some(s), None) | (None, Some(s)) => s,
-        (None, None) => 0,
-    }
-}
-
-/// Prioritize's raw score from the locked node state: the full scorers.
-pub fn full_score(
-    node: Option<&NodeState>,
-    needs: &PodNeeds,
-    cpu: Option<&PodCpuRequest>,
-    scoring: &ScoringConfig,
-) -> i64 {
-    let Some(node) = node else {
-        return 0;
-    };
-    let device = needs
-        .devices
-        .as_ref()
-        .map(|req| score_node(&node.devices, req, scoring));
-    let cpu = cpu.and_then(|req| full_cpu_score(node, req, needs.devices.as_ref(), scoring));
-    combine(device, cpu)
-}
-
-/// The CPU score 0..=100 by a full placement (`None`: no CPU opinion on this node). A trial
-/// failure after a passing filter scores 0 (reference §4.16).
-pub fn full_cpu_score(
-    node: &NodeState,
-    req: &PodCpuRequest,
-    devices: Option<&PodDeviceRequest>,
-    scoring: &ScoringConfig,
-) -> Option<i64> {
-    node.cpus.with_view(&[], &scoring.cpu, |view| {
-        let view = view.ok()?;
-        let mut aligned = |mask: NumaMask| {
-            devices.is_some_and(|d| devices_fit_within(node, d, &[], scoring, Some(mask)))
-        };
-        let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
-            if devices.is_some() && node.devices.devices().is_some() {
-                Some(&mut aligned)
-            } else {
-                None
-            };
-        score_or_zero(&view, req, callback, &scoring.cpu)
-    })
-}
-
-/// What bind records in the CPU ledger for a placement.
-pub fn recorded_cpus(placement: &CpuPlacement, req: &PodCpuRequest) -> CpuAllocation {
-    CpuAllocation {
-        cpuset: placement.cpuset,
-        numa: placement.numa.clone(),
-        exclusive: if placement.cpuset.is_empty() {
-            CpuExclusivePolicy::None
-        } else {
-            req.cpuset.map_or(CpuExclusivePolicy::None, |w| w.exclusive)
-        },
-    }
-}
-
-/// The `resource-status` value for a placement (`None` when it binds nothing).
-pub fn resource_status(placement: &CpuPlacement) -> Option<String> {
-    let status = ResourceStatus {
-        cpuset: placement.cpuset,
-        numa: placement.numa.clone(),
-    };
-    (!status.is_empty()).then(|| status.to_annotation())
-}
-
-/// The §1.8 `resource-spec` write-back for a placement with a cpuset (`None`: unchanged).
-pub fn resource_spec_write_back(
-    pod: &Pod,
-    placement: &CpuPlacement,
-    req: &PodCpuRequest,
-    node_policy: NodeCpuBindPolicy,
-) -> Option<String> {
-    if placement.cpuset.is_empty() {
-        return None;
-    }
-    let forced = match node_policy {
-        NodeCpuBindPolicy::FullPcpusOnly => Some(CpuBindPolicy::FullPcpus),
-        NodeCpuBindPolicy::SpreadByPcpus => Some(CpuBindPolicy::SpreadByPcpus),
-        NodeCpuBindPolicy::None => None,
-    };
-    let effective = forced.or(req.cpuset.map(|w| w.policy))?;
-    let current: Option<ResourceSpec> = pod
-        .annotation(koord_cpu::RESOURCE_SPEC)
-        .and_then(|s| koord_cpu::parse_resource_spec(s).ok());
-    koord_cpu::resource_spec_write_back(current.as_ref(), forced, effective)
-}
-
-/// Why the CPU scoring flags are invalid.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CpuScoringError {
-    #[error("unknown CPU scoring strategy {0:?}: expected least-allocated or most-allocated")]
-    Strategy(String),
-    #[error("invalid CPU score weight {entry:?}: expected cpu=N,memory=N with N >= 0")]
-    Weight { entry: String },
-    #[error("CPU score weights must not all be zero")]
-    NoWeights,
-    #[error("unknown default CPU bind policy {0:?}: expected FullPCPUs or SpreadByPCPUs")]
-    BindPolicy(String),
-}
-
-/// The CPU scoring configuration from the `--cpu-score-*`, `--numa-score-strategy` and
-/// `--default-cpu-bind-policy` flags.
-pub fn cpu_scoring_from_flags(
-    node_strategy: &str,
-    numa_strategy: &str,
-    weights: Option<&str>,
-    default_bind_policy: &str,
-) -> Result<crate::placement::cpu::CpuScoring, CpuScoringError> {
-    use crate::placement::cpu::{CpuScoreStrategy, CpuScoring};
-    let strategy = |s: &str| match s.trim() {
-        "least-allocated" | "LeastAllocated" => Ok(CpuScoreStrategy::LeastAllocated),
-        "most-allocated" | "MostAllocated" => Ok(CpuScoreStrategy::MostAllocated),
-        other => Err(CpuScoringError::Strategy(other.to_string())),
-    };
-    let mut out = CpuScoring {
-        node_strategy: strategy(node_strategy)?,
-        numa_strategy: strategy(numa_strategy)?,
-        ..CpuScoring::default()
-    };
-    if let Some(w) = weights {
-        for entry in w.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let bad = || CpuScoringError::Weight {
-                entry: entry.to_string(),
-            };
-            let (name, value) = entry.split_once('=').ok_or_else(bad)?;
-            let value: i64 = value.trim().parse().map_err(|_| bad())?;
-            if value < 0 {
-                return Err(bad());
-            }
-            match name.trim() {
-                "cpu" => out.cpu_weight = value,
-                "memory" => out.memory_weight = value,
-                _ => return Err(bad()),
-            }
-        }
-        if out.cpu_weight == 0 && out.memory_weight == 0 {
-            return Err(CpuScoringError::NoWeights);
-        }
-    }
-    out.default_bind_policy = match default_bind_policy.trim() {
-        "FullPCPUs" => CpuBindPolicy::FullPcpus,
-        "SpreadByPCPUs" => CpuBindPolicy::SpreadByPcpus,
-        other => return Err(CpuScoringError::BindPolicy(other.to_string())),
-    };
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::placement::cpu::CpuScoreStrategy;
-
-    #[test]
-    fn cpu_scoring_flags() {
-        let s = cpu_scoring_from_flags(
-            "most-allocated",
-            "least-allocated",
-            Some("cpu=2,memory=0"),
-            "SpreadByPCPUs",
-        )
-        .unwrap();
-        assert_eq!(s.node_strategy, CpuScoreStrategy::MostAllocated);
-        assert_eq!((s.cpu_weight, s.memory_weight), (2, 0));
-        assert_eq!(s.default_bind_policy, CpuBindPolicy::SpreadByPcpus);
-        for (a, b, w, p) in [
-            ("x", "least-allocated", None, "FullPCPUs"),
-            (
-                "least-allocated",
-                "least-allocated",
-                Some("gpu=1"),
-                "FullPCPUs",
-            ),
-            (
-                "least-allocated",
-                "least-allocated",
-                Some("cpu=-1"),
-                "FullPCPUs",
-            ),
-            (
-                "least-allocated",
-                "least-allocated",
-                Some("cpu=0,memory=0"),
-                "FullPCPUs",
-            ),
-            ("least-allocated", "least-allocated", None, "Default"),
-        ] {
-            assert!(
-                cpu_scoring_from_flags(a, b, w, p).is_err(),
-                "{a} {b} {w:?} {p}"
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod aligned_tests {
     //! Filter's aligned path against the full decision bind makes, on random 2-NUMA nodes.
     use super::*;
+    use crate::cluster::NodeState;
     use crate::cluster::TopologyRecord;
     use crate::cluster::cpus::RecordedCpus;
     use crate::cluster::devices::{DeviceSlot, EntryState, NodeDevices, RecordedAllocation};
@@ -621,11 +198,18 @@ mod aligned_tests {
     use crate::model::device::{
         DeviceResources, DeviceTopology, DeviceType, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
     };
+    use crate::model::ids::PodUid;
     use crate::model::nrt::NodeResourceTopology;
+    use crate::model::pod::Pod;
     use crate::model::quantity::Quantity;
     use crate::placement::cpu::proptests::{Expected, oracle, reference_resolve};
+    use crate::placement::cpu::score_or_zero;
+    use crate::placement::device::allocate::fit_on_numa;
     use crate::placement::device::allocate::fit_with;
     use crate::placement::device::pod_device_request;
+    use crate::placement::device::request::PodDeviceRequest;
+    use crate::scheduler::decide::decide_on_node as decide;
+    use crate::scheduler::needs::cpu_needs;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -710,8 +294,14 @@ mod aligned_tests {
             let Ok(Some(req)) = pod_device_request(&pod) else {
                 continue;
             };
-            if let Ok(a) = fit_on_numa(&state.devices, &req, &[], &scoring, Some(NumaMask(*mask)))
-                .or_else(|_| fit_with(&state.devices, &req, &[], &scoring))
+            if let Ok(a) = fit_on_numa(
+                &state.devices,
+                &req,
+                &[],
+                &scoring.device,
+                Some(NumaMask(*mask)),
+            )
+            .or_else(|_| fit_with(&state.devices, &req, &[], &scoring.device))
             {
                 for entry in a.0.values().flatten() {
                     facts.gpus[entry.minor as usize].1 += u32::from(*ratio);
@@ -795,7 +385,7 @@ mod aligned_tests {
         );
         let devices = pod_device_request(&pod).expect("valid").expect("devices");
         let cpu = cpu_needs(&pod, true, &scoring).expect("valid");
-        let fast = FastRequest::new(&devices, &scoring);
+        let fast = FastRequest::new(&devices, &scoring.device);
         let needs = PodNeeds {
             devices: Some(devices.clone()),
             cpu,
@@ -807,7 +397,7 @@ mod aligned_tests {
         #![proptest_config(ProptestConfig::with_cases(400))]
 
         /// Independent: the full decision and its CPU score against placement's oracle
-        /// (NUMA subsets, raw CPU details, the §1.7 formula) with a device model counted
+        /// (NUMA subsets, raw CPU details, koordinator's scoring formula) with a device model counted
         /// from the holdings this test recorded; a planted bug (device hints never demoting
         /// a wider CPU hint) passed the rest and fails this. Regression only: the snapshot
         /// answer and score equal the full ones (both share `place::decide` and the scorer).
@@ -856,7 +446,7 @@ mod aligned_tests {
             let full_score = state.cpus.with_view(&[], &scoring.cpu, |view| {
                 let view = view.ok()?;
                 let mut aligned = |mask: NumaMask| {
-                    fit_on_numa(&state.devices, &devices, &[], &scoring, Some(mask)).is_ok()
+                    fit_on_numa(&state.devices, &devices, &[], &scoring.device, Some(mask)).is_ok()
                 };
                 score_or_zero(&view, req, Some(&mut aligned), &scoring.cpu)
             });
@@ -924,7 +514,7 @@ mod aligned_tests {
         let scoring = ScoringConfig::default();
         let pod = pod(&json!({"nvidia.com/gpu": "1"}), None);
         let devices = pod_device_request(&pod).expect("valid").expect("devices");
-        let fast = FastRequest::new(&devices, &scoring).expect("indexable");
+        let fast = FastRequest::new(&devices, &scoring.device).expect("indexable");
         let summary = node(4, &[], &[]).summary();
         let DeviceView::Indexed(index) = summary.view().devices else {
             panic!("an indexed node");
@@ -935,7 +525,7 @@ mod aligned_tests {
                 devices: u128::from(i),
                 cpu: u128::from(i),
             };
-            let (answer, _) = memo.decide(fingerprint, index, &fast, |_| i);
+            let (answer, _) = memo.decide_aligned(fingerprint, index, &fast, |_| i);
             assert_eq!(answer, i);
         }
         assert_eq!(memo.kept(), (64, 64));

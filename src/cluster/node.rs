@@ -1,0 +1,183 @@
+//! One node's state ([`NodeState`]: its Node record, pods, device and CPU ledgers) and the
+//! entry that holds it behind its own lock ([`NodeEntry`]); the facts it publishes to the read
+//! snapshot and its debug JSON.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use serde::Serialize;
+
+use super::cpus::CpuLedger;
+use super::devices::{DeviceLedger, EntryState};
+use super::pod::PodRecord;
+use super::records::{NodeRecord, TopologyRecord};
+use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, Unusable};
+use crate::model::ids::PodUid;
+
+/// Everything known about one node. Guarded by the node's own lock.
+#[derive(Debug, Default, Serialize)]
+pub struct NodeState {
+    /// The Node object; `None` until it arrives or after it is deleted.
+    pub node: Option<NodeRecord>,
+    /// Shared with the NRT sync's store (one copy per NRT).
+    pub topology: Option<Arc<TopologyRecord>>,
+    /// Device totals (from the Device object) and who holds what (by pod UID).
+    #[serde(skip)]
+    pub devices: DeviceLedger,
+    /// CPU topology (from the NRT and labels) and who holds which CPUs (by pod UID).
+    #[serde(skip)]
+    pub cpus: CpuLedger,
+    /// Assigned, non-terminal pods on this node, by UID. The records are shared with the pod
+    /// sync's store (one copy per pod).
+    pub pods: BTreeMap<PodUid, Arc<PodRecord>>,
+    /// The cluster-wide version of this state's last change (see [`super::snapshot`]).
+    #[serde(skip)]
+    pub(super) version: u64,
+    /// Set (under this lock, while the map's write lock is held) when the entry is removed
+    /// from the map. A writer that looked the entry up before that and locked it after must
+    /// not write here: its write would be lost with the entry. See [`ClusterState::gc`].
+    #[serde(skip)]
+    pub(super) dead: bool,
+}
+
+impl NodeState {
+    /// The node's facts for the read snapshot: its cached CPU summary and a freshly built
+    /// device index.
+    pub fn summary(&self) -> NodeSummary {
+        let (devices, slots, sums) = match self.devices.devices() {
+            None => (
+                DeviceFacts::Missing {
+                    held: !self.devices.is_empty(),
+                },
+                Vec::new(),
+                Default::default(),
+            ),
+            Some(_) => match self.devices.device_index() {
+                None => (DeviceFacts::Unindexed, Vec::new(), Default::default()),
+                Some(index) => (
+                    DeviceFacts::Indexed {
+                        blocked: index.blocked,
+                        ranges: index.ranges,
+                    },
+                    index.groups,
+                    index.sums,
+                ),
+            },
+        };
+        let cpu = CpuFacts {
+            constrains_plain_pods: self.cpus.constrains_plain_pods(),
+            bind_policy: self.cpus.bind_policy(),
+            summary: self.cpus.summary().map_err(|u| Unusable {
+                reason: std::sync::Arc::from(u.reason),
+                unresolvable: u.unresolvable,
+            }),
+        };
+        NodeSummary::new(devices, slots, sums, cpu)
+    }
+
+    /// Everything known about the node as JSON, ledger included (for `/debug/nodes`).
+    pub fn debug_json(&self, now: std::time::Instant) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(map) = v.as_object_mut() {
+            map.insert(
+                "devices".into(),
+                serde_json::to_value(self.devices.debug_view(now)).unwrap_or_default(),
+            );
+            map.insert(
+                "cpus".into(),
+                serde_json::to_value(self.cpus.debug_view()).unwrap_or_default(),
+            );
+        }
+        v
+    }
+
+    /// Assumed entries (device or CPU) older than `ttl`: one pod UID, one lifecycle, whichever
+    /// ledgers it holds something in.
+    pub fn assumed_older_than(
+        &self,
+        now: std::time::Instant,
+        ttl: std::time::Duration,
+    ) -> Vec<(PodUid, std::time::Instant)> {
+        let mut out = self.devices.assumed_older_than(now, ttl);
+        for c in self.cpus.assumed_older_than(now, ttl) {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// The state of `uid`'s entry, whichever ledger holds it (both share one `at`).
+    pub fn entry_state(&self, uid: &PodUid) -> Option<EntryState> {
+        self.devices
+            .get(uid)
+            .map(|e| e.state)
+            .or_else(|| self.cpus.get(uid).map(|e| e.state))
+    }
+
+    /// Whether any ledger of this node holds `uid` as committed (seen bound here by the watch).
+    pub fn holds_committed(&self, uid: &PodUid) -> bool {
+        let committed = |s: Option<EntryState>| s == Some(EntryState::Committed);
+        committed(self.devices.get(uid).map(|e| e.state))
+            || committed(self.cpus.get(uid).map(|e| e.state))
+    }
+
+    /// Removes `uid`'s entries in every ledger, only if they are still the ones assumed at `at`.
+    pub fn remove_if_assumed_at(&mut self, uid: &PodUid, at: std::time::Instant) -> bool {
+        let d = self.devices.remove_if_assumed_at(uid, at);
+        let c = self.cpus.remove_if_assumed_at(uid, at);
+        d || c
+    }
+
+    /// Drops `uid`'s assumed entries in every ledger (a failed bind); committed ones stay.
+    pub fn remove_assumed(&mut self, uid: &PodUid) {
+        if matches!(
+            self.devices.get(uid).map(|e| e.state),
+            Some(EntryState::Assumed { .. })
+        ) {
+            self.devices.remove(uid);
+        }
+        if matches!(
+            self.cpus.get(uid).map(|e| e.state),
+            Some(EntryState::Assumed { .. })
+        ) {
+            self.cpus.remove(uid);
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.node.is_none()
+            && self.topology.is_none()
+            && self.devices.devices().is_none()
+            && self.devices.is_empty()
+            && self.cpus.is_empty()
+            && self.pods.is_empty()
+    }
+}
+
+/// A node's state behind its own lock, named.
+#[derive(Debug)]
+pub struct NodeEntry {
+    pub name: Arc<str>,
+    state: RwLock<NodeState>,
+}
+
+impl NodeEntry {
+    /// An empty node state for `name`.
+    pub(super) fn new(name: &str) -> Self {
+        NodeEntry {
+            name: Arc::from(name),
+            state: RwLock::new(NodeState::default()),
+        }
+    }
+
+    pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, NodeState> {
+        self.state.read()
+    }
+    /// Private to the caches: every write goes through [`ClusterState`], which publishes it
+    /// to the read snapshot.
+    pub(super) fn write(&self) -> parking_lot::RwLockWriteGuard<'_, NodeState> {
+        self.state.write()
+    }
+}

@@ -1,0 +1,110 @@
+//! What the caches keep of a Node and of a NodeResourceTopology ([`NodeRecord`],
+//! [`NodeCpuLabels`], [`TopologyRecord`]): the fields decisions read, converted once per object change.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::nrt::NrtCpuInfo;
+use crate::model::koord_cpu::{
+    self, CPU_BIND_POLICY_LABEL, NUMA_ALLOCATE_STRATEGY_LABEL, NUMA_TOPOLOGY_POLICY_LABEL,
+};
+use crate::model::node::Node;
+use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
+use crate::model::pod::ResourceList;
+use crate::placement::cpu::{NodeCpuBindPolicy, NumaAllocateStrategy, NumaPolicy};
+
+/// Device minors a pod's allocation takes beyond their capacity.
+pub type Overcommitted = Vec<(crate::model::device::DeviceType, i32)>;
+
+/// What the caches keep of a Node object.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct NodeRecord {
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub allocatable: ResourceList,
+}
+
+impl NodeRecord {
+    pub fn from_node(node: &Node) -> Self {
+        NodeRecord {
+            uid: node.metadata.uid.clone().unwrap_or_default(),
+            labels: node.labels(),
+            allocatable: node.status.allocatable.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// What the caches keep of a NodeResourceTopology: zones, policies and koordinator's CPU
+/// topology annotations (verbatim; NUMA placement parses them).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TopologyRecord {
+    pub zones: Vec<Zone>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attributes: Vec<Attribute>,
+    /// `node.koordinator.sh/*` and `kubelet.koordinator.sh/*` annotations.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub koordinator_annotations: BTreeMap<String, String>,
+    /// The CPU/NUMA reading of the above, parsed once per NRT change.
+    #[serde(skip)]
+    pub cpu: Arc<NrtCpuInfo>,
+}
+
+impl TopologyRecord {
+    pub fn from_nrt(nrt: &NodeResourceTopology) -> Self {
+        let koordinator_annotations = nrt
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| {
+                k.starts_with("node.koordinator.sh/") || k.starts_with("kubelet.koordinator.sh/")
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let cpu = Arc::new(NrtCpuInfo::parse(
+            &nrt.zones,
+            &nrt.topology_policies,
+            &nrt.attributes,
+            &koordinator_annotations,
+        ));
+        TopologyRecord {
+            cpu,
+            zones: nrt.zones.clone(),
+            policies: nrt.topology_policies.clone(),
+            attributes: nrt.attributes.clone(),
+            koordinator_annotations,
+        }
+    }
+}
+
+/// The CPU-relevant labels of a Node, parsed once per Node change.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeCpuLabels {
+    pub bind_policy: NodeCpuBindPolicy,
+    /// `Some` when the label is set (non-empty): it overrides the NRT, `None`/unknown → None.
+    pub numa_policy: Option<NumaPolicy>,
+    pub strategy: Option<NumaAllocateStrategy>,
+}
+
+impl NodeCpuLabels {
+    pub fn from_labels(labels: &BTreeMap<String, String>) -> Self {
+        NodeCpuLabels {
+            bind_policy: labels
+                .get(CPU_BIND_POLICY_LABEL)
+                .map_or(NodeCpuBindPolicy::None, |v| {
+                    koord_cpu::node_bind_policy_from_label(v)
+                }),
+            numa_policy: labels
+                .get(NUMA_TOPOLOGY_POLICY_LABEL)
+                .filter(|v| !v.is_empty())
+                .map(|v| koord_cpu::numa_policy_from_label(v)),
+            strategy: labels
+                .get(NUMA_ALLOCATE_STRATEGY_LABEL)
+                .and_then(|v| koord_cpu::allocate_strategy_from_label(v)),
+        }
+    }
+}

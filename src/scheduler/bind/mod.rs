@@ -1,0 +1,472 @@
+//! Bind: the one place an allocation is decided and committed, and where assumed
+//! allocations whose outcome is unknown are probed and released.
+//!
+//! kube-scheduler runs binds asynchronously and concurrently with later filters, so the
+//! allocation is computed here, not in filter: lock the node, allocate against committed +
+//! assumed entries, record the result as *assumed* under the pod UID, unlock, and commit it in
+//! **one write**: the `pods/binding`, carrying the annotations (the API server merges a
+//! Binding's `metadata.annotations` into the pod in the same write as `spec.nodeName`), with
+//! the UID and the resourceVersion of the bind's read as preconditions (a 409 re-reads and
+//! retries, re-deciding nothing). So a pod never carries an allocation decided for another
+//! node, and a binding whose answer was lost can land later only on the unchanged pod: the
+//! allocation stays held exactly while that is possible (see [`crate::cluster::assumed`]).
+//! A failure whose outcome is known removes the assumed entry; one whose outcome is unknown
+//! keeps it held and probes it. The pod watch later replaces the assumed entry with the
+//! committed one. A decision never replaces a committed entry. Never clear annotations of a
+//! pod bound to another node: whatever it carries is what that node's koordlet uses.
+//!
+//! API writes go through [`PodApi`], so the same logic serves the kube client and the
+//! offline (cluster file) mode.
+
+mod commit;
+mod outcome;
+mod pod_api;
+mod probe;
+
+pub use outcome::{BindError, BindOutcome};
+pub use pod_api::{ApiError, KubePodApi, OfflinePodApi, PodApi};
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::config::ScoringConfig;
+use super::decide::{Decision, decide_on_node};
+use super::needs::{PodNeeds, cpu_needs};
+use super::write_back;
+use crate::cluster::NodeState;
+use crate::cluster::assumed::{AssumedPod, Outcome};
+use crate::cluster::cpus::RecordedCpus;
+use crate::cluster::devices::{EntryState, RecordedAllocation};
+use crate::cluster::{ClusterState, PodRecord};
+use crate::metrics::Metrics;
+use crate::model::annotations::{DEVICE_ALLOCATED, RESOURCE_STATUS};
+use crate::model::ids::PodUid;
+use crate::model::koord_cpu::RESOURCE_SPEC;
+use crate::model::pod::Pod;
+use crate::model::wire::ExtenderBindingArgs;
+use crate::placement::device::pod_device_request;
+use crate::sync::{Kind, Readiness};
+use commit::AfterFailure;
+
+/// The pod annotations this service owns, whichever ledger writes them. A bind that does not
+/// set one of them removes it from the pod (a stale copy would be charged on the new node),
+/// and read-backs compare exactly these. `resource-spec` is not here: it is the pod's own
+/// request, which a bind may only complete (the node's forced bind policy), never remove.
+pub const OWNED_ANNOTATIONS: &[&str] = &[DEVICE_ALLOCATED, RESOURCE_STATUS];
+
+/// Whether the pod carries exactly what a bind wrote: every set key with our value, every
+/// removed key absent.
+fn carries(pod: &Pod, written: &BTreeMap<String, Option<String>>) -> bool {
+    written
+        .iter()
+        .all(|(k, v)| pod.annotation(k) == v.as_deref())
+}
+
+/// The pod a bind request names, checked for empty fields.
+struct Target<'a> {
+    args: &'a ExtenderBindingArgs,
+    /// `namespace/name`, for errors and logs.
+    key: String,
+    uid: PodUid,
+}
+
+impl<'a> Target<'a> {
+    fn of(args: &'a ExtenderBindingArgs) -> Result<Self, BindError> {
+        for (field, value) in [
+            ("PodName", &args.pod_name),
+            ("PodNamespace", &args.pod_namespace),
+            ("PodUID", &args.pod_uid),
+            ("Node", &args.node),
+        ] {
+            if value.is_empty() {
+                return Err(BindError::InvalidRequest(format!("{field} is empty")));
+            }
+        }
+        Ok(Target {
+            args,
+            key: format!("{}/{}", args.pod_namespace, args.pod_name),
+            uid: PodUid::new(&args.pod_uid),
+        })
+    }
+}
+
+/// What phase 2 recorded: the annotations the binding carries (`None` values are removals)
+/// and the instant the allocation was assumed at (`None`: it holds nothing).
+#[derive(Default)]
+struct Assumed {
+    written: BTreeMap<String, Option<String>>,
+    at: Option<std::time::Instant>,
+}
+
+/// The one service that binds: see the module docs.
+pub struct Binder {
+    api: Arc<dyn PodApi>,
+    cluster: Arc<ClusterState>,
+    readiness: Arc<Readiness>,
+    scoring: Arc<ScoringConfig>,
+    metrics: Metrics,
+}
+
+impl Binder {
+    pub fn new(
+        api: Arc<dyn PodApi>,
+        cluster: Arc<ClusterState>,
+        readiness: Arc<Readiness>,
+        scoring: Arc<ScoringConfig>,
+        metrics: Metrics,
+    ) -> Self {
+        Binder {
+            api,
+            cluster,
+            readiness,
+            scoring,
+            metrics,
+        }
+    }
+
+    fn released(&self, path: &str, n: usize) {
+        if n > 0 {
+            self.metrics
+                .assumed_released
+                .with_label_values(&[path])
+                .inc_by(n as u64);
+        }
+    }
+
+    /// Binds the pod in four phases, each its own function: [`Self::read`] (the pod and what
+    /// it needs, after resolving an earlier attempt's held allocation), [`Self::decide_and_assume`]
+    /// (under the node's write lock), [`Self::commit`] (the one binding write) and
+    /// [`Self::settle`] (what the commit's answer means for the assumed entry). A pod that is
+    /// already bound is answered from what it carries ([`Self::answer_bound`]).
+    pub async fn bind(&self, args: &ExtenderBindingArgs) -> Result<BindOutcome, BindError> {
+        let target = Target::of(args)?;
+        let Some(_in_flight) = self.cluster.assumptions().begin(&target.uid) else {
+            return Err(BindError::InProgress { pod: target.key });
+        };
+        let (pod, needs) = self.read(&target).await?;
+        if let Some(bound) = pod.node_name() {
+            return self.answer_bound(&target, &pod, &needs, bound);
+        }
+        let assumed = self.decide_and_assume(&target, &pod, &needs)?;
+        let committed = self
+            .commit(args, &target.key, pod.clone(), &assumed.written, assumed.at)
+            .await;
+        self.settle(&target, pod, assumed, committed)
+    }
+
+    /// Phase 1: reads the pod, resolves an earlier attempt's held allocation against that
+    /// read, checks it is the pod kube-scheduler meant, and says what it needs.
+    async fn read(&self, target: &Target<'_>) -> Result<(Pod, PodNeeds), BindError> {
+        let args = target.args;
+        let pod = self
+            .api
+            .get_pod(&args.pod_namespace, &args.pod_name)
+            .await
+            .map_err(|source| BindError::Api {
+                step: "read the pod",
+                pod: target.key.clone(),
+                source,
+            })?;
+        // kube-scheduler retries a pod whose bind failed, perhaps to another node: an earlier
+        // attempt's held allocation must neither block this one nor be held twice, and while
+        // its binding may still land this one must wait.
+        self.resolve_previous_attempt(&target.uid, pod.as_ref(), &target.key)?;
+        let pod = pod.ok_or_else(|| BindError::PodNotFound {
+            pod: target.key.clone(),
+        })?;
+        let actual_uid = pod.metadata.uid.clone().unwrap_or_default();
+        if actual_uid != args.pod_uid {
+            return Err(BindError::UidMismatch {
+                pod: target.key.clone(),
+                expected: args.pod_uid.clone(),
+                actual: actual_uid,
+            });
+        }
+        let invalid = |e: super::needs::InvalidRequest| BindError::InvalidRequestResources {
+            pod: target.key.clone(),
+            reason: e.to_string(),
+        };
+        let devices = if self.readiness.is_enabled(Kind::Devices) {
+            pod_device_request(&pod).map_err(|e| invalid(e.into()))?
+        } else {
+            None
+        };
+        let cpu = cpu_needs(
+            &pod,
+            self.readiness.is_enabled(Kind::NodeResourceTopologies),
+            &self.scoring,
+        )
+        .map_err(|e| invalid(e.into()))?;
+        Ok((pod, PodNeeds { devices, cpu }))
+    }
+
+    /// A pod already bound: a retry of our own successful bind (it carries our annotations),
+    /// or someone else's bind, which must not be reported as an allocation that does not exist.
+    fn answer_bound(
+        &self,
+        target: &Target<'_>,
+        pod: &Pod,
+        needs: &PodNeeds,
+        bound: &str,
+    ) -> Result<BindOutcome, BindError> {
+        if bound != target.args.node {
+            return Err(BindError::BoundElsewhere {
+                pod: target.key.clone(),
+                node: bound.to_string(),
+            });
+        }
+        // A retry of our own successful bind carries our annotation. Bound here without one
+        // while we would have allocated something, it is someone else's bind, and answering
+        // success would report an allocation that does not exist.
+        let needs_allocation = !needs.is_none()
+            && self.cluster.node(bound).is_some_and(|e| {
+                match decide_on_node(
+                    Some(&e.read()),
+                    needs,
+                    std::slice::from_ref(&target.uid),
+                    &self.scoring,
+                ) {
+                    Ok(d) => {
+                        d.devices.is_some()
+                            || d.cpu
+                                .as_ref()
+                                .and_then(write_back::resource_status)
+                                .is_some()
+                    }
+                    Err(_) => true,
+                }
+            });
+        if needs_allocation
+            && !OWNED_ANNOTATIONS
+                .iter()
+                .any(|k| pod.annotation(k).is_some())
+        {
+            return Err(BindError::BoundWithoutAllocation {
+                pod: target.key.clone(),
+                node: bound.to_string(),
+            });
+        }
+        Ok(BindOutcome::AlreadyBound)
+    }
+
+    /// Phase 2: decides against the authoritative ledgers and records the result as assumed,
+    /// under the node's write lock, so concurrent binds on this node see each other's
+    /// assumed entries. The lock is released before any API call. A node no object names has
+    /// no entry: nothing to allocate, and none is created.
+    fn decide_and_assume(
+        &self,
+        target: &Target<'_>,
+        pod: &Pod,
+        needs: &PodNeeds,
+    ) -> Result<Assumed, BindError> {
+        let mut assumed = Assumed::default();
+        if needs.is_none() {
+            return Ok(assumed);
+        }
+        let node = &target.args.node;
+        let does_not_fit = |e: crate::placement::FitError| BindError::DoesNotFit {
+            pod: target.key.clone(),
+            node: node.clone(),
+            reason: e.reason.into_owned(),
+        };
+        let decided = self.cluster.with_existing_node(node, |state| {
+            // Checked under the node lock, right before deciding: a fence raised after this
+            // point only concerns binds that decide after it.
+            if !self.readiness.pods_current() {
+                return Err(BindError::CacheNotCurrent);
+            }
+            // The pod watch committed this pod here after our read (another writer bound it):
+            // a decision would replace that allocation with ours, and the conflict that
+            // follows would then release it. Never let a decision replace a committed entry.
+            if state.holds_committed(&target.uid) {
+                return Err(BindError::BoundMeanwhile {
+                    pod: target.key.clone(),
+                    node: node.clone(),
+                });
+            }
+            let decision =
+                decide_on_node(Some(state), needs, &[], &self.scoring).map_err(does_not_fit)?;
+            assumed.at = self.assume(target, pod, needs, state, decision, &mut assumed.written);
+            Ok(())
+        });
+        match decided {
+            Some(result) => result.map(|()| assumed),
+            // A node no object names: the decision on no state (a cpuset pod cannot go there).
+            None => match decide_on_node(None, needs, &[], &self.scoring) {
+                Ok(_) => Ok(assumed),
+                Err(e) => Err(does_not_fit(e)),
+            },
+        }
+    }
+
+    /// Records `decision` as assumed in the node's ledgers and in the assumptions, and the
+    /// annotations it is written as into `written`; the instant it was assumed at, or `None`
+    /// when it holds nothing. Called with the node's write lock held (lock order: node, then
+    /// the assumptions).
+    fn assume(
+        &self,
+        target: &Target<'_>,
+        pod: &Pod,
+        needs: &PodNeeds,
+        state: &mut NodeState,
+        decision: Decision,
+        written: &mut BTreeMap<String, Option<String>>,
+    ) -> Option<std::time::Instant> {
+        // One instant for every ledger: one pod UID, one assumed-entry lifecycle.
+        let at = std::time::Instant::now();
+        let uid = &target.uid;
+        let mut held = false;
+        if let Some(allocation) = decision.devices {
+            written.insert(
+                DEVICE_ALLOCATED.to_string(),
+                Some(allocation.to_annotation()),
+            );
+            state.devices.record(
+                uid.clone(),
+                RecordedAllocation::Allocated(allocation),
+                EntryState::Assumed { at },
+            );
+            held = true;
+        }
+        if let (Some(placement), Some(req)) = (&decision.cpu, &needs.cpu)
+            && let Some(status) = write_back::resource_status(placement)
+        {
+            written.insert(RESOURCE_STATUS.to_string(), Some(status));
+            if let Some(spec) =
+                write_back::resource_spec_write_back(pod, placement, req, state.cpus.bind_policy())
+            {
+                written.insert(RESOURCE_SPEC.to_string(), Some(spec));
+            }
+            state.cpus.record(
+                uid.clone(),
+                RecordedCpus::Allocated(write_back::recorded_cpus(placement, req)),
+                EntryState::Assumed { at },
+            );
+            held = true;
+        }
+        if !held {
+            return None;
+        }
+        let args = target.args;
+        self.cluster.assumptions().record(
+            uid.clone(),
+            AssumedPod {
+                namespace: args.pod_namespace.clone(),
+                name: args.pod_name.clone(),
+                node: Arc::from(args.node.as_str()),
+                at,
+                annotations: written.clone(),
+                outcome: Outcome::Writing,
+                binding: None,
+            },
+        );
+        Some(at)
+    }
+
+    /// Phase 4: what the commit's answer means for the assumed entry. Success: a relist may
+    /// judge it now (and offline, where no watch confirms, the bind is recorded in memory).
+    /// A known failure: released. An unknown outcome: kept held and probed (the pod may be
+    /// running on the node with our minors, or become so).
+    fn settle(
+        &self,
+        target: &Target<'_>,
+        pod: Pod,
+        assumed: Assumed,
+        committed: Result<BindOutcome, (BindError, AfterFailure)>,
+    ) -> Result<BindOutcome, BindError> {
+        let (args, uid) = (target.args, &target.uid);
+        match committed {
+            Ok(outcome) => {
+                // Only now, with the binding call returned, may a relist judge this entry.
+                if let Some(at) = assumed.at {
+                    self.cluster
+                        .assumptions()
+                        .finish(uid, at, true, std::time::Instant::now());
+                }
+                if !self.api.confirmed_by_watch() {
+                    self.record_offline(target, pod, assumed.written);
+                }
+                Ok(outcome)
+            }
+            Err((e, AfterFailure::NotBound)) => {
+                if let Some(at) = assumed.at {
+                    self.cluster.release_assumed(&args.node, uid, at);
+                }
+                Err(e)
+            }
+            Err((e, AfterFailure::Ambiguous)) => {
+                tracing::warn!(pod = %target.key, node = %args.node, error = %e, "cannot tell whether the failed bind took effect: keeping the allocation held and probing");
+                if let Some(at) = assumed.at {
+                    self.cluster
+                        .assumptions()
+                        .finish(uid, at, false, std::time::Instant::now());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Offline mode (no pod watch): the bound pod, as the binding made it, into the caches.
+    fn record_offline(
+        &self,
+        target: &Target<'_>,
+        mut bound: Pod,
+        written: BTreeMap<String, Option<String>>,
+    ) {
+        bound.spec.node_name = Some(target.args.node.clone());
+        let ann = bound
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        for (k, v) in written {
+            match v {
+                Some(v) => ann.insert(k, v),
+                None => ann.remove(&k),
+            };
+        }
+        if let Some(record) = PodRecord::from_pod(&bound) {
+            self.cluster.upsert_pod(None, &record);
+            tracing::info!(pod = %target.key, node = %target.args.node, "offline mode: bind recorded in memory only");
+        }
+    }
+
+    /// Resolves an earlier attempt's held allocation for this UID against the retry's read:
+    /// kept only while the pod is bound where that attempt put it.
+    fn resolve_previous_attempt(
+        &self,
+        uid: &PodUid,
+        pod: Option<&Pod>,
+        pod_key: &str,
+    ) -> Result<(), BindError> {
+        let Some(prev) = self.cluster.assumptions().get(uid) else {
+            return Ok(());
+        };
+        let pod = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()));
+        let bound_there = pod.is_some_and(|p| {
+            p.node_name() == Some(&*prev.node)
+                && !matches!(p.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+        });
+        if bound_there {
+            return Ok(());
+        }
+        // Unbound and unchanged since the earlier binding was sent: it may still land.
+        if let (Some(pod), Some(sent)) = (pod, &prev.binding)
+            && pod.node_name().is_none()
+            && !matches!(prev.outcome, Outcome::Bound { .. })
+            && sent.may_still_land(
+                pod.metadata.resource_version.as_deref(),
+                std::time::Instant::now(),
+            )
+        {
+            return Err(BindError::PreviousBindingPending {
+                pod: pod_key.to_string(),
+                node: prev.node.to_string(),
+            });
+        }
+        if self.cluster.release_assumed(&prev.node, uid, prev.at) {
+            tracing::info!(node = %prev.node, pod = %format!("{}/{}", prev.namespace, prev.name), "retried bind: released the previous attempt's held allocation");
+            self.released("retry", 1);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,295 @@
+//! The full decision: the combined device + CPU/NUMA decision for one pod on one node, shared by filter,
+//! prioritize, preempt and bind so all four agree.
+//!
+//! Order: the CPU/NUMA decision first (`placement::cpu::place`), with a callback that runs the
+//! device allocator restricted to a NUMA mask so the chosen NUMA hint is one the devices can
+//! also use; then the devices, restricted to the chosen affinity. With no NUMA policy the two
+//! are chosen independently (koordinator's topology manager aligns only under a policy).
+//!
+//! Two ways in: the full decision on a locked [`NodeState`] (bind, preempt, and any node the
+//! summaries cannot answer), and the read verbs' answers from a node's snapshot
+//! [`NodeView`] (`snapshot_fit`, `snapshot_score`), which equal the full decision's wherever
+//! they answer (property tests below). Never mutates anything (bind records the result
+//! itself) and never talks to the network. The snapshot fast path is in `read`.
+
+use super::config::ScoringConfig;
+use super::needs::PodNeeds;
+use crate::cluster::NodeState;
+use crate::model::device::DeviceAllocations;
+use crate::model::ids::PodUid;
+use crate::placement::cpu::hints::reason;
+use crate::placement::cpu::{
+    CpuPlacement, NodeCpuBindPolicy, NumaMask, PodCpuRequest, place, score_or_zero,
+};
+use crate::placement::device::allocate::{FitError, fit_on_numa, fit_with};
+use crate::placement::device::request::PodDeviceRequest;
+use crate::placement::device::score::score_node;
+
+/// The decision for one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub devices: Option<DeviceAllocations>,
+    pub cpu: Option<CpuPlacement>,
+}
+
+pub(super) fn cpu_error(e: crate::placement::FitError) -> FitError {
+    FitError {
+        reason: e.reason,
+        unresolvable: e.unresolvable,
+    }
+}
+
+/// Whether a node without usable CPU data must reject the pod: it asks for a cpuset, or the
+/// node forces a bind policy on every pod with a CPU request (koordinator: "invalid CPU
+/// topology" for any pod that would be bound).
+pub(super) fn needs_topology(bind_policy: NodeCpuBindPolicy, req: &PodCpuRequest) -> bool {
+    req.cpuset.is_some() || (bind_policy != NodeCpuBindPolicy::None && req.cpu_milli > 0)
+}
+
+pub(super) fn no_topology_error() -> FitError {
+    FitError {
+        reason: "node has no CPU topology (no NodeResourceTopology)".into(),
+        unresolvable: true,
+    }
+}
+
+/// Whether `devices` fit `node` using only devices on the NUMA nodes of `mask`.
+fn devices_fit_within(
+    node: &NodeState,
+    devices: &PodDeviceRequest,
+    ignore: &[PodUid],
+    scoring: &ScoringConfig,
+    mask: Option<NumaMask>,
+) -> bool {
+    fit_on_numa(&node.devices, devices, ignore, &scoring.device, mask).is_ok()
+}
+
+/// The CPU/NUMA placement on `node`, with `ignore`'s allocations released.
+pub fn cpu_decision(
+    node: Option<&NodeState>,
+    req: &PodCpuRequest,
+    devices: Option<&PodDeviceRequest>,
+    ignore: &[PodUid],
+    scoring: &ScoringConfig,
+) -> Result<Option<CpuPlacement>, FitError> {
+    let Some(node) = node else {
+        return if req.cpuset.is_some() {
+            Err(no_topology_error())
+        } else {
+            Ok(None)
+        };
+    };
+    node.cpus
+        .with_view(ignore, &scoring.cpu, |view| match view {
+            Err(unusable) => {
+                if needs_topology(node.cpus.bind_policy(), req) {
+                    Err(FitError {
+                        reason: unusable.reason.into(),
+                        unresolvable: unusable.unresolvable,
+                    })
+                } else {
+                    Ok(None)
+                }
+            }
+            Ok(view) => {
+                let mut aligned = |mask: NumaMask| {
+                    devices
+                        .is_some_and(|d| devices_fit_within(node, d, ignore, scoring, Some(mask)))
+                };
+                let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
+                    if devices.is_some() && node.devices.devices().is_some() {
+                        Some(&mut aligned)
+                    } else {
+                        None
+                    };
+                place(&view, req, callback, &scoring.cpu).map_err(|e| {
+                    // "Not aligned" only when the devices fit somewhere on the node at all;
+                    // otherwise the device shortage is the reason an operator must see.
+                    if e.reason == reason::DEVICES_UNALIGNED
+                        && let Some(d) = devices
+                        && let Err(shortage) =
+                            fit_on_numa(&node.devices, d, ignore, &scoring.device, None)
+                    {
+                        return shortage;
+                    }
+                    cpu_error(e)
+                })
+            }
+        })
+}
+
+/// The full decision (bind and preempt): CPU first, then devices within its affinity.
+pub fn decide_on_node(
+    node: Option<&NodeState>,
+    needs: &PodNeeds,
+    ignore: &[PodUid],
+    scoring: &ScoringConfig,
+) -> Result<Decision, FitError> {
+    let cpu = match &needs.cpu {
+        Some(req) => cpu_decision(node, req, needs.devices.as_ref(), ignore, scoring)?,
+        None => None,
+    };
+    let affinity = cpu.as_ref().and_then(|p| p.affinity);
+    let devices = match &needs.devices {
+        None => None,
+        Some(d) => allocate_devices(node, d, ignore, scoring, affinity)?,
+    };
+    Ok(Decision { devices, cpu })
+}
+
+/// The device policy for one node, shared by filter, preempt and bind:
+/// `Ok(None)` = nothing to allocate here, `Ok(Some)` = the allocation, `Err` = no fit.
+///
+/// A node without a Device object is left to the kubelet's device plugins (koordinator #1594)
+/// unless pods on it hold koordinator device allocations: then its Device object is missing
+/// (deleted, or not yet arrived) and nothing is allocatable until it is back, while what those
+/// pods hold stays counted (koordinator #1186); pods in `ignore` (preemption victims) do not
+/// count as holding. The rule depends only on current API state, so
+/// a restarted or standby replica decides exactly as a long-running one.
+pub fn allocate_on(
+    node: Option<&NodeState>,
+    req: &PodDeviceRequest,
+    ignore: &[PodUid],
+    scoring: &ScoringConfig,
+) -> Result<Option<DeviceAllocations>, FitError> {
+    let Some(node) = node else {
+        return Ok(None);
+    };
+    if node.devices.devices().is_none() {
+        // Preemption victims (`ignore`) count as gone: once they are, the node may hold
+        // nothing any more and is left to the device plugins again.
+        let held = node.devices.entries().any(|(uid, _)| !ignore.contains(uid));
+        return if !held {
+            Ok(None)
+        } else {
+            Err(FitError {
+                reason: "device object missing".into(),
+                unresolvable: false,
+            })
+        };
+    }
+    fit_with(&node.devices, req, ignore, &scoring.device).map(Some)
+}
+
+/// [`allocate_on`] with an optional NUMA restriction.
+fn allocate_devices(
+    node: Option<&NodeState>,
+    req: &PodDeviceRequest,
+    ignore: &[PodUid],
+    scoring: &ScoringConfig,
+    affinity: Option<NumaMask>,
+) -> Result<Option<DeviceAllocations>, FitError> {
+    match (node, affinity) {
+        (Some(n), Some(mask)) if n.devices.devices().is_some() => {
+            fit_on_numa(&n.devices, req, ignore, &scoring.device, Some(mask)).map(Some)
+        }
+        _ => allocate_on(node, req, ignore, scoring),
+    }
+}
+
+/// Device and CPU scores into one: their mean when both apply.
+pub(super) fn combine(device: Option<i64>, cpu: Option<i64>) -> i64 {
+    match (device, cpu) {
+        (Some(d), Some(c)) => (d + c) / 2,
+        (Some(s), None) | (None, Some(s)) => s,
+        (None, None) => 0,
+    }
+}
+
+/// Prioritize's raw score from the locked node state: the full scorers.
+pub fn full_score(
+    node: Option<&NodeState>,
+    needs: &PodNeeds,
+    cpu: Option<&PodCpuRequest>,
+    scoring: &ScoringConfig,
+) -> i64 {
+    let Some(node) = node else {
+        return 0;
+    };
+    let device = needs
+        .devices
+        .as_ref()
+        .map(|req| score_node(&node.devices, req, &scoring.device));
+    let cpu = cpu.and_then(|req| full_cpu_score(node, req, needs.devices.as_ref(), scoring));
+    combine(device, cpu)
+}
+
+/// The CPU score 0..=100 by a full placement (`None`: no CPU opinion on this node). A trial
+/// failure after a passing filter scores 0 (koordinator nodenumaresource `Score`).
+pub fn full_cpu_score(
+    node: &NodeState,
+    req: &PodCpuRequest,
+    devices: Option<&PodDeviceRequest>,
+    scoring: &ScoringConfig,
+) -> Option<i64> {
+    node.cpus.with_view(&[], &scoring.cpu, |view| {
+        let view = view.ok()?;
+        let mut aligned = |mask: NumaMask| {
+            devices.is_some_and(|d| devices_fit_within(node, d, &[], scoring, Some(mask)))
+        };
+        let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
+            if devices.is_some() && node.devices.devices().is_some() {
+                Some(&mut aligned)
+            } else {
+                None
+            };
+        score_or_zero(&view, req, callback, &scoring.cpu)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::NodeState;
+    use crate::cluster::devices::{EntryState, RecordedAllocation};
+    use crate::model::device::DeviceAllocations;
+    use crate::model::device::{DeviceAllocation, DeviceType, GPU_MEMORY_RATIO};
+    use crate::model::quantity::Quantity;
+    use crate::placement::device::request::PodDeviceRequest;
+    use std::collections::BTreeMap;
+
+    fn gpu_request() -> PodDeviceRequest {
+        let requests = crate::model::requests::Requests::from([(
+            "nvidia.com/gpu".to_string(),
+            Quantity::from_milli(1000),
+        )]);
+        crate::placement::device::request::parse_device_request(&requests, None)
+            .expect("valid")
+            .expect("needs a GPU")
+    }
+
+    /// A node without a Device object whose only holders are the proposed
+    /// victims is passable once they are gone (preempt must account for them).
+    #[test]
+    fn deviceless_node_is_passable_once_its_holders_are_victims() {
+        let mut node = NodeState::default();
+        let holder = PodUid::new("holder");
+        node.devices.record(
+            holder.clone(),
+            RecordedAllocation::Allocated(DeviceAllocations(BTreeMap::from([(
+                DeviceType::Gpu,
+                vec![DeviceAllocation {
+                    minor: 0,
+                    resources: BTreeMap::from([(
+                        GPU_MEMORY_RATIO.to_string(),
+                        Quantity::from_milli(100_000),
+                    )]),
+                    id: String::new(),
+                    extension: None,
+                }],
+            )]))),
+            EntryState::Committed,
+        );
+        let req = gpu_request();
+        let scoring = ScoringConfig::default();
+        let blocked = allocate_on(Some(&node), &req, &[], &scoring).unwrap_err();
+        assert_eq!(blocked.reason, "device object missing");
+        assert!(!blocked.unresolvable);
+        assert_eq!(
+            allocate_on(Some(&node), &req, &[holder], &scoring).map_err(|e| e.reason),
+            Ok(None)
+        );
+        let other = PodUid::new("someone-else");
+        assert!(allocate_on(Some(&node), &req, &[other], &scoring).is_err());
+    }
+}

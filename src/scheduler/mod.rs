@@ -1,0 +1,90 @@
+//! The scheduling core: what both front ends (the HTTP service, and the operator tools
+//! `inspect` / `simulate`) call, over the caches. One [`Scheduler`] holds the caches, the
+//! scoring configuration ([`config`]), the binder and the read memos; the front ends translate
+//! their input into its calls and never decide anything themselves.
+//!
+//! The pieces, in the order a request meets them (see `ARCHITECTURE.md`):
+//! - [`needs`]: what a pod asks of a node, once per request;
+//! - [`read`]: filter's and prioritize's answers from the read snapshot (no node lock), with
+//!   the per-request [`aligned_memo`] and the cross-request verdict [`memo`];
+//! - [`decide`]: the full decision on a locked node (bind, preempt, and any node the snapshot
+//!   cannot answer). **The GPU is chosen in [`decide::allocate_on`]** (device policy, then
+//!   `placement::device::allocate`), **the cpuset in [`decide::cpu_decision`]** (then
+//!   `placement::cpu::place`);
+//! - [`verbs`]: filter, prioritize and preempt over many candidate nodes;
+//! - [`bind`]: the one place an allocation is committed, in named phases;
+//! - [`write_back`]: the koordinator annotations a CPU placement is written as;
+//! - [`requeue`]: the pods filter rejected everywhere and the signal that retries them.
+//!
+//! Must never speak HTTP (the wire types it takes are plain data from `model::wire`) or import
+//! `extender`, `ops` or `app`.
+
+mod aligned_memo;
+pub mod bind;
+mod config;
+mod decide;
+mod memo;
+mod needs;
+mod read;
+pub mod requeue;
+pub mod verbs;
+mod write_back;
+
+use std::sync::Arc;
+
+pub use bind::{BindError, BindOutcome, Binder};
+pub use config::{CpuScoringError, ScoringConfig, ScoringError, ScoringFlags};
+pub use decide::{Decision, allocate_on, cpu_decision, decide_on_node};
+pub use memo::ReadMemos;
+pub use needs::PodNeeds;
+pub use requeue::Requeue;
+
+use crate::cluster::ClusterState;
+use crate::metrics::Metrics;
+use crate::sync::Readiness;
+
+/// The scheduling core of one process: the caches it decides on, the scoring it decides with,
+/// the binder that commits, the read verbs' memos and the requeue registry. Cloning is cheap
+/// (every part is shared).
+#[derive(Clone)]
+pub struct Scheduler {
+    pub cluster: Arc<ClusterState>,
+    pub readiness: Arc<Readiness>,
+    pub metrics: Metrics,
+    pub binder: Arc<Binder>,
+    pub scoring: Arc<ScoringConfig>,
+    /// Filter's and prioritize's verdict memos, kept between requests of one pod shape.
+    pub memos: Arc<ReadMemos>,
+    /// Pods filter rejected everywhere, for the requeue signal ([`requeue`]).
+    pub requeue: Arc<Requeue>,
+}
+
+impl Scheduler {
+    /// A scheduler over `cluster`, binding through `api`.
+    pub fn new(
+        cluster: Arc<ClusterState>,
+        readiness: Arc<Readiness>,
+        metrics: Metrics,
+        api: Arc<dyn bind::PodApi>,
+        scoring: ScoringConfig,
+        requeue: Arc<Requeue>,
+    ) -> Self {
+        let scoring = Arc::new(scoring);
+        let binder = Arc::new(Binder::new(
+            api,
+            cluster.clone(),
+            readiness.clone(),
+            scoring.clone(),
+            metrics.clone(),
+        ));
+        Scheduler {
+            cluster,
+            readiness,
+            metrics,
+            binder,
+            scoring,
+            memos: Default::default(),
+            requeue,
+        }
+    }
+}
