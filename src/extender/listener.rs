@@ -258,11 +258,13 @@ impl Registry {
     /// Admits a connection, evicting the longest-waiting one without a request in progress
     /// when at the cap. `None`: at the cap and every connection is serving a request.
     fn admit(&mut self, cap: usize, activity: Arc<Activity>) -> Option<(u64, CancellationToken)> {
-        // Connections already told to go are on their way out and no longer count.
+        // Connections already told to go are on their way out and no longer count, unless
+        // a request started on one after it was chosen (its head completed in the same
+        // instant): it finishes that request first, so it still holds a place.
         let live = self
             .open
             .values()
-            .filter(|e| !e.evict.is_cancelled())
+            .filter(|e| !e.evict.is_cancelled() || e.activity.phase() == Phase::Busy)
             .count();
         if live >= cap {
             let victim = self
@@ -564,6 +566,31 @@ mod tests {
         // An evicted connection no longer counts while it closes: the next evicts the idle one.
         r.admit(3, entry(epoch, Phase::Busy, 1000)).unwrap();
         assert!(scheduler.is_cancelled());
+    }
+
+    /// A connection chosen for eviction while its head was still arriving, whose request then
+    /// started, serves that request before it closes: it keeps its place until then, so the
+    /// cap holds (a test under load once saw a fifth connection served at a cap of four).
+    #[test]
+    fn an_evicted_connection_serving_a_request_still_counts() {
+        let epoch = Instant::now();
+        let mut r = Registry::default();
+        let head = entry(epoch, Phase::Head, 0);
+        let (_, evicted) = r.admit(3, head.clone()).unwrap();
+        let (idle, _) = r.admit(3, entry(epoch, Phase::Idle, 5)).unwrap();
+        r.admit(3, entry(epoch, Phase::Busy, 10)).unwrap();
+        r.admit(3, entry(epoch, Phase::Busy, 20)).unwrap();
+        assert!(evicted.is_cancelled(), "the head that waited longest goes");
+        // The idle one's client leaves; the evicted one's request started after the choice.
+        r.open.remove(&idle);
+        head.phase.store(Phase::Busy as u8, Ordering::Relaxed);
+        assert!(
+            r.admit(3, entry(epoch, Phase::Idle, 30)).is_none(),
+            "three requests in progress at a cap of three"
+        );
+        // Its request done (idle, on its way out), it no longer counts.
+        head.phase.store(Phase::Idle as u8, Ordering::Relaxed);
+        assert!(r.admit(3, entry(epoch, Phase::Idle, 40)).is_some());
     }
 
     #[test]
