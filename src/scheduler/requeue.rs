@@ -32,7 +32,8 @@
 //! - filter decides on a snapshot loaded before a return, and remembers the pod only after the
 //!   task took that return: the return is replayed (`a_rejection_decided_before_a_taken_return…`);
 //! - the write fails (5xx, 403, no answer): counted `failed`, the returns recorded again and
-//!   retried after `interval` (`a_failed_write_is_retried_and_a_gone_node_skipped`); a write that
+//!   retried after `interval`, doubled for every failure in a row up to 30 s
+//!   (`a_failed_write_is_retried_and_a_gone_node_skipped`, `failed_writes_back_off`); a write that
 //!   landed although its answer was lost is retried anyway: a second annotation, one more retry
 //!   of the waiting pods, nothing worse;
 //! - the node is deleted before the write: the next node that returned (same test);
@@ -272,6 +273,10 @@ pub async fn run(
     let returns = cluster.capacity_returns();
     returns.enable();
     let mut sequence = 0u64;
+    // Failed writes in a row: each doubles the wait before the next attempt (see
+    // [`retry_wait`]), so an API server refusing the patch (RBAC missing, an outage) is not
+    // asked once per interval forever.
+    let mut failures = 0u32;
     // When this replica last became the ready leader (sampled every interval).
     let mut leading_since: Option<Instant> = None;
     let sample = |leading_since: &mut Option<Instant>| {
@@ -294,10 +299,11 @@ pub async fn run(
             }
         }
         // Let a burst of returns (a Device with eight GPUs turning healthy, a node's pods
-        // finishing together) become one write; also spaces writes by `interval`.
+        // finishing together) become one write; also spaces writes by `interval`, and by the
+        // backoff after failed writes.
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(config.interval) => {}
+            _ = tokio::time::sleep(retry_wait(config.interval, failures)) => {}
         }
         let nodes = returns.take();
         if nodes.is_empty() {
@@ -337,12 +343,27 @@ pub async fn run(
         };
         metrics.requeue_signals.with_label_values(&[result]).inc();
         if result == "failed" {
-            // Try again after the next interval: the pods still wait.
+            // Try again after the backoff: the pods still wait.
+            failures = failures.saturating_add(1);
             for (node, node_kinds) in &nodes {
                 returns.record(node, *node_kinds);
             }
+        } else {
+            failures = 0;
         }
     }
+}
+
+/// The longest wait between two attempts after failed writes. kube-scheduler retries the
+/// waiting pods itself within 5 minutes, so a longer backoff would only add to the wait once the
+/// API server answers again.
+pub const MAX_RETRY_WAIT: Duration = Duration::from_secs(30);
+
+/// How long returns gather before the next attempt: `interval`, doubled for every failed write
+/// in a row, at most [`MAX_RETRY_WAIT`] (never less than `interval`).
+fn retry_wait(interval: Duration, failures: u32) -> Duration {
+    let doubled = interval.saturating_mul(1u32 << failures.min(16));
+    doubled.min(MAX_RETRY_WAIT.max(interval))
 }
 
 /// Writes one signal on a node where a wanted kind returned; the next one if that node is
@@ -371,7 +392,7 @@ async fn signal_one(
             }
             Err(SignalError::NodeGone(_)) => continue,
             Err(e) => {
-                tracing::warn!(error = %e, "requeue signal failed; retrying after the interval");
+                tracing::warn!(error = %e, "requeue signal failed; retrying after a backoff");
                 result = "failed";
                 break;
             }
@@ -403,6 +424,8 @@ mod tests {
     struct Script {
         answers: Mutex<VecDeque<Result<(), SignalError>>>,
         calls: Mutex<Vec<String>>,
+        /// When each call came, on tokio's clock (virtual under `start_paused`).
+        at: Mutex<Vec<tokio::time::Instant>>,
         called: tokio::sync::Notify,
     }
 
@@ -416,6 +439,7 @@ mod tests {
             assert_eq!(annotation, REQUEUE_ANNOTATION);
             assert!(!value.is_empty());
             self.calls.lock().push(node.to_string());
+            self.at.lock().push(tokio::time::Instant::now());
             let answer = self.answers.lock().pop_front().unwrap_or(Ok(()));
             self.called.notify_one();
             Box::pin(async move { answer })
@@ -433,6 +457,10 @@ mod tests {
 
     impl Harness {
         async fn start(unknown_after_takeover: Duration) -> Harness {
+            Self::start_with(unknown_after_takeover, Duration::from_millis(5)).await
+        }
+
+        async fn start_with(unknown_after_takeover: Duration, interval: Duration) -> Harness {
             let h = Harness {
                 requeue: Arc::default(),
                 cluster: Arc::new(ClusterState::new()),
@@ -448,7 +476,7 @@ mod tests {
                 Arc::new(move || leader.load(Ordering::SeqCst)),
                 h.script.clone(),
                 RequeueConfig {
-                    interval: Duration::from_millis(5),
+                    interval,
                     unknown_after_takeover,
                 },
                 h.metrics.clone(),
@@ -504,6 +532,56 @@ mod tests {
             // the gone one.
             assert_eq!(*h.script.calls.lock(), ["a", "a", "b"]);
             assert_eq!(h.requeue.status().last_signal.unwrap().node, "b");
+            h.stop.cancel();
+        })
+        .await
+        .expect("hang guard");
+    }
+
+    /// Failed writes in a row back off: each wait before the next attempt doubles, up to
+    /// `MAX_RETRY_WAIT`, and a success starts again from the interval. On tokio's paused clock,
+    /// so the waits are exact and nothing depends on the machine's speed.
+    #[tokio::test(start_paused = true)]
+    async fn failed_writes_back_off() {
+        tokio::time::timeout(Duration::from_secs(3600), async {
+            let interval = Duration::from_secs(1);
+            let h = Harness::start_with(Duration::ZERO, interval).await;
+            h.reject("p", ResourceKinds::GPU);
+            let failed = || {
+                Err(SignalError::Failed {
+                    node: "a".into(),
+                    message: "403".into(),
+                })
+            };
+            h.script.answers.lock().extend((0..7).map(|_| failed()));
+            h.cluster.capacity_returns().record("a", ResourceKinds::GPU);
+            h.until("written", 1).await;
+            assert_eq!(h.count("failed"), 7);
+            let at = h.script.at.lock().clone();
+            let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+            // After 1, 2, ... 7 failures: 2, 4, 8, 16, then capped at 30 s.
+            let want: Vec<Duration> = [2, 4, 8, 16, 30, 30, 30]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect();
+            assert_eq!(gaps.len(), want.len(), "{gaps:?}");
+            for (gap, want) in gaps.iter().zip(&want) {
+                assert!(
+                    *gap >= *want && *gap < *want + interval,
+                    "gaps {gaps:?}, want {want:?}"
+                );
+            }
+            // A success resets the backoff: the next return is written after one interval.
+            let before = tokio::time::Instant::now();
+            h.cluster.capacity_returns().record("a", ResourceKinds::GPU);
+            h.until("written", 2).await;
+            let last = *h.script.at.lock().last().unwrap();
+            assert!(last - before < interval * 2, "{:?}", last - before);
+            assert_eq!(retry_wait(interval, 40), MAX_RETRY_WAIT);
+            assert_eq!(
+                retry_wait(Duration::from_secs(60), 3),
+                Duration::from_secs(60)
+            );
             h.stop.cancel();
         })
         .await
