@@ -16,7 +16,7 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --locked --all-targets -- -D warnings
 
-step "module imports: no cycle (ARCHITECTURE.md)"
+step "module imports: no cycle, no arrow up the layers (ARCHITECTURE.md)"
 python3 scripts/import_graph.py
 
 step "cargo test (unit, property and integration tests; benches are run separately, see BENCHMARKS.md)"

@@ -464,6 +464,54 @@ fn to_duration(secs: f64, input: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
 
+    /// `serve` and `simulate` take the same scoring flags and build the same configuration,
+    /// CPU half included (simulate once parsed only the device half); a bad value names itself.
+    #[test]
+    fn serve_and_simulate_share_the_scoring_flags() {
+        let flags = [
+            "--score-strategy=most-allocated",
+            "--cpu-score-strategy=most-allocated",
+            "--numa-score-strategy=most-allocated",
+            "--cpu-score-weights=cpu=2,memory=1",
+            "--default-cpu-bind-policy=SpreadByPCPUs",
+        ];
+        let parse = |sub: &[&str]| {
+            let mut argv = vec!["device-numa-extender"];
+            argv.extend_from_slice(sub);
+            argv.extend_from_slice(&flags);
+            match Cli::try_parse_from(argv).expect("valid flags").command {
+                Command::Serve(a) => a.scoring.config().expect("valid scoring"),
+                Command::Simulate(a) => a.scoring.config().expect("valid scoring"),
+                Command::Inspect(_) => unreachable!(),
+            }
+        };
+        let serve = parse(&["serve"]);
+        let simulate = parse(&["simulate", "--cluster-file=c.yaml", "--pods=p.yaml"]);
+        assert_eq!(serve, simulate);
+        assert_eq!(
+            serve.cpu.default_bind_policy,
+            crate::placement::cpu::CpuBindPolicy::SpreadByPcpus
+        );
+        assert_eq!(
+            serve.device.strategy,
+            crate::placement::device::score::ScoringStrategy::MostAllocated
+        );
+        let Command::Simulate(bad) = Cli::try_parse_from([
+            "device-numa-extender",
+            "simulate",
+            "--cluster-file=c.yaml",
+            "--pods=p.yaml",
+            "--default-cpu-bind-policy=Whole",
+        ])
+        .unwrap()
+        .command
+        else {
+            unreachable!()
+        };
+        let err = bad.scoring.config().unwrap_err().to_string();
+        assert!(err.contains("\"Whole\""), "{err}");
+    }
+
     #[test]
     fn durations() {
         assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));

@@ -2,7 +2,7 @@
 //! aligned check and prioritize's aligned CPU score, for a pod whose devices must sit on the
 //! NUMA nodes of its CPUs.
 //!
-//! The verbs' verdict memo (`extender::memo`) decides once per distinct pair of device and CPU
+//! The verbs' verdict memo (`scheduler::memo`) decides once per distinct pair of device and CPU
 //! fingerprints. For such a pod that is every pair present, ~100 on a fleet in a few dozen
 //! states, and each was a whole aligned decision (~0.45 µs over HTTP). But its two halves
 //! vary apart:

@@ -32,20 +32,15 @@ pub struct Decision {
     pub cpu: Option<CpuPlacement>,
 }
 
-pub(super) fn cpu_error(e: crate::placement::FitError) -> FitError {
-    FitError {
-        reason: e.reason,
-        unresolvable: e.unresolvable,
-    }
-}
-
 /// Whether a node without usable CPU data must reject the pod: it asks for a cpuset, or the
 /// node forces a bind policy on every pod with a CPU request (koordinator: "invalid CPU
 /// topology" for any pod that would be bound).
+#[inline]
 pub(super) fn needs_topology(bind_policy: NodeCpuBindPolicy, req: &PodCpuRequest) -> bool {
     req.cpuset.is_some() || (bind_policy != NodeCpuBindPolicy::None && req.cpu_milli > 0)
 }
 
+#[inline]
 pub(super) fn no_topology_error() -> FitError {
     FitError {
         reason: "node has no CPU topology (no NodeResourceTopology)".into(),
@@ -112,7 +107,7 @@ pub fn cpu_decision(
                     {
                         return shortage;
                     }
-                    cpu_error(e)
+                    e
                 })
             }
         })
@@ -188,6 +183,7 @@ fn allocate_devices(
 }
 
 /// Device and CPU scores into one: their mean when both apply.
+#[inline]
 pub(super) fn combine(device: Option<i64>, cpu: Option<i64>) -> i64 {
     match (device, cpu) {
         (Some(d), Some(c)) => (d + c) / 2,

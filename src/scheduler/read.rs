@@ -5,7 +5,7 @@
 
 use super::aligned_memo::AlignedMemo;
 use super::config::ScoringConfig;
-use super::decide::{combine, cpu_error, needs_topology, no_topology_error};
+use super::decide::{combine, needs_topology, no_topology_error};
 use super::needs::PodNeeds;
 use crate::cluster::snapshot::{CpuFacts, DeviceView, NodeView};
 use crate::placement::cpu::hints::reason;
@@ -91,9 +91,7 @@ fn cpu_fast_check(
         } else {
             Ok(())
         }),
-        Ok(summary) => {
-            fast_feasible(summary, req, has_devices, &scoring.cpu).map(|r| r.map_err(cpu_error))
-        }
+        Ok(summary) => fast_feasible(summary, req, has_devices, &scoring.cpu),
     }
 }
 
@@ -124,10 +122,10 @@ fn aligned_check(
         Err(e) if e.reason == reason::DEVICES_UNALIGNED => {
             Some(match capacity.within(fast, None) {
                 Err(shortage) => Err(shortage),
-                Ok(()) => Err(cpu_error(e)),
+                Ok(()) => Err(e),
             })
         }
-        Err(e) => Some(Err(cpu_error(e))),
+        Err(e) => Some(Err(e)),
     }
 }
 

@@ -73,7 +73,7 @@ pub struct NodeView<'a> {
 /// 128-bit fingerprints of a node's device facts (with its groups and sums) and of its CPU
 /// facts, taken when the facts are published. Filter and prioritize decide once per distinct
 /// fingerprint of what the pod's decision reads, within a request and across the requests of
-/// one pod shape (`extender::memo`), because a node's verdict is a function of its facts
+/// one pod shape (`scheduler::memo`), because a node's verdict is a function of its facts
 /// alone.
 ///
 /// Equal facts always have equal fingerprints (derived `Hash` over every field the views
@@ -145,6 +145,7 @@ impl NodeSummary {
     }
 }
 
+#[inline]
 pub(super) fn device_view<'a>(
     facts: &DeviceFacts,
     slots: &'a [SlotGroup],
