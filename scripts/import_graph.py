@@ -13,6 +13,7 @@ connected components of more than one module, and their edges) and the arrows th
 the layer order below; exits 1 when there is a cycle, an upward arrow, or a top-level module
 the layer table does not place.
 """
+import functools
 import os
 import re
 import sys
@@ -65,11 +66,12 @@ def strip_tests(text):
     return re.sub(r"#\[cfg\(test\)\]\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*;", "", text)
 
 
+@functools.lru_cache(maxsize=None)
 def test_modules(path):
     """The modules `path` declares under `#[cfg(test)]` as their own files (`mod tests;`)."""
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
-    return re.findall(r"#\[cfg\(test\)\]\s*(?:pub(?:\([a-z: ]+\))?\s+)?mod\s+(\w+)\s*;", text)
+    return tuple(re.findall(r"#\[cfg\(test\)\]\s*(?:pub(?:\([a-z: ]+\))?\s+)?mod\s+(\w+)\s*;", text))
 
 
 def test_only(path, files):

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 pub use bind::{BindError, BindOutcome, Binder};
 pub use config::{CpuScoringError, ScoringConfig, ScoringError, ScoringFlags};
-pub use decide::{Decision, allocate_on, cpu_decision, decide_on_node};
+pub use decide::allocate_on;
 pub use memo::ReadMemos;
 pub use needs::PodNeeds;
 pub use requeue::Requeue;
