@@ -472,7 +472,7 @@ pub const ASSUMED_AGE_BUCKETS: [&str; 4] = ["lt_10s", "lt_1m", "lt_5m", "ge_5m"]
 
 /// Label values of `dne_filter_rejected_nodes_total{reason}`: a fixed set, so a reason string
 /// with a minor number in it cannot grow the series count.
-pub const FILTER_REASONS: [&str; 17] = [
+pub const FILTER_REASONS: [&str; 19] = [
     "insufficient_gpu",
     "insufficient_rdma",
     "insufficient_fpga",
@@ -489,6 +489,8 @@ pub const FILTER_REASONS: [&str; 17] = [
     "cpu_policy_conflict",
     "no_cpu_topology",
     "cpu_topology_unusable",
+    "insufficient_amplified_cpu",
+    "invalid_amplification_ratio",
     "other",
 ];
 
@@ -517,8 +519,11 @@ pub const FILTER_RESULTS: [&str; 4] = ["fits", "fits_nowhere", "pass_through", "
 
 /// The [`FILTER_REASONS`] class of a filter rejection reason (placement's categorical text).
 pub fn filter_reason_class(reason: &str) -> &'static str {
+    use crate::placement::cpu::amplified;
     use crate::placement::cpu::hints::reason as numa;
     match reason {
+        amplified::INSUFFICIENT => "insufficient_amplified_cpu",
+        amplified::INVALID_RATIO => "invalid_amplification_ratio",
         "insufficient gpu devices" => "insufficient_gpu",
         "insufficient rdma devices" => "insufficient_rdma",
         "insufficient fpga devices" => "insufficient_fpga",
@@ -585,6 +590,8 @@ mod tests {
             "node has no CPU topology (no NodeResourceTopology)",
             "node CPU topology unusable: malformed node.koordinator.sh/cpu-topology",
             "node has a pod with a malformed resource-status",
+            crate::placement::cpu::amplified::INSUFFICIENT,
+            crate::placement::cpu::amplified::INVALID_RATIO,
         ];
         for r in reasons {
             let class = filter_reason_class(r);

@@ -259,6 +259,17 @@ impl CpuLedger {
     pub fn allocated(&self) -> CpuSet {
         self.derived.allocated
     }
+    /// The CPUs held by every entry but `ignore`'s (preemption victims).
+    pub fn allocated_without(&self, ignore: &[PodUid]) -> CpuSet {
+        self.entries
+            .iter()
+            .filter(|(uid, _)| !ignore.contains(uid))
+            .filter_map(|(_, e)| match &e.allocation {
+                RecordedCpus::Allocated(a) => Some(a.cpuset),
+                RecordedCpus::Malformed { .. } => None,
+            })
+            .fold(CpuSet::default(), |all, c| all.union(&c))
+    }
     pub fn has_malformed(&self) -> bool {
         self.derived.malformed > 0
     }
@@ -1080,6 +1091,7 @@ pub(super) mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             allocatable: Default::default(),
+            cpu_amplification: Default::default(),
         };
         assert_eq!(c.cpu_constraining_nodes(), 0);
         c.set_topology("n1", Some(nrt(2, 4, &[])));
@@ -1101,6 +1113,29 @@ pub(super) mod tests {
         assert_eq!(c.cpu_constraining_nodes(), 2);
         c.set_topology("n1", None);
         c.set_node("n2", None);
+        assert_eq!(c.cpu_constraining_nodes(), 0);
+        // A CPU amplification ratio above 1 (or one that does not parse) checks plain pods too.
+        let amplified = |value: &str| crate::cluster::NodeRecord {
+            cpu_amplification: crate::cluster::records::CpuAmplificationRatio::from_annotation(
+                Some(value),
+            ),
+            ..node(&[])
+        };
+        c.set_node("n3", Some(amplified(r#"{"cpu":1.5}"#)));
+        assert_eq!(c.cpu_constraining_nodes(), 1, "amplified CPU");
+        c.set_node("n3", Some(amplified(r#"{"cpu":1}"#)));
+        assert_eq!(
+            c.cpu_constraining_nodes(),
+            0,
+            "a ratio of 1 changes nothing"
+        );
+        c.set_node("n3", Some(amplified("1.5")));
+        assert_eq!(
+            c.cpu_constraining_nodes(),
+            1,
+            "an invalid ratio refuses pods"
+        );
+        c.set_node("n3", None);
         assert_eq!(c.cpu_constraining_nodes(), 0);
         assert_eq!(c.node_count(), 0, "entries collected");
     }

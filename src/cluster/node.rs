@@ -11,9 +11,10 @@ use serde::Serialize;
 use super::cpus::CpuLedger;
 use super::devices::{DeviceLedger, EntryState};
 use super::pod::PodRecord;
-use super::records::{NodeRecord, TopologyRecord};
+use super::records::{CpuAmplificationRatio, NodeRecord, TopologyRecord};
 use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, Unusable};
 use crate::model::ids::PodUid;
+use crate::placement::cpu::{Amplification, AmplifiedCpu};
 
 /// Everything known about one node. Guarded by the node's own lock.
 #[derive(Debug, Default, Serialize)]
@@ -31,6 +32,10 @@ pub struct NodeState {
     /// Assigned, non-terminal pods on this node, by UID. The records are shared with the pod
     /// sync's store (one copy per pod).
     pub pods: BTreeMap<PodUid, Arc<PodRecord>>,
+    /// The CPU requests (millicores) of pods a bind assumed here, until the watch lists them
+    /// in `pods`: the amplification check counts them while their ledger entry is assumed.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub assumed_cpu_milli: BTreeMap<PodUid, i64>,
     /// The cluster-wide version of this state's last change (see [`super::snapshot`]).
     #[serde(skip)]
     pub(super) version: u64,
@@ -67,6 +72,7 @@ impl NodeState {
         };
         let cpu = CpuFacts {
             constrains_plain_pods: self.cpus.constrains_plain_pods(),
+            amplification: self.amplification(&[]),
             bind_policy: self.cpus.bind_policy(),
             summary: self.cpus.summary().map_err(|u| Unusable {
                 reason: std::sync::Arc::from(u.reason),
@@ -74,6 +80,58 @@ impl NodeState {
             }),
         };
         NodeSummary::new(devices, slots, sums, cpu)
+    }
+
+    /// Whether plain pods (no cpuset wish, no NUMA policy) must be checked here: the node
+    /// forces a bind policy or a NUMA policy, or amplifies its CPU.
+    pub fn checks_plain_pods(&self) -> bool {
+        self.cpus.constrains_plain_pods()
+            || self
+                .node
+                .as_ref()
+                .is_some_and(|n| !n.cpu_amplification.is_off())
+    }
+
+    /// The node's CPU under its amplification ratio, with `ignore`'s pods (preemption victims)
+    /// gone: allocatable from the Node, the CPU requests of the pods here and of those a bind
+    /// assumed here, and the CPUs cpusets hold.
+    pub fn amplification(&self, ignore: &[PodUid]) -> Amplification {
+        let Some(node) = &self.node else {
+            return Amplification::Off;
+        };
+        let ratio = match &node.cpu_amplification {
+            CpuAmplificationRatio::Off => return Amplification::Off,
+            CpuAmplificationRatio::Invalid(_) => return Amplification::Invalid,
+            CpuAmplificationRatio::Ratio(r) => *r,
+        };
+        let listed: i64 = self
+            .pods
+            .iter()
+            .filter(|(uid, _)| !ignore.contains(uid))
+            .map(|(_, pod)| pod.requests.get("cpu").map_or(0, |q| q.milli_value()))
+            .sum();
+        let assumed: i64 = self
+            .assumed_cpu_milli
+            .iter()
+            // A listed pod's record is dropped here when the watch lists it (`record_pod`);
+            // one whose bind was rolled back or released has no assumed entry left.
+            .filter(|(uid, _)| {
+                !ignore.contains(uid)
+                    && matches!(self.entry_state(uid), Some(EntryState::Assumed { .. }))
+            })
+            .map(|(_, milli)| *milli)
+            .sum();
+        let cpuset_cpus = if ignore.is_empty() {
+            self.cpus.allocated().len()
+        } else {
+            self.cpus.allocated_without(ignore).len()
+        };
+        Amplification::On(AmplifiedCpu::new(
+            ratio,
+            node.allocatable_milli_cpu(),
+            listed + assumed,
+            cpuset_cpus,
+        ))
     }
 
     /// Everything known about the node as JSON, ledger included (for `/debug/nodes`).
@@ -127,6 +185,9 @@ impl NodeState {
     pub fn remove_if_assumed_at(&mut self, uid: &PodUid, at: std::time::Instant) -> bool {
         let d = self.devices.remove_if_assumed_at(uid, at);
         let c = self.cpus.remove_if_assumed_at(uid, at);
+        if d || c {
+            self.assumed_cpu_milli.remove(uid);
+        }
         d || c
     }
 
@@ -144,6 +205,7 @@ impl NodeState {
         ) {
             self.cpus.remove(uid);
         }
+        self.assumed_cpu_milli.remove(uid);
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -153,6 +215,7 @@ impl NodeState {
             && self.devices.is_empty()
             && self.cpus.is_empty()
             && self.pods.is_empty()
+            && self.assumed_cpu_milli.is_empty()
     }
 }
 

@@ -9,11 +9,13 @@ use serde::Serialize;
 use super::nrt::NrtCpuInfo;
 use crate::model::koord_cpu::{
     self, CPU_BIND_POLICY_LABEL, NUMA_ALLOCATE_STRATEGY_LABEL, NUMA_TOPOLOGY_POLICY_LABEL,
+    RESOURCE_AMPLIFICATION_RATIO,
 };
 use crate::model::node::Node;
 use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
 use crate::model::pod::ResourceList;
-use crate::placement::cpu::{NodeCpuBindPolicy, NumaAllocateStrategy, NumaPolicy};
+use crate::model::quantity::Quantity;
+use crate::placement::cpu::{NodeCpuBindPolicy, NumaAllocateStrategy, NumaPolicy, Ratio};
 
 /// Device minors a pod's allocation takes beyond their capacity.
 pub type Overcommitted = Vec<(crate::model::device::DeviceType, i32)>;
@@ -24,6 +26,9 @@ pub struct NodeRecord {
     pub uid: String,
     pub labels: BTreeMap<String, String>,
     pub allocatable: ResourceList,
+    /// `node.koordinator.sh/resource-amplification-ratio`'s CPU ratio.
+    #[serde(skip_serializing_if = "CpuAmplificationRatio::is_off")]
+    pub cpu_amplification: CpuAmplificationRatio,
 }
 
 impl NodeRecord {
@@ -32,6 +37,58 @@ impl NodeRecord {
             uid: node.metadata.uid.clone().unwrap_or_default(),
             labels: node.labels(),
             allocatable: node.status.allocatable.clone().unwrap_or_default(),
+            cpu_amplification: CpuAmplificationRatio::from_annotation(
+                node.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(RESOURCE_AMPLIFICATION_RATIO))
+                    .map(String::as_str),
+            ),
+        }
+    }
+
+    /// The Node's allocatable CPU in millicores (0 when absent: no CPU to give).
+    pub fn allocatable_milli_cpu(&self) -> i64 {
+        self.allocatable
+            .get("cpu")
+            .and_then(|q| Quantity::parse(q).ok())
+            .map_or(0, |q| q.milli_value())
+    }
+}
+
+/// A Node's CPU amplification ratio, parsed once per Node change.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum CpuAmplificationRatio {
+    /// No annotation, no CPU ratio in it, or a ratio of at most 1.
+    #[default]
+    Off,
+    Ratio(Ratio),
+    /// The annotation does not parse: pods with a CPU request are refused here.
+    Invalid(String),
+}
+
+impl CpuAmplificationRatio {
+    pub fn from_annotation(value: Option<&str>) -> Self {
+        match value.map(koord_cpu::parse_cpu_amplification_ratio) {
+            None | Some(Ok(None)) => CpuAmplificationRatio::Off,
+            Some(Ok(Some(r))) => {
+                Ratio::above_one(r).map_or(CpuAmplificationRatio::Off, CpuAmplificationRatio::Ratio)
+            }
+            Some(Err(e)) => CpuAmplificationRatio::Invalid(e.to_string()),
+        }
+    }
+
+    pub fn is_off(&self) -> bool {
+        matches!(self, CpuAmplificationRatio::Off)
+    }
+}
+
+impl Serialize for CpuAmplificationRatio {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CpuAmplificationRatio::Off => s.serialize_none(),
+            CpuAmplificationRatio::Ratio(r) => s.serialize_f64(r.get()),
+            CpuAmplificationRatio::Invalid(e) => s.serialize_str(&format!("invalid: {e}")),
         }
     }
 }

@@ -142,10 +142,51 @@ pub struct CpuReport {
     pub numa_policy: String,
     /// Why cpuset pods cannot land here; `null` when they can.
     pub unusable: Option<String>,
+    /// The CPU amplification ratio's check (`node.koordinator.sh/resource-amplification-ratio`
+    /// above 1, or one that does not parse); absent on nodes that do not amplify.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub amplification: Option<AmplificationReport>,
     /// One row per NUMA node (NRT zone), by id.
     pub numa: Vec<NumaCpuView>,
     /// Pods holding a cpuset or NUMA shares here, by pod key then uid.
     pub holders: Vec<CpuHolder>,
+}
+
+/// A node's CPU under its amplification ratio, as filter checks it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AmplificationReport {
+    /// The CPU ratio as the annotation gives it; `null` when the annotation does not parse.
+    pub ratio: Option<String>,
+    /// Why the annotation does not parse (every pod with a CPU request is refused here).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub invalid: Option<String>,
+    /// The Node's allocatable CPU (already amplified by koord-manager), milli-CPUs.
+    pub allocatable_milli: i64,
+    /// What a pod without a cpuset may still request here: allocatable less the pods'
+    /// requests, with the CPUs cpusets hold counted × the ratio (a cpuset pod needs its CPUs ×
+    /// the ratio of it). `null` when the annotation does not parse.
+    pub free_milli: Option<i64>,
+}
+
+/// The amplification view of one node; `None` when it does not amplify its CPU.
+fn amplification_view(state: &NodeState) -> Option<AmplificationReport> {
+    use crate::cluster::records::CpuAmplificationRatio;
+    let node = state.node.as_ref()?;
+    let (ratio, invalid) = match &node.cpu_amplification {
+        CpuAmplificationRatio::Off => return None,
+        CpuAmplificationRatio::Ratio(r) => (Some(r.get().to_string()), None),
+        CpuAmplificationRatio::Invalid(e) => (None, Some(e.clone())),
+    };
+    let free_milli = match state.amplification(&[]) {
+        crate::placement::cpu::Amplification::On(a) => Some(a.free_milli),
+        _ => None,
+    };
+    Some(AmplificationReport {
+        ratio,
+        invalid,
+        allocatable_milli: node.allocatable_milli_cpu(),
+        free_milli,
+    })
 }
 
 /// One NUMA node: free CPUs and what its pods' `numaNodeResources` take of its allocatable.
@@ -251,6 +292,7 @@ fn cpu_view(state: &NodeState) -> Option<CpuReport> {
         allocated: allocated.to_string(),
         numa_policy: ledger.numa_policy().as_str().to_string(),
         unusable: ledger.usable_error(),
+        amplification: amplification_view(state),
         numa,
         holders,
     })

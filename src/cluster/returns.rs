@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 
 use super::snapshot::{DeviceView, NodeSummary};
 use crate::model::device::DeviceType;
-use crate::placement::cpu::CpuSummary;
+use crate::placement::cpu::{Amplification, CpuSummary};
 use crate::placement::device::index::{DeviceIndexRef, INDEX_DIMS, INDEXED_TYPES, SlotGroup};
 
 /// A set of resource kinds a pod can wait for: the device types the index carries and
@@ -260,19 +260,31 @@ fn cpu_returned(
     if old == new {
         return ResourceKinds::empty();
     }
-    let grew = match (&old.summary, &new.summary) {
-        (_, Err(_)) => false,
-        (Err(_), Ok(_)) => true,
-        (Ok(o), Ok(n)) => {
-            old.bind_policy != new.bind_policy
-                || old.constrains_plain_pods && !new.constrains_plain_pods
-                || cpu_summary_grew(o, n)
-        }
-    };
+    let grew = amplified_cpu_grew(&old.amplification, &new.amplification)
+        || match (&old.summary, &new.summary) {
+            (_, Err(_)) => false,
+            (Err(_), Ok(_)) => true,
+            (Ok(o), Ok(n)) => {
+                old.bind_policy != new.bind_policy
+                    || old.constrains_plain_pods && !new.constrains_plain_pods
+                    || cpu_summary_grew(o, n)
+            }
+        };
     if grew {
         ResourceKinds::CPU
     } else {
         ResourceKinds::empty()
+    }
+}
+
+/// More amplified CPU left, a lower ratio (cpuset pods count smaller), or the check gone.
+fn amplified_cpu_grew(old: &Amplification, new: &Amplification) -> bool {
+    match (old, new) {
+        (Amplification::Off, _) | (_, Amplification::Invalid) => false,
+        (Amplification::Invalid, _) | (Amplification::On(_), Amplification::Off) => true,
+        (Amplification::On(o), Amplification::On(n)) => {
+            n.free_milli > o.free_milli || n.ratio.get() < o.ratio.get()
+        }
     }
 }
 

@@ -173,14 +173,14 @@ impl ClusterState {
     pub fn set_node(&self, name: &str, node: Option<NodeRecord>) {
         let removed = node.is_none();
         self.with_node(name, |s| {
-            let before = s.cpus.constrains_plain_pods();
+            let before = s.checks_plain_pods();
             s.cpus.set_labels(
                 node.as_ref()
                     .map(|n| NodeCpuLabels::from_labels(&n.labels))
                     .unwrap_or_default(),
             );
             s.node = node;
-            self.count_constraining(before, s.cpus.constrains_plain_pods());
+            self.count_constraining(before, s.checks_plain_pods());
         });
         if removed {
             self.gc(name);
@@ -195,10 +195,10 @@ impl ClusterState {
     pub fn set_topology_shared(&self, name: &str, topology: Option<Arc<TopologyRecord>>) {
         let removed = topology.is_none();
         self.with_node(name, |s| {
-            let before = s.cpus.constrains_plain_pods();
+            let before = s.checks_plain_pods();
             s.cpus.set_nrt(topology.as_ref().map(|t| t.cpu.clone()));
             s.topology = topology;
-            self.count_constraining(before, s.cpus.constrains_plain_pods());
+            self.count_constraining(before, s.checks_plain_pods());
         });
         if removed {
             self.gc(name);
@@ -219,7 +219,8 @@ impl ClusterState {
         }
     }
 
-    /// How many nodes force a bind policy or have a NUMA policy (see `cpu_constraining_nodes`).
+    /// How many nodes check plain pods: they force a bind policy, have a NUMA policy or amplify
+    /// their CPU ([`NodeState::checks_plain_pods`]).
     pub fn cpu_constraining_nodes(&self) -> usize {
         self.cpu_constraining_nodes
             .load(std::sync::atomic::Ordering::SeqCst)
@@ -504,6 +505,8 @@ const PARALLEL_LIST_THREADS: usize = 4;
 /// minors the pod's allocation takes beyond their capacity.
 fn record_pod(s: &mut NodeState, new: &Arc<PodRecord>, defer_cpu: bool) -> Overcommitted {
     s.pods.insert(new.uid.clone(), Arc::clone(new));
+    // Listed now: its requests count from `pods`.
+    s.assumed_cpu_milli.remove(&new.uid);
     match &new.devices {
         PodDevices::None => {
             s.devices.remove(&new.uid);

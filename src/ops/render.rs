@@ -222,6 +222,20 @@ fn cpu_block(out: &mut String, c: &CpuReport, wide: bool, color: bool) {
             heading.push_str(&note);
         }
     }
+    if let Some(a) = &c.amplification {
+        let note = match (&a.ratio, a.free_milli) {
+            (Some(ratio), Some(free)) => format!(
+                "  CPU AMPLIFIED ×{ratio}: {} of {} left",
+                cpus_of(free),
+                cpus_of(a.allocatable_milli)
+            ),
+            _ => format!(
+                "  INVALID CPU AMPLIFICATION RATIO: {}",
+                a.invalid.as_deref().unwrap_or("")
+            ),
+        };
+        heading.push_str(&note);
+    }
     out.push_str(&heading);
     out.push('\n');
     let mut rows = vec![vec![

@@ -74,6 +74,9 @@ pub fn cpu_decision(
             Ok(None)
         };
     };
+    // koordinator checks the node's amplified CPU before any topology (plugin.go `Filter`).
+    node.amplification(ignore)
+        .check(req.cpu_milli, needs_topology(node.cpus.bind_policy(), req))?;
     node.cpus
         .with_view(ignore, &scoring.cpu, |view| match view {
             Err(unusable) => {

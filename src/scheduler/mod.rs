@@ -20,6 +20,8 @@
 //! `extender`, `ops` or `app`.
 
 mod aligned_memo;
+#[cfg(test)]
+mod amplified_tests;
 pub mod bind;
 mod config;
 mod decide;

@@ -76,6 +76,13 @@ fn cpu_fast_check(
             Ok(())
         });
     };
+    // As `cpu_decision`: the amplified CPU first.
+    if let Err(e) = cpu
+        .amplification
+        .check(req.cpu_milli, needs_topology(cpu.bind_policy, req))
+    {
+        return Some(Err(e));
+    }
     // A plain pod (no cpuset wish, no NUMA policy) on a node that forces nothing: nothing to
     // check, and filter must stay cheap for it.
     let plain = req.cpuset.is_none() && req.numa_policy == NumaPolicy::None;

@@ -806,3 +806,80 @@ async fn koordinators_accumulator_cases_hold_through_bind() {
     }
     env.svc.shutdown().await.unwrap();
 }
+
+/// Issue 23 §5: koordinator's CPU amplification check (`filterAmplifiedCPUs`). Node `amp`
+/// has 16 CPUs amplified 1.5× (allocatable 24 CPUs) and a plain pod requesting 6 bound there.
+/// A GPU + 4-CPU cpuset pod is bound with its binding held: while its entry is assumed, and
+/// again once the watch lists it, the node has 24 − (6 + 4 − 4 + 4 × 1.5) = 12 CPUs left for
+/// a plain pod: 12 fit, 12.5 are "Insufficient amplified cpu". (Not counting the assumed pod
+/// would let 12.5 through; counting it twice once listed would refuse 12.) Node `bad` carries a
+/// ratio that does not parse: unresolvable for any pod with a CPU request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amplified_cpu_counts_cpusets_amplified_and_assumed_binds_once() {
+    use crate::gpu::{HeldBind, faulty_client, uid};
+    const RATIO: &str = "node.koordinator.sh/resource-amplification-ratio";
+    let fake = FakeApiServer::new();
+    for (name, ratio) in [("amp", r#"{"cpu":1.5}"#), ("bad", r#"{"cpu":"x"}"#)] {
+        let mut node = service::node(name);
+        node["metadata"]["annotations"] = json!({ RATIO: ratio });
+        node["status"]["allocatable"]["cpu"] = json!("24");
+        fake.create(Kind::Node, node).unwrap();
+        // 2 NUMA nodes × 4 cores × 2 threads = 16 CPUs.
+        fake.create(
+            Kind::NodeResourceTopology,
+            koord_nrt(name, 2, 4, "None", &[]),
+        )
+        .unwrap();
+        fake.create(Kind::Device, service::gpu_device(name, 2, 1, &[]))
+            .unwrap();
+    }
+    let plain_bound = service::pod(
+        "ml",
+        "plain-bound",
+        "uid-plain-bound",
+        json!({"cpu": "6"}),
+        Some("amp"),
+        None,
+    );
+    fake.create(Kind::Pod, plain_bound).unwrap();
+    let (client, faults) = faulty_client(&fake);
+    let env = Env::start_with(&fake, client, &[]).await;
+
+    let plain = |name: &str, cpu: &str| {
+        let mut p = service::pending(name, json!({"cpu": cpu, "memory": "1Gi"}));
+        p["metadata"]["labels"] = json!({"koordinator.sh/qosClass": "LS"});
+        fake.create(Kind::Pod, p.clone()).unwrap();
+        p
+    };
+    let (fits, too_big) = (plain("fits", "12"), plain("too-big", "12500m"));
+    let check = |body: Value, fits_amp: bool| {
+        let passed: Vec<&str> = body["NodeNames"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        assert_eq!(passed.contains(&"amp"), fits_amp, "{body}");
+        if !fits_amp {
+            assert_eq!(
+                body["FailedNodes"]["amp"], "Insufficient amplified cpu",
+                "{body}"
+            );
+        }
+        assert_eq!(
+            body["FailedAndUnresolvableNodes"]["bad"], "node(s) invalid CPU amplification ratio",
+            "{body}"
+        );
+    };
+
+    let gpu_cpuset = lsr_pod("gpu-cpuset", 4, json!({"nvidia.com/gpu": "1"}));
+    fake.create(Kind::Pod, gpu_cpuset.clone()).unwrap();
+    let held = HeldBind::start(&env, &faults, &gpu_cpuset, "amp").await;
+    check(env.filter(&fits, &["amp", "bad"]).await, true);
+    check(env.filter(&too_big, &["amp", "bad"]).await, false);
+
+    held.finish().await.expect("the bind lands");
+    env.wait_committed("amp", &uid(&gpu_cpuset)).await;
+    let status = annotation(&fake, "gpu-cpuset", RESOURCE_STATUS).expect("resource-status");
+    assert_eq!(koordlet_status(&status).0.len(), 4, "{status}");
+    check(env.filter(&fits, &["amp", "bad"]).await, true);
+    check(env.filter(&too_big, &["amp", "bad"]).await, false);
+}

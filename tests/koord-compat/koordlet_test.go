@@ -1,5 +1,6 @@
 // Package koordcompat holds the extender to koordinator's own code (issue 23): what the extender
-// writes is read back by koordinator's koordlet-side parsers, and the annotation and label names
+// writes is read back by koordinator's koordlet-side parsers, what koordinator writes (the
+// CPU amplification ratio) reads here as koordinator reads it, and the annotation and label names
 // it reads and writes are koordinator's constants. Pinned to koordinator v1.7.0, the newest
 // release the Go module proxy serves here (its version list is refused; exact versions are
 // served), built against the same Kubernetes v1.37.2 modules as tests/e2e so the build shares
@@ -7,8 +8,8 @@
 //
 // Not here: koordinator's scheduler plugins (the cpuset accumulator, deviceshare) import
 // kube-scheduler's framework of Kubernetes 1.28 (k8s.io/kube-scheduler/config/v1beta3 and
-// more), which does not build against 1.37 and would need a second pinned Kubernetes. The
-// accumulator is held to koordinator's own test table instead (src/placement/cpu/koord_cases.rs).
+// more), which does not build against 1.37: they run from their own module with koordinator's
+// Kubernetes 1.28 pins (accumulator/).
 package koordcompat
 
 import (
@@ -233,26 +234,27 @@ func TestKoordletReadsWhatTheExtenderWrites(t *testing.T) {
 // in the extender's source (src/).
 func TestAnnotationAndLabelNamesAreKoordinators(t *testing.T) {
 	names := map[string]string{
-		"AnnotationDeviceAllocated":         extension.AnnotationDeviceAllocated,
-		"AnnotationDeviceJointAllocate":     extension.AnnotationDeviceJointAllocate,
-		"AnnotationResourceSpec":            extension.AnnotationResourceSpec,
-		"AnnotationResourceStatus":          extension.AnnotationResourceStatus,
-		"AnnotationNUMATopologySpec":        extension.AnnotationNUMATopologySpec,
-		"AnnotationNodeCPUTopology":         extension.AnnotationNodeCPUTopology,
-		"AnnotationKubeletCPUManagerPolicy": extension.AnnotationKubeletCPUManagerPolicy,
-		"AnnotationNodeSystemQOSResource":   extension.AnnotationNodeSystemQOSResource,
-		"LabelPodQoS":                       extension.LabelPodQoS,
-		"LabelNodeCPUBindPolicy":            extension.LabelNodeCPUBindPolicy,
-		"LabelNodeNUMAAllocateStrategy":     extension.LabelNodeNUMAAllocateStrategy,
-		"LabelNUMATopologyPolicy":           extension.LabelNUMATopologyPolicy,
-		"ResourceNvidiaGPU":                 string(extension.ResourceNvidiaGPU),
-		"ResourceGPU":                       string(extension.ResourceGPU),
-		"ResourceGPUCore":                   string(extension.ResourceGPUCore),
-		"ResourceGPUMemory":                 string(extension.ResourceGPUMemory),
-		"ResourceGPUMemoryRatio":            string(extension.ResourceGPUMemoryRatio),
-		"ResourceGPUShared":                 string(extension.ResourceGPUShared),
-		"ResourceRDMA":                      string(extension.ResourceRDMA),
-		"ResourceFPGA":                      string(extension.ResourceFPGA),
+		"AnnotationDeviceAllocated":                extension.AnnotationDeviceAllocated,
+		"AnnotationDeviceJointAllocate":            extension.AnnotationDeviceJointAllocate,
+		"AnnotationResourceSpec":                   extension.AnnotationResourceSpec,
+		"AnnotationResourceStatus":                 extension.AnnotationResourceStatus,
+		"AnnotationNUMATopologySpec":               extension.AnnotationNUMATopologySpec,
+		"AnnotationNodeCPUTopology":                extension.AnnotationNodeCPUTopology,
+		"AnnotationKubeletCPUManagerPolicy":        extension.AnnotationKubeletCPUManagerPolicy,
+		"AnnotationNodeSystemQOSResource":          extension.AnnotationNodeSystemQOSResource,
+		"AnnotationNodeResourceAmplificationRatio": extension.AnnotationNodeResourceAmplificationRatio,
+		"LabelPodQoS":                              extension.LabelPodQoS,
+		"LabelNodeCPUBindPolicy":                   extension.LabelNodeCPUBindPolicy,
+		"LabelNodeNUMAAllocateStrategy":            extension.LabelNodeNUMAAllocateStrategy,
+		"LabelNUMATopologyPolicy":                  extension.LabelNUMATopologyPolicy,
+		"ResourceNvidiaGPU":                        string(extension.ResourceNvidiaGPU),
+		"ResourceGPU":                              string(extension.ResourceGPU),
+		"ResourceGPUCore":                          string(extension.ResourceGPUCore),
+		"ResourceGPUMemory":                        string(extension.ResourceGPUMemory),
+		"ResourceGPUMemoryRatio":                   string(extension.ResourceGPUMemoryRatio),
+		"ResourceGPUShared":                        string(extension.ResourceGPUShared),
+		"ResourceRDMA":                             string(extension.ResourceRDMA),
+		"ResourceFPGA":                             string(extension.ResourceFPGA),
 	}
 	var src strings.Builder
 	err := filepath.Walk(filepath.Join(repoRoot(t), "src"), func(path string, info os.FileInfo, err error) error {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::placement::cpu::{CpuSummary, NodeCpuBindPolicy};
+use crate::placement::cpu::{Amplification, CpuSummary, NodeCpuBindPolicy};
 use crate::placement::device::index::{DeviceIndexRef, GroupRanges, NodeSums, SlotGroup};
 
 /// What filter and prioritize know of a node's devices.
@@ -31,6 +31,8 @@ pub struct Unusable {
 pub struct CpuFacts {
     /// The node forces a bind policy or has a NUMA policy (plain pods are placed too).
     pub constrains_plain_pods: bool,
+    /// The CPU amplification check's figures (`Off` on most nodes).
+    pub amplification: Amplification,
     pub bind_policy: NodeCpuBindPolicy,
     /// The summary of the current state, or why there is none.
     pub summary: Result<CpuSummary, Unusable>,
@@ -43,6 +45,7 @@ impl CpuFacts {
     pub(super) fn absent() -> Self {
         static ABSENT: std::sync::LazyLock<CpuFacts> = std::sync::LazyLock::new(|| CpuFacts {
             constrains_plain_pods: false,
+            amplification: Amplification::Off,
             bind_policy: NodeCpuBindPolicy::None,
             summary: Err(Unusable {
                 reason: Arc::from("no such node"),

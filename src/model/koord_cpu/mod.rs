@@ -34,6 +34,10 @@ pub const NRT_CPU_ANNOTATIONS: [&str; 5] = [
     SYSTEM_QOS_RESOURCE,
 ];
 
+/// Node annotation (koord-manager's node resource controller): amplification ratios per
+/// resource, `{"cpu":1.5}`; the Node's allocatable is already multiplied by them.
+pub const RESOURCE_AMPLIFICATION_RATIO: &str = "node.koordinator.sh/resource-amplification-ratio";
+
 /// Pod annotation: CPU bind and exclusivity wishes (read, and written back at bind).
 pub const RESOURCE_SPEC: &str = "scheduling.koordinator.sh/resource-spec";
 /// Pod annotation: pod-level NUMA policy.
@@ -226,6 +230,26 @@ mod tests {
         .unwrap();
         assert_eq!(n.numa[0].cpu_milli, 4000);
         assert_eq!(n.cpuset.len(), 4);
+    }
+
+    /// As koordinator's `GetNodeResourceAmplificationRatio` decodes the Node annotation.
+    #[test]
+    fn amplification_ratio_reads_as_koordinator_decodes_it() {
+        for (text, want) in [
+            (r#"{"cpu":1.5}"#, Some(1.5)),
+            (r#"{"cpu":2,"memory":1.2}"#, Some(2.0)),
+            (r#"{"memory":1.2}"#, None),
+            ("{}", None),
+            ("null", None),
+            (r#"{"cpu":null}"#, Some(0.0)),
+        ] {
+            assert_eq!(parse_cpu_amplification_ratio(text).unwrap(), want, "{text}");
+        }
+        for bad in ["", "1.5", r#"{"cpu":"1.5"}"#, r#"{"cpu":1.5"#, "[1.5]"] {
+            let err = parse_cpu_amplification_ratio(bad).unwrap_err();
+            assert_eq!(err.annotation(), RESOURCE_AMPLIFICATION_RATIO, "{bad}");
+            assert_eq!(err.class(), "bad_json");
+        }
     }
 
     #[test]

@@ -26,6 +26,17 @@ struct CpuInfoJson {
     node: Option<i64>,
 }
 
+/// `node.koordinator.sh/resource-amplification-ratio` → CPU's ratio (koordinator
+/// `extension.GetNodeResourceAmplificationRatio`): `None` when the object names no CPU ratio;
+/// a `null` ratio reads as 0, as Go decodes it. Any value not above 1 means no amplification,
+/// which is the caller's to decide.
+pub fn parse_cpu_amplification_ratio(s: &str) -> Result<Option<f64>, KoordCpuError> {
+    let ratios: Option<BTreeMap<String, Option<f64>>> = json(RESOURCE_AMPLIFICATION_RATIO, s)?;
+    Ok(ratios
+        .and_then(|r| r.get("cpu").copied())
+        .map(|r| r.unwrap_or(0.0)))
+}
+
 /// `node.koordinator.sh/cpu-topology` → the CPU details (not yet validated as a topology:
 /// duplicates and capacity are `placement::cpu::CpuTopology::new`'s job).
 pub fn parse_cpu_topology(s: &str) -> Result<Vec<CpuDetail>, KoordCpuError> {

@@ -13,6 +13,7 @@
 //! | `split` | the NUMA split of a request over a hint |
 //! | `accumulator` | which free CPUs a cpuset gets |
 //! | `score` | LeastAllocated / MostAllocated |
+//! | `amplified` | the node-level check under a CPU amplification ratio |
 //! | `place`, `summary` | the entry points |
 //!
 //! Pure and deterministic. Placement owns these view types; `cluster` builds them from its
@@ -20,6 +21,7 @@
 //! per NUMA subset, or talks to the network.
 
 pub mod accumulator;
+pub(crate) mod amplified;
 pub(crate) mod classify;
 pub(crate) mod hints;
 #[cfg(test)]
@@ -36,6 +38,7 @@ pub(crate) mod proptests;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use amplified::{Amplification, AmplifiedCpu, Ratio};
 pub use place::{place, score_or_zero};
 pub use summary::{CpuSummary, fast_aligned, fast_aligned_score, fast_feasible, fast_score};
 pub use topology::{CpuDetail, CpuTopology, TopologyError};

@@ -347,6 +347,15 @@ impl Binder {
         if !held {
             return None;
         }
+        // Until the watch lists the pod here, the amplification check counts its CPU request
+        // from this record (while the entries above stay assumed).
+        let cpu_milli = crate::model::requests::pod_requests_compact(&pod.spec)
+            .ok()
+            .and_then(|r| r.get("cpu").map(|q| q.milli_value()))
+            .unwrap_or(0);
+        if cpu_milli > 0 {
+            state.assumed_cpu_milli.insert(uid.clone(), cpu_milli);
+        }
         let args = target.args;
         self.cluster.assumptions().record(
             uid.clone(),
