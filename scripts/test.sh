@@ -49,6 +49,13 @@ cargo build --release --locked --bin device-numa-extender
     echo "tests/koord-compat/accumulator-cases.jsonl is not what koordinator's accumulator answers: regenerate it (see tests/koord-compat/accumulator/main.go)" >&2
     exit 1
   fi
+  # koordinator's own GPU partition step, likewise: src/placement/device/partition.rs replays it.
+  go vet ./partitions
+  go build -ldflags=-checklinkname=0 -o "${TMPDIR:-/tmp}/dne-koord-partitions" ./partitions
+  if ! "${TMPDIR:-/tmp}/dne-koord-partitions" -seed 1 -cases 3000 | cmp -s - ../partition-cases.jsonl; then
+    echo "tests/koord-compat/partition-cases.jsonl is not what koordinator's partition step answers: regenerate it (see tests/koord-compat/accumulator/partitions/main.go)" >&2
+    exit 1
+  fi
 )
 
 step "End-to-end scenarios: real kube-apiserver + kube-scheduler v1.37 and the release binary"

@@ -472,7 +472,7 @@ pub const ASSUMED_AGE_BUCKETS: [&str; 4] = ["lt_10s", "lt_1m", "lt_5m", "ge_5m"]
 
 /// Label values of `dne_filter_rejected_nodes_total{reason}`: a fixed set, so a reason string
 /// with a minor number in it cannot grow the series count.
-pub const FILTER_REASONS: [&str; 19] = [
+pub const FILTER_REASONS: [&str; 22] = [
     "insufficient_gpu",
     "insufficient_rdma",
     "insufficient_fpga",
@@ -491,6 +491,9 @@ pub const FILTER_REASONS: [&str; 19] = [
     "cpu_topology_unusable",
     "insufficient_amplified_cpu",
     "invalid_amplification_ratio",
+    "insufficient_gpu_partition",
+    "no_gpu_partition_table",
+    "unsupported_gpu_partition_size",
     "other",
 ];
 
@@ -521,9 +524,13 @@ pub const FILTER_RESULTS: [&str; 4] = ["fits", "fits_nowhere", "pass_through", "
 pub fn filter_reason_class(reason: &str) -> &'static str {
     use crate::placement::cpu::amplified;
     use crate::placement::cpu::hints::reason as numa;
+    use crate::placement::device::partition;
     match reason {
         amplified::INSUFFICIENT => "insufficient_amplified_cpu",
         amplified::INVALID_RATIO => "invalid_amplification_ratio",
+        partition::INSUFFICIENT => "insufficient_gpu_partition",
+        partition::MISSING_TABLE => "no_gpu_partition_table",
+        partition::UNSUPPORTED_COUNT => "unsupported_gpu_partition_size",
         "insufficient gpu devices" => "insufficient_gpu",
         "insufficient rdma devices" => "insufficient_rdma",
         "insufficient fpga devices" => "insufficient_fpga",
@@ -592,6 +599,9 @@ mod tests {
             "node has a pod with a malformed resource-status",
             crate::placement::cpu::amplified::INSUFFICIENT,
             crate::placement::cpu::amplified::INVALID_RATIO,
+            crate::placement::device::partition::INSUFFICIENT,
+            crate::placement::device::partition::MISSING_TABLE,
+            crate::placement::device::partition::UNSUPPORTED_COUNT,
         ];
         for r in reasons {
             let class = filter_reason_class(r);

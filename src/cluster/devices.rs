@@ -17,9 +17,10 @@ use crate::model::device::{DeviceAllocations, DeviceResources, DeviceType};
 use crate::model::ids::PodUid;
 use crate::placement::device::index::DeviceIndex;
 pub use crate::placement::device::inventory::{
-    DeviceHoldings, DeviceProblem, DeviceSlot, FreeMap, NodeDevices, UsedMap, add_resources,
-    fits_in, sub_resources,
+    DeviceHoldings, DevicePartitions, DeviceProblem, DeviceSlot, FreeMap, NodeDevices,
+    NodeGpuLabels, UsedMap, add_resources, effective_partitions, fits_in, sub_resources,
 };
+use crate::placement::device::partition::NodePartitions;
 
 /// What a pod is recorded as holding.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +46,8 @@ pub struct DeviceLedger {
     entries: Entries<RecordedAllocation>,
     used: UsedMap,
     malformed: usize,
+    /// What the Node's labels say of GPU partitions (its built-in table and policy).
+    gpu_labels: NodeGpuLabels,
 }
 
 fn apply(used: &mut UsedMap, allocs: &DeviceAllocations, add: bool) {
@@ -81,6 +84,15 @@ impl DeviceLedger {
     /// [`Self::set_devices`] with a shared copy (the Device sync's record).
     pub fn set_devices_shared(&mut self, devices: Option<Arc<NodeDevices>>) {
         self.devices = devices;
+    }
+
+    /// The Node's GPU partition labels (built-in table, policy); default without a Node.
+    pub fn set_gpu_labels(&mut self, labels: NodeGpuLabels) {
+        self.gpu_labels = labels;
+    }
+
+    pub fn gpu_labels(&self) -> NodeGpuLabels {
+        self.gpu_labels
     }
 
     /// The fixed-size view of totals and free (as `free(&[])` computes them) that filter and
@@ -342,6 +354,12 @@ impl DeviceHoldings for DeviceLedger {
     }
     fn used(&self) -> &UsedMap {
         DeviceLedger::used(self)
+    }
+    fn partitions(&self) -> NodePartitions {
+        match &self.devices {
+            Some(d) => effective_partitions(d, self.gpu_labels),
+            None => NodePartitions::default(),
+        }
     }
 }
 

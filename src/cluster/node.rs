@@ -9,7 +9,7 @@ use parking_lot::RwLock;
 use serde::Serialize;
 
 use super::cpus::CpuLedger;
-use super::devices::{DeviceLedger, EntryState};
+use super::devices::{DeviceHoldings, DeviceLedger, EntryState};
 use super::pod::PodRecord;
 use super::records::{CpuAmplificationRatio, NodeRecord, TopologyRecord};
 use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, Unusable};
@@ -64,6 +64,7 @@ impl NodeState {
                     DeviceFacts::Indexed {
                         blocked: index.blocked,
                         ranges: index.ranges,
+                        honors_partitions: self.devices.partitions().honor,
                     },
                     index.groups,
                     index.sums,

@@ -123,9 +123,99 @@ pub struct NodeReport {
     pub gpus: Vec<DeviceReport>,
     pub rdma: Vec<DeviceReport>,
     pub fpga: Vec<DeviceReport>,
+    /// The GPU partition table whole-GPU requests follow here; absent when there is none.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub gpu_partitions: Option<PartitionReport>,
     /// CPUs from the node's NodeResourceTopology: free per NUMA node, cpusets and who holds
     /// them, reserved. `null` when the node has no NRT.
     pub cpus: Option<CpuReport>,
+}
+
+/// A node's GPU partitions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionReport {
+    /// `device` (the Device's `gpu-partitions`), `builtin-hopper` (koordinator's table for
+    /// H100/H800/H20 nodes) or `none` (honoured, but the node has no table).
+    pub source: String,
+    /// `Honor` (a whole-GPU request no free partition holds fails) or `Prefer` (it falls back
+    /// to the topology rules). A pod's `gpu-partition-spec` honours partitions anyway.
+    pub policy: String,
+    /// Why the Device's own table was ignored, if it was.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub invalid: Option<String>,
+    /// Per size (GPU count), the partitions in the order they are tried.
+    pub sizes: Vec<PartitionSize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionSize {
+    pub gpus: usize,
+    pub partitions: Vec<PartitionRow>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRow {
+    pub minors: Vec<i32>,
+    pub allocation_score: i64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub ring_bus_bandwidth: Option<String>,
+    /// Every GPU of it is healthy and nothing is allocated from any.
+    pub free: bool,
+}
+
+/// The partitions view of one node; `None` when whole-GPU requests follow no table and no
+/// policy honours one, and the Device's table (if any) is valid.
+fn partition_view(state: &NodeState) -> Option<PartitionReport> {
+    use crate::cluster::devices::{DeviceHoldings, DevicePartitions};
+    use crate::placement::device::partition::TableSource;
+    let ledger = &state.devices;
+    let devices = ledger.devices()?;
+    let invalid = match devices.partitions() {
+        DevicePartitions::Invalid(e) => Some(e.to_string()),
+        _ => None,
+    };
+    let effective = ledger.partitions();
+    if effective.table.is_none() && !effective.honor && invalid.is_none() {
+        return None;
+    }
+    let free = ledger.free(&[]);
+    let gpu_free = free.get(&DeviceType::Gpu);
+    let whole = |minor: i32| {
+        devices
+            .slot(&DeviceType::Gpu, minor)
+            .is_some_and(|s| s.healthy && gpu_free.and_then(|f| f.get(&minor)) == Some(&s.total))
+    };
+    let (source, sizes) = match &effective.table {
+        None => ("none", Vec::new()),
+        Some((table, source)) => (
+            match source {
+                TableSource::Device => "device",
+                TableSource::BuiltInHopper => "builtin-hopper",
+            },
+            table
+                .sizes()
+                .map(|(gpus, groups)| PartitionSize {
+                    gpus,
+                    partitions: groups
+                        .iter()
+                        .flat_map(|g| &g.partitions)
+                        .map(|p| PartitionRow {
+                            minors: p.minors.clone(),
+                            allocation_score: p.allocation_score,
+                            ring_bus_bandwidth: p.ring_bus_bandwidth.map(|q| q.to_string()),
+                            free: p.minors.iter().all(|m| whole(*m)),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        ),
+    };
+    Some(PartitionReport {
+        source: source.to_string(),
+        policy: if effective.honor { "Honor" } else { "Prefer" }.to_string(),
+        invalid,
+        sizes,
+    })
 }
 
 /// The CPU half of a node: what koordlet's NRT says and what pods hold.
@@ -485,6 +575,7 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeReport {
         gpus: take(DeviceType::Gpu),
         rdma: take(DeviceType::Rdma),
         fpga: take(DeviceType::Fpga),
+        gpu_partitions: partition_view(state),
         cpus: cpu_view(state),
     }
 }

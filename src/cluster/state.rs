@@ -11,7 +11,7 @@ use parking_lot::RwLock;
 
 use super::assumed::{AssumedPod, Assumptions};
 use super::cpus::{NodeCpuLabels, RecordedCpus};
-use super::devices::{EntryState, NodeDevices, RecordedAllocation};
+use super::devices::{EntryState, NodeDevices, NodeGpuLabels, RecordedAllocation};
 use super::node::{NodeEntry, NodeState};
 use super::parallel::on_cores;
 use super::pod::{PodCpus, PodDevices, PodRecord};
@@ -177,6 +177,11 @@ impl ClusterState {
             s.cpus.set_labels(
                 node.as_ref()
                     .map(|n| NodeCpuLabels::from_labels(&n.labels))
+                    .unwrap_or_default(),
+            );
+            s.devices.set_gpu_labels(
+                node.as_ref()
+                    .map(|n| NodeGpuLabels::from_labels(&n.labels))
                     .unwrap_or_default(),
             );
             s.node = node;

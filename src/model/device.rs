@@ -21,8 +21,8 @@ pub const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
 pub const DEVICE_JOINT_ALLOCATE: &str = "scheduling.koordinator.sh/device-joint-allocate";
 /// Pod annotation with per-type allocation hints (selectors, strategies, VFs). Not supported.
 pub const DEVICE_ALLOCATE_HINT: &str = "scheduling.koordinator.sh/device-allocate-hint";
-/// Pod annotation asking to honor GPU partition tables. Not supported.
-pub const GPU_PARTITION_SPEC: &str = "scheduling.koordinator.sh/gpu-partition-spec";
+/// Pod annotation asking to honor GPU partition tables (see [`super::gpu_partition`]).
+pub use super::gpu_partition::GPU_PARTITION_SPEC;
 
 /// Whole NVIDIA GPUs (count).
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use super::report::{
     ClusterReport, CpuHolder, CpuReport, DeviceReport, DeviceState, Holder, NodeReport,
-    StateCounts, Summary, Usage,
+    PartitionReport, StateCounts, Summary, Usage,
 };
 use crate::model::device::format_bytes;
 use crate::model::quantity::Quantity;
@@ -323,8 +323,39 @@ pub fn node(out: &mut String, n: &NodeReport, wide: bool, color: bool) {
     if !any {
         out.push_str("  no devices\n");
     }
+    if let Some(p) = &n.gpu_partitions {
+        partition_lines(out, p);
+    }
     if let Some(c) = &n.cpus {
         cpu_block(out, c, wide, color);
+    }
+}
+
+/// `GPU PARTITIONS builtin-hopper, Honor` and one line per size: each partition's minors, `*`
+/// marking the free ones.
+fn partition_lines(out: &mut String, p: &PartitionReport) {
+    let _ = write!(out, "  GPU PARTITIONS {}, {}", p.source, p.policy);
+    if let Some(why) = &p.invalid {
+        let _ = write!(out, "  (Device table ignored: {why})");
+    }
+    out.push('\n');
+    for size in &p.sizes {
+        let free = size.partitions.iter().filter(|r| r.free).count();
+        let rows: Vec<String> = size
+            .partitions
+            .iter()
+            .map(|r| {
+                let minors: Vec<String> = r.minors.iter().map(i32::to_string).collect();
+                format!("{}{}", minors.join(","), if r.free { "*" } else { "" })
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "    {} GPUs: {free} of {} free  {}",
+            size.gpus,
+            size.partitions.len(),
+            rows.join("  ")
+        );
     }
 }
 

@@ -27,6 +27,8 @@ mod config;
 mod decide;
 mod memo;
 mod needs;
+#[cfg(test)]
+mod partition_tests;
 mod read;
 pub mod requeue;
 pub mod verbs;

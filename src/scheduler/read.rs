@@ -33,6 +33,9 @@ pub fn snapshot_fit(
     scoring: &ScoringConfig,
     shared: &mut FitMemo,
 ) -> Option<Result<(), FitError>> {
+    if partitions_decide(node, needs) {
+        return None;
+    }
     if let Some(req) = &needs.cpu {
         match cpu_fast_check(node.map(|n| n.cpu), req, needs.devices.is_some(), scoring) {
             Some(Err(e)) => return Some(Err(e)),
@@ -44,6 +47,25 @@ pub fn snapshot_fit(
         (None, _) | (Some(_), None) => Some(Ok(())),
         (Some(_), Some(n)) => device_check(n.devices, fast?),
     }
+}
+
+/// Whether GPU partition rules may decide this pod on this node, which only the full allocator
+/// checks: a whole-GPU request on a node that honours its partitions, or from a pod whose
+/// `gpu-partition-spec` honours them everywhere. (Where partitions are only preferred, a free
+/// partition means free whole GPUs, so the verdict is the general one the index gives.)
+#[inline]
+fn partitions_decide(node: Option<NodeView<'_>>, needs: &PodNeeds) -> bool {
+    let Some(devices) = &needs.devices else {
+        return false;
+    };
+    let whole_gpus = devices
+        .get(&crate::model::device::DeviceType::Gpu)
+        .is_some_and(|r| !r.shared);
+    whole_gpus
+        && node.is_some_and(|n| {
+            (n.honors_partitions || devices.gpu_partition.is_some())
+                && !matches!(n.devices, DeviceView::Missing { .. })
+        })
 }
 
 /// The device half of [`snapshot_fit`] ([`allocate_on`]'s answer).
@@ -151,6 +173,10 @@ pub fn snapshot_score(
     let Some(node) = node else {
         return Some(0);
     };
+    // The aligned CPU score asks the devices per NUMA hint: partition rules decide those.
+    if cpu.is_some() && partitions_decide(Some(node), needs) {
+        return None;
+    }
     let device = match (&needs.devices, node.devices) {
         (None, _) => None,
         (Some(_), DeviceView::Missing { .. }) => Some(0),

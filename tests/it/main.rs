@@ -19,6 +19,7 @@ mod leak;
 mod memo;
 mod numa;
 mod outage;
+mod partitions;
 mod readiness;
 mod requeue;
 mod scale;

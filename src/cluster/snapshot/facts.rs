@@ -15,8 +15,27 @@ pub enum DeviceFacts {
     Missing { held: bool },
     /// Devices the fixed-size index cannot carry exactly: the full allocator answers.
     Unindexed,
-    /// Indexed: per device type, a range of the chunk's slots.
-    Indexed { blocked: bool, ranges: GroupRanges },
+    /// Indexed: per device type, a range of the chunk's slots. `honors_partitions`: whole-GPU
+    /// requests must keep to the node's GPU partitions (only the full allocator checks them).
+    Indexed {
+        blocked: bool,
+        ranges: GroupRanges,
+        honors_partitions: bool,
+    },
+}
+
+impl DeviceFacts {
+    /// Whether whole-GPU requests must keep to the node's GPU partition table here.
+    #[inline]
+    pub fn honors_partitions(&self) -> bool {
+        matches!(
+            self,
+            DeviceFacts::Indexed {
+                honors_partitions: true,
+                ..
+            }
+        )
+    }
 }
 
 /// Why cpuset pods cannot land on a node.
@@ -68,6 +87,8 @@ pub enum DeviceView<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct NodeView<'a> {
     pub devices: DeviceView<'a>,
+    /// [`DeviceFacts::honors_partitions`].
+    pub honors_partitions: bool,
     pub cpu: &'a CpuFacts,
     /// Of `devices` and `cpu`: decisions that share parts between nodes key them by it.
     pub fingerprint: Fingerprint,
@@ -142,6 +163,7 @@ impl NodeSummary {
     pub fn view(&self) -> NodeView<'_> {
         NodeView {
             devices: device_view(&self.devices, &self.slots, &self.sums),
+            honors_partitions: self.devices.honors_partitions(),
             cpu: &self.cpu,
             fingerprint: self.fingerprint,
         }
@@ -157,8 +179,8 @@ pub(super) fn device_view<'a>(
     match *facts {
         DeviceFacts::Missing { held } => DeviceView::Missing { held },
         DeviceFacts::Unindexed => DeviceView::Unindexed,
-        DeviceFacts::Indexed { blocked, ranges } => {
-            DeviceView::Indexed(DeviceIndexRef::over(slots, blocked, &ranges, sums))
-        }
+        DeviceFacts::Indexed {
+            blocked, ranges, ..
+        } => DeviceView::Indexed(DeviceIndexRef::over(slots, blocked, &ranges, sums)),
     }
 }

@@ -106,6 +106,7 @@ impl Chunk {
         let devices = slot.devices.as_ref()?;
         Some(NodeView {
             devices: device_view(devices, self.node_slots(slot), &self.sums[pos]),
+            honors_partitions: devices.honors_partitions(),
             cpu: &self.cpus[pos],
             fingerprint: self.fingerprints[pos],
         })

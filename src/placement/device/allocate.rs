@@ -12,11 +12,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::model::device::{
     DeviceAllocation, DeviceAllocations, DeviceResources, DeviceType, GPU_MEMORY, GPU_MEMORY_RATIO,
 };
+use crate::model::gpu_partition::GpuPartitionSpec;
 use crate::model::ids::PodUid;
 use crate::model::quantity::Quantity;
 use crate::placement::cpu::{NumaId, NumaMask};
 
-use super::inventory::{DeviceHoldings, DeviceSlot, FreeMap, fits_in};
+use super::inventory::{DeviceHoldings, DeviceSlot, FreeMap, NodeDevices, fits_in};
+use super::partition::{self, NodePartitions};
 use super::request::{DeviceTypeRequest, JointScope, PodDeviceRequest};
 use super::score::DeviceScoring;
 
@@ -99,9 +101,17 @@ pub fn fit_on_numa(
             unresolvable: false,
         });
     }
+    let free = ledger.free(ignore);
+    let whole_gpus = req.get(&DeviceType::Gpu).is_some_and(|r| !r.shared);
+    let partitions = whole_gpus.then(|| Partitions {
+        node: ledger.partitions(),
+        spec: req.gpu_partition.as_ref(),
+        used: used_gpus(devices, &free, ledger),
+    });
     let view = View {
-        free: ledger.free(ignore),
+        free,
         cfg,
+        partitions,
         slots: devices
             .types()
             .map(|t| {
@@ -249,6 +259,48 @@ struct View<'a> {
     free: FreeMap,
     cfg: &'a DeviceScoring,
     slots: BTreeMap<DeviceType, Vec<&'a DeviceSlot>>,
+    /// Set for a whole-GPU request: the partition step comes first.
+    partitions: Option<Partitions<'a>>,
+}
+
+/// What the partition step reads.
+struct Partitions<'a> {
+    node: NodePartitions,
+    spec: Option<&'a GpuPartitionSpec>,
+    /// Bit `m` for each GPU anything is allocated from (koordinator's `deviceUsed`).
+    used: u64,
+}
+
+/// GPUs anything is allocated from: a present GPU whose free differs from its total (holdings
+/// of preemption victims released), and a minor pods hold that the Device does not list.
+fn used_gpus(
+    devices: &NodeDevices,
+    free: &FreeMap,
+    ledger: &(impl DeviceHoldings + ?Sized),
+) -> u64 {
+    let bit = |m: i32| {
+        if (0..=partition::MAX_MINOR as i32).contains(&m) {
+            1u64 << m
+        } else {
+            0
+        }
+    };
+    let gpu_free = free.get(&DeviceType::Gpu);
+    let mut used = devices
+        .slots(&DeviceType::Gpu)
+        .filter(|s| s.healthy && gpu_free.and_then(|f| f.get(&s.minor)) != Some(&s.total))
+        .fold(0, |acc, s| acc | bit(s.minor));
+    for minor in ledger
+        .used()
+        .get(&DeviceType::Gpu)
+        .into_iter()
+        .flat_map(|m| m.keys())
+    {
+        if devices.slot(&DeviceType::Gpu, *minor).is_none() {
+            used |= bit(*minor);
+        }
+    }
+    used
 }
 
 struct Candidate<'a> {
@@ -298,6 +350,22 @@ impl<'a> View<'a> {
         r: &DeviceTypeRequest,
         pref: Option<Preference<'_>>,
     ) -> Result<Vec<i32>, FitError> {
+        if *t == DeviceType::Gpu
+            && let Some(p) = &self.partitions
+        {
+            // koordinator's partition step, ahead of the topology rules: `Some` the
+            // partition, `None` left to them (Prefer), `Err` an honoured rule.
+            let total = self
+                .slots
+                .get(t)
+                .into_iter()
+                .flatten()
+                .filter(|s| s.healthy && !s.total.is_empty() && (0..=63).contains(&s.minor))
+                .fold(0u64, |acc, s| acc | 1 << s.minor);
+            if let Some(minors) = partition::choose(&p.node, p.spec, r.count, p.used, total)? {
+                return Ok(minors);
+            }
+        }
         let found = if *t == DeviceType::Gpu && !(r.shared && r.count > 1) {
             match self.gpu_tree(t, r) {
                 Some(result) => result,

@@ -7,10 +7,13 @@
 //! talks to the network or decides placement.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
+use super::partition::{NodePartitions, PartitionTable, TableError, TableSource};
 use crate::model::device::{
     Device, DeviceResources, DeviceTopology, DeviceType, canonicalize_resource_names,
 };
+use crate::model::gpu_partition::{GPU_PARTITIONS, honors_partitions, parse_partition_table};
 use crate::model::ids::PodUid;
 use crate::model::quantity::Quantity;
 
@@ -57,6 +60,83 @@ pub struct DeviceSlot {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeDevices {
     types: BTreeMap<DeviceType, BTreeMap<i32, DeviceSlot>>,
+    /// The Device's GPU partition table (`scheduling.koordinator.sh/gpu-partitions`).
+    partitions: DevicePartitions,
+}
+
+/// A Device's own GPU partition table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DevicePartitions {
+    /// No annotation (or an empty one).
+    #[default]
+    None,
+    /// The table, and whether the Device's `gpu-partition-policy` label says `Honor`.
+    Table {
+        table: Arc<PartitionTable>,
+        honor: bool,
+    },
+    /// The annotation cannot be used: the node falls back to the built-in table its Node's
+    /// labels select, if any (koordinator ignores a table it cannot decode).
+    Invalid(TableError),
+}
+
+impl DevicePartitions {
+    fn from_device(device: &Device) -> Self {
+        let raw = device
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(GPU_PARTITIONS))
+            .filter(|v| !v.is_empty());
+        let Some(raw) = raw else {
+            return DevicePartitions::None;
+        };
+        match parse_partition_table(raw)
+            .map_err(TableError::from)
+            .and_then(|t| PartitionTable::new(&t))
+        {
+            Ok(table) => DevicePartitions::Table {
+                table: Arc::new(table),
+                honor: honors_partitions(device.metadata.labels.as_ref()),
+            },
+            Err(e) => DevicePartitions::Invalid(e),
+        }
+    }
+}
+
+/// What a Node's labels say of GPU partitions: koordinator's built-in Hopper table applies
+/// (GPU model H100/H800/H20, vendor NVIDIA or unset) and the Node's policy label honours it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NodeGpuLabels {
+    pub builtin_hopper: bool,
+    pub honor: bool,
+}
+
+impl NodeGpuLabels {
+    pub fn from_labels(labels: &BTreeMap<String, String>) -> Self {
+        NodeGpuLabels {
+            builtin_hopper: crate::model::gpu_partition::has_builtin_hopper_table(labels),
+            honor: honors_partitions(Some(labels)),
+        }
+    }
+}
+
+/// The partitions a node's GPUs are allocated by: its Device's table if it has a valid one
+/// (with the Device's policy), else the built-in one its Node's labels select (with the Node's
+/// policy), else none (koordinator `GPUAllocator.Allocate`).
+pub fn effective_partitions(devices: &NodeDevices, labels: NodeGpuLabels) -> NodePartitions {
+    match &devices.partitions {
+        DevicePartitions::Table { table, honor } => NodePartitions {
+            table: Some((table.clone(), TableSource::Device)),
+            honor: *honor,
+        },
+        DevicePartitions::None | DevicePartitions::Invalid(_) => NodePartitions {
+            table: labels
+                .builtin_hopper
+                .then(|| (PartitionTable::hopper(), TableSource::BuiltInHopper)),
+            honor: labels.honor,
+        },
+    }
 }
 
 /// A `Device` entry that could not be used as given.
@@ -92,6 +172,8 @@ pub enum DeviceProblem {
         value: String,
         reason: String,
     },
+    #[error("annotation {GPU_PARTITIONS} ignored: {0}")]
+    PartitionTable(TableError),
 }
 
 impl DeviceProblem {
@@ -102,6 +184,7 @@ impl DeviceProblem {
             DeviceProblem::NegativeMinor { .. } => "negative_minor",
             DeviceProblem::DuplicateMinor { .. } => "duplicate_minor",
             DeviceProblem::InvalidResource { .. } => "invalid_resource",
+            DeviceProblem::PartitionTable(_) => "invalid_partition_table",
         }
     }
 }
@@ -183,7 +266,22 @@ impl NodeDevices {
             );
         }
         types.retain(|_, m| !m.is_empty());
-        (NodeDevices { types }, problems)
+        let partitions = DevicePartitions::from_device(device);
+        if let DevicePartitions::Invalid(e) = &partitions {
+            problems.push(DeviceProblem::PartitionTable(e.clone()));
+        }
+        (NodeDevices { types, partitions }, problems)
+    }
+
+    /// The Device's own partition table.
+    pub fn partitions(&self) -> &DevicePartitions {
+        &self.partitions
+    }
+
+    /// With a partition table (tests, offline fixtures).
+    pub fn with_partitions(mut self, partitions: DevicePartitions) -> Self {
+        self.partitions = partitions;
+        self
     }
 
     /// Builds directly from slots (tests, offline fixtures). Later duplicates are ignored.
@@ -192,7 +290,10 @@ impl NodeDevices {
         for (t, s) in slots {
             types.entry(t).or_default().entry(s.minor).or_insert(s);
         }
-        NodeDevices { types }
+        NodeDevices {
+            types,
+            partitions: DevicePartitions::None,
+        }
     }
 
     pub fn types(&self) -> impl Iterator<Item = &DeviceType> {
@@ -230,4 +331,6 @@ pub trait DeviceHoldings {
     fn blocked(&self, ignore: &[PodUid]) -> bool;
     /// Used per type and minor over every holding.
     fn used(&self) -> &UsedMap;
+    /// The GPU partitions allocations follow ([`effective_partitions`]).
+    fn partitions(&self) -> NodePartitions;
 }

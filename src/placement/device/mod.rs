@@ -7,6 +7,7 @@ pub(crate) mod allocate;
 pub(crate) mod fast;
 pub(crate) mod index;
 pub(crate) mod inventory;
+pub(crate) mod partition;
 pub mod request;
 pub mod score;
 

@@ -18,6 +18,7 @@ use crate::model::device::{
     HUAWEI_NPU_CPU, HUAWEI_NPU_DVPP, HYGON_DCU, KOORD_GPU, NVIDIA_GPU, RDMA,
     canonicalize_resource_names,
 };
+use crate::model::gpu_partition::{GpuPartitionSpec, parse_partition_spec};
 use crate::model::quantity::Quantity;
 
 /// Upper bound on devices per type for one pod. Far above any real node; it keeps arithmetic
@@ -57,6 +58,9 @@ pub struct JointAllocate {
 pub struct PodDeviceRequest {
     pub types: BTreeMap<DeviceType, DeviceTypeRequest>,
     pub joint: Option<JointAllocate>,
+    /// `scheduling.koordinator.sh/gpu-partition-spec` (GPU requests only): partitions are
+    /// honoured for this pod on every node.
+    pub gpu_partition: Option<GpuPartitionSpec>,
 }
 
 impl PodDeviceRequest {
@@ -171,7 +175,21 @@ pub fn parse_device_request(
         return Ok(None);
     }
     let joint = parse_annotations(annotations, &types)?;
-    Ok(Some(PodDeviceRequest { types, joint }))
+    // koordinator reads the partition spec only for pods asking for GPUs.
+    let gpu_partition = match annotations.and_then(|a| a.get(GPU_PARTITION_SPEC)) {
+        Some(raw) if types.contains_key(&DeviceType::Gpu) => Some(
+            parse_partition_spec(raw).map_err(|e| DeviceRequestError::InvalidAnnotation {
+                key: GPU_PARTITION_SPEC,
+                reason: e.to_string(),
+            })?,
+        ),
+        _ => None,
+    };
+    Ok(Some(PodDeviceRequest {
+        types,
+        joint,
+        gpu_partition,
+    }))
 }
 
 fn parse_percentage_device(
@@ -361,12 +379,6 @@ fn parse_annotations(
                 reason: "device allocation hints (selectors, ApplyForAll/RequestsAsCount, required topology scope, exclusive policy, VFs) are not supported; remove the annotation",
             });
         }
-    }
-    if ann.contains_key(GPU_PARTITION_SPEC) {
-        return Err(DeviceRequestError::UnsupportedAnnotation {
-            key: GPU_PARTITION_SPEC,
-            reason: "GPU partition tables are not supported; remove the annotation",
-        });
     }
     let Some(raw) = ann.get(DEVICE_JOINT_ALLOCATE) else {
         return Ok(None);
@@ -760,7 +772,7 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_annotations_are_rejected_clearly() {
+    fn hint_is_rejected_clearly_and_partition_spec_is_read() {
         let r = reqs(&[(NVIDIA_GPU, "1")]);
         let e = parse_device_request(
             &r,
@@ -771,15 +783,23 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains(DEVICE_ALLOCATE_HINT), "{e}");
-        let e = parse_device_request(
+        let spec = parse_device_request(
             &r,
             Some(&ann(&[(
                 GPU_PARTITION_SPEC,
                 r#"{"allocatePolicy":"Restricted"}"#,
             )])),
         )
-        .unwrap_err();
-        assert!(e.to_string().contains("partition"), "{e}");
+        .unwrap()
+        .unwrap()
+        .gpu_partition;
+        assert!(spec.is_some_and(|s| s.restricted));
+        let e = parse_device_request(&r, Some(&ann(&[(GPU_PARTITION_SPEC, "{")]))).unwrap_err();
+        assert!(e.to_string().contains(GPU_PARTITION_SPEC), "{e}");
+        // Only GPU requests read it (koordinator `parseGPURequirements`).
+        let rdma = reqs(&[(RDMA, "100")]);
+        let only_rdma = parse_device_request(&rdma, Some(&ann(&[(GPU_PARTITION_SPEC, "{")])));
+        assert!(only_rdma.unwrap().unwrap().gpu_partition.is_none());
         assert!(parse_device_request(&r, Some(&ann(&[(DEVICE_ALLOCATE_HINT, "{}")]))).is_ok());
     }
 
