@@ -287,7 +287,7 @@ fn benches(c: &mut Criterion, state: &Scheduler, rt: &tokio::runtime::Runtime) {
 
     let mut g = c.benchmark_group("bind");
     g.sample_size(50).measurement_time(Duration::from_secs(3));
-    for case in [Case::SharedGpu, Case::TwoGpus] {
+    for case in [Case::SharedGpu, Case::TwoGpus, Case::PartitionedGpus] {
         let uid = PodUid::new(format!("uid-bind-{}", case.label()));
         let req = device_request(case);
         g.bench_function(format!("allocate_record/{}", case.label()), |b| {
@@ -549,7 +549,7 @@ fn percentiles(state: &Scheduler, rt: &tokio::runtime::Runtime) {
         }
     }
     println!("\n== bind without API round trips (in-memory PodApi) ==");
-    for case in [Case::SharedGpu, Case::TwoGpus] {
+    for case in [Case::SharedGpu, Case::TwoGpus, Case::PartitionedGpus] {
         let uid = PodUid::new(format!("uid-bind-{}", case.label()));
         let req = device_request(case);
         let mut ar = Vec::new();

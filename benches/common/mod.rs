@@ -156,7 +156,11 @@ pub fn cluster(nodes: usize, with_pods: bool) -> Cluster {
     };
     for i in 0..nodes {
         let name = node_name(i);
-        c.nodes.push(service::node(&name));
+        // H100s: whole-GPU pods consult koordinator's built-in partition table (preferred,
+        // not honoured, unless the pod asks: `Case::PartitionedGpus`).
+        let mut node = service::node(&name);
+        node["metadata"]["labels"]["node.koordinator.sh/gpu-model"] = json!("H100");
+        c.nodes.push(node);
         c.devices
             .push(service::gpu_device(&name, GPUS_PER_NODE, 4, &[]));
         c.topologies.push(nrt(&name));
@@ -237,15 +241,18 @@ pub enum Case {
     /// An LSR pod with 1 GPU and 8 CPUs asking for SingleNUMANode (`numa-topology-spec`): the
     /// GPU and the cpuset on one NUMA node.
     GpuCpuset,
+    /// Two whole GPUs that must be an NVLink partition (`gpu-partition-spec`, BestEffort).
+    PartitionedGpus,
 }
 
 impl Case {
-    pub const ALL: [Case; 5] = [
+    pub const ALL: [Case; 6] = [
         Case::SharedGpu,
         Case::TwoGpus,
         Case::NoDevices,
         Case::Cpuset,
         Case::GpuCpuset,
+        Case::PartitionedGpus,
     ];
 
     pub fn label(self) -> &'static str {
@@ -255,6 +262,7 @@ impl Case {
             Case::NoDevices => "no_devices",
             Case::Cpuset => "lsr_cpuset_8",
             Case::GpuCpuset => "gpu_cpuset_8",
+            Case::PartitionedGpus => "two_gpus_partitioned",
         }
     }
 
@@ -262,7 +270,9 @@ impl Case {
         let requests = match self {
             Case::SharedGpu => json!({"koordinator.sh/gpu-core": "50",
                 "koordinator.sh/gpu-memory-ratio": "50", "cpu": "4", "memory": "16Gi"}),
-            Case::TwoGpus => json!({"nvidia.com/gpu": "2", "cpu": "16", "memory": "64Gi"}),
+            Case::TwoGpus | Case::PartitionedGpus => {
+                json!({"nvidia.com/gpu": "2", "cpu": "16", "memory": "64Gi"})
+            }
             Case::NoDevices => json!({"cpu": "2", "memory": "4Gi"}),
             Case::Cpuset => json!({"cpu": "8", "memory": "16Gi"}),
             Case::GpuCpuset => json!({"nvidia.com/gpu": "1", "cpu": "8", "memory": "16Gi"}),
@@ -275,6 +285,11 @@ impl Case {
             pod["metadata"]["annotations"] = json!({
                 "scheduling.koordinator.sh/numa-topology-spec":
                     r#"{"numaTopologyPolicy":"SingleNUMANode"}"#
+            });
+        }
+        if matches!(self, Case::PartitionedGpus) {
+            pod["metadata"]["annotations"] = json!({
+                "scheduling.koordinator.sh/gpu-partition-spec": r#"{"allocatePolicy":"BestEffort"}"#
             });
         }
         pod

@@ -12,7 +12,7 @@ use super::cpus::CpuLedger;
 use super::devices::{DeviceHoldings, DeviceLedger, EntryState};
 use super::pod::PodRecord;
 use super::records::{CpuAmplificationRatio, NodeRecord, TopologyRecord};
-use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, Unusable};
+use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, PartitionFacts, Unusable};
 use crate::model::ids::PodUid;
 use crate::placement::cpu::{Amplification, AmplifiedCpu};
 
@@ -80,7 +80,7 @@ impl NodeState {
                 unresolvable: u.unresolvable,
             }),
         };
-        NodeSummary::new(devices, slots, sums, cpu)
+        NodeSummary::new(devices, slots, sums, self.partition_facts(), cpu)
     }
 
     /// Whether plain pods (no cpuset wish, no NUMA policy) must be checked here: the node
@@ -133,6 +133,29 @@ impl NodeState {
             listed + assumed,
             cpuset_cpus,
         ))
+    }
+
+    /// The partition step's facts for the read verbs, on a node with GPUs and a partition
+    /// table or a policy that honours one. `None` elsewhere: there a pod's own
+    /// `gpu-partition-spec` meets no table.
+    fn partition_facts(&self) -> Option<Arc<PartitionFacts>> {
+        use crate::placement::device::allocate::{healthy_gpus, used_gpus};
+        let devices = self.devices.devices()?;
+        let node = self.devices.partitions();
+        if node.table.is_none() && !node.honor {
+            return None;
+        }
+        let gpu = crate::model::device::DeviceType::Gpu;
+        let memory = crate::model::device::GPU_MEMORY;
+        let free = self.devices.free(&[]);
+        Some(Arc::new(PartitionFacts {
+            used: used_gpus(devices, &free, &self.devices),
+            total: healthy_gpus(devices.slots(&gpu)),
+            exact: devices
+                .slots(&gpu)
+                .all(|s| !s.healthy || s.total.contains_key(memory)),
+            node,
+        }))
     }
 
     /// Everything known about the node as JSON, ledger included (for `/debug/nodes`).

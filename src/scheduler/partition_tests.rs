@@ -105,17 +105,48 @@ fn gpu_minors(d: &super::decide::Decision) -> BTreeSet<i32> {
         .unwrap_or_default()
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+/// Where the node's table comes from in [`partitions_are_honoured_preferred_and_answered_alike`].
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    /// An H100 Node: koordinator's built-in table; the policy label on the Node.
+    BuiltIn,
+    /// An A100 Node whose Device lists [`DEVICE_TABLE`]; the policy label on the Device.
+    Device,
+    /// An A100 Node, no table.
+    Nothing,
+}
 
-    /// On an H100 node: a whole-GPU pod whose size the table lists gets one of its partitions
-    /// whenever one is free (all GPUs healthy and untouched); when none is, `Honor` (the Node's
-    /// label, or the pod's spec) refuses it with koordinator's reason and `Prefer` places it by
-    /// the topology rules. A size the table does not list is refused only when honoured.
-    /// Filter's snapshot answer, where it gives one, is the full decision's, and it gives one
-    /// wherever only `Prefer` applies.
+/// Pairs across PCIe switches and a half across NUMA nodes: nothing the topology rules pick.
+const DEVICE_TABLE: &str =
+    r#"{"2":[{"minors":[1,2]},{"minors":[5,6]},{"minors":[0,7]}],"4":[{"minors":[2,3,4,5]}]}"#;
+
+fn listed(source: Source, n: i32) -> Vec<BTreeSet<i32>> {
+    match source {
+        Source::BuiltIn => hopper_partitions(n),
+        Source::Device => match n {
+            2 => vec![
+                BTreeSet::from([1, 2]),
+                BTreeSet::from([5, 6]),
+                BTreeSet::from([0, 7]),
+            ],
+            4 => vec![BTreeSet::from([2, 3, 4, 5])],
+            _ => Vec::new(),
+        },
+        Source::Nothing => Vec::new(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// A whole-GPU pod whose size the table lists gets one of its partitions whenever one is
+    /// free (all its GPUs healthy and untouched); when none is, `Honor` (the policy label, or
+    /// the pod's spec) refuses it with koordinator's reason and `Prefer` places it by the
+    /// topology rules. Honoured, a size the table does not list, or a node without a table, is
+    /// refused unresolvably. Filter's snapshot answers every case, as the full decision does.
     #[test]
-    fn hopper_partitions_are_honoured_preferred_and_answered_alike(
+    fn partitions_are_honoured_preferred_and_answered_alike(
+        source in prop_oneof![Just(Source::BuiltIn), Just(Source::Device), Just(Source::Nothing)],
         policy in prop_oneof![Just(None), Just(Some("Honor")), Just(Some("Prefer"))],
         holdings in proptest::collection::vec((0i32..8, prop_oneof![Just(100u8), Just(50u8)]), 0..6),
         unhealthy in proptest::collection::btree_set(0i32..8, 0..2),
@@ -125,8 +156,21 @@ proptest! {
     ) {
         let unhealthy: Vec<i32> = unhealthy.into_iter().collect();
         let cluster = ClusterState::new();
-        cluster.set_node("n", Some(node("H100", policy)));
-        let (devices, _) = NodeDevices::from_device(&device(&unhealthy, json!({}), json!({})));
+        let policy_label = policy.map_or(json!({}), |p| json!({"node.koordinator.sh/gpu-partition-policy": p}));
+        let (model, node_policy, device_annotations, device_labels) = match source {
+            Source::BuiltIn => ("H100", policy, json!({}), json!({})),
+            Source::Device => (
+                "A100",
+                None,
+                json!({"scheduling.koordinator.sh/gpu-partitions": DEVICE_TABLE}),
+                policy_label,
+            ),
+            Source::Nothing => ("A100", policy, json!({}), json!({})),
+        };
+        cluster.set_node("n", Some(node(model, node_policy)));
+        let (devices, problems) =
+            NodeDevices::from_device(&device(&unhealthy, device_annotations, device_labels));
+        prop_assert!(problems.is_empty(), "{:?}", problems);
         cluster.set_devices("n", Some(devices));
         let mut used = BTreeSet::new();
         for (i, (minor, percent)) in holdings.iter().enumerate() {
@@ -145,17 +189,25 @@ proptest! {
 
         // The oracle, from the objects written above.
         let honoured = policy == Some("Honor") || spec.is_some();
+        let healthy = 8 - unhealthy.len();
         let free: BTreeSet<i32> = (0..8).filter(|m| !unhealthy.contains(m) && !used.contains(m)).collect();
-        let listed = hopper_partitions(gpus as i32);
+        let listed = listed(source, gpus as i32);
         let free_partitions: Vec<&BTreeSet<i32>> = listed.iter().filter(|p| p.is_subset(&free)).collect();
         if !shared {
             match &full {
                 Ok(d) if !free_partitions.is_empty() => {
                     let got = gpu_minors(d);
                     prop_assert!(listed.contains(&got), "got {:?}, free partitions {:?}", got, free_partitions);
-                    prop_assert!(got.is_subset(&free));
                 }
                 Ok(d) => prop_assert!(!honoured, "honoured, yet placed on {:?} with no free partition", gpu_minors(d)),
+                // Fewer healthy GPUs than asked: the structural rule comes first.
+                Err(e) if healthy < gpus as usize => {
+                    prop_assert_eq!(e.reason.as_ref(), "insufficient gpu devices");
+                    prop_assert!(e.unresolvable);
+                }
+                Err(e) if honoured && matches!(source, Source::Nothing) => {
+                    prop_assert_eq!((e.reason.as_ref(), e.unresolvable), (MISSING_TABLE, true));
+                }
                 Err(e) if honoured && listed.is_empty() => {
                     prop_assert_eq!(e.reason.as_ref(), "node(s) Unsupported number of GPU requests");
                     prop_assert!(e.unresolvable);
@@ -163,22 +215,17 @@ proptest! {
                 Err(e) if honoured && !free_partitions.is_empty() => {
                     prop_assert!(false, "refused ({}) with a free partition {:?}", e, free_partitions);
                 }
-                Err(e) if honoured && free.len() >= gpus as usize => {
-                    prop_assert_eq!(e.reason.as_ref(), INSUFFICIENT, "{:?}", free);
+                Err(e) if honoured => {
+                    prop_assert_eq!((e.reason.as_ref(), e.unresolvable), (INSUFFICIENT, false), "{:?}", free);
                 }
                 // Preferred only: refused by the general rules, so fewer free GPUs than asked.
-                Err(_) => prop_assert!(honoured || free.len() < gpus as usize, "free {:?}", free),
+                Err(_) => prop_assert!(free.len() < gpus as usize, "free {:?}", free),
             }
         }
         let snapshot = cluster.read_snapshot();
         let fast = needs.devices.as_ref().and_then(|d| FastRequest::new(d, &scoring.device));
         let answer = snapshot_fit(snapshot.node("n"), &needs, fast.as_ref(), &scoring, &mut FitMemo::default());
-        if let Some(answer) = &answer {
-            prop_assert_eq!(answer, &full.clone().map(|_| ()));
-        }
-        if !honoured || shared {
-            prop_assert!(answer.is_some(), "only Prefer applies: the snapshot answers");
-        }
+        prop_assert_eq!(answer, Some(full.clone().map(|_| ())), "the snapshot answers as the full decision");
     }
 }
 

@@ -34,7 +34,7 @@ pub fn snapshot_fit(
     shared: &mut FitMemo,
 ) -> Option<Result<(), FitError>> {
     if partitions_decide(node, needs) {
-        return None;
+        return partition_fit(node?, needs, fast?, scoring);
     }
     if let Some(req) = &needs.cpu {
         match cpu_fast_check(node.map(|n| n.cpu), req, needs.devices.is_some(), scoring) {
@@ -66,6 +66,58 @@ fn partitions_decide(node: Option<NodeView<'_>>, needs: &PodNeeds) -> bool {
             (n.honors_partitions || devices.gpu_partition.is_some())
                 && !matches!(n.devices, DeviceView::Missing { .. })
         })
+}
+
+/// [`snapshot_fit`] where GPU partition rules decide: `decide_on_node`'s answer for a pod
+/// asking for whole GPUs only, whose CPU placement cannot narrow its devices to NUMA nodes
+/// (else `None`). As the full allocator: the CPU check, then the device structure (too few
+/// capable GPUs, a malformed holding), then the partition step.
+fn partition_fit(
+    node: NodeView<'_>,
+    needs: &PodNeeds,
+    fast: &FastRequest,
+    scoring: &ScoringConfig,
+) -> Option<Result<(), FitError>> {
+    use crate::model::device::DeviceType;
+    use crate::placement::device::partition::{self, NodePartitions};
+    let devices = needs.devices.as_ref()?;
+    if devices.types.len() != 1 || devices.joint.is_some() {
+        return None;
+    }
+    let gpu = devices.get(&DeviceType::Gpu)?;
+    if let Some(req) = &needs.cpu {
+        // No NUMA hint can narrow the devices: no policy from the pod or the node, or no
+        // usable topology (the full decision then gives no affinity).
+        let unaligned = match &node.cpu.summary {
+            Err(_) => true,
+            Ok(s) => req.numa_policy == NumaPolicy::None && s.numa_policy == NumaPolicy::None,
+        };
+        if !unaligned {
+            return None;
+        }
+        // As `decide_on_node`: the CPU decision first (`None`: only the aligned path knows).
+        if let Err(e) = cpu_fast_check(Some(node.cpu), req, true, scoring)? {
+            return Some(Err(e));
+        }
+    }
+    let DeviceView::Indexed(index) = node.devices else {
+        return None;
+    };
+    if let Err(e) = fast_device::structure(index, fast) {
+        return Some(Err(e));
+    }
+    let spec = devices.gpu_partition.as_ref();
+    let chosen = match node.partitions {
+        // No table and no policy honouring one: only a pod's spec brought us here.
+        None => partition::choose(&NodePartitions::default(), spec, gpu.count, 0, 0),
+        Some(facts) if !facts.exact => return None,
+        Some(facts) => partition::choose(&facts.node, spec, gpu.count, facts.used, facts.total),
+    };
+    Some(match chosen {
+        Err(e) => Err(e),
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => fast_device::feasible(index, fast),
+    })
 }
 
 /// The device half of [`snapshot_fit`] ([`allocate_on`]'s answer).

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::placement::cpu::{Amplification, CpuSummary, NodeCpuBindPolicy};
 use crate::placement::device::index::{DeviceIndexRef, GroupRanges, NodeSums, SlotGroup};
+use crate::placement::device::partition::NodePartitions;
 
 /// What filter and prioritize know of a node's devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,6 +76,19 @@ impl CpuFacts {
     }
 }
 
+/// What the read verbs need to answer the GPU partition step: the node's table and policy, and
+/// which GPUs are used and healthy (a bit per minor, as the full allocator computes them).
+/// Published for nodes with a table or a policy that honours one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PartitionFacts {
+    pub node: NodePartitions,
+    pub used: u64,
+    pub total: u64,
+    /// Every healthy GPU reports its memory. Where one does not, the full allocator may fail
+    /// late (filling the memory of a chosen GPU), so only it answers.
+    pub exact: bool,
+}
+
 /// A node's devices as the read verbs see them.
 #[derive(Clone, Copy, Debug)]
 pub enum DeviceView<'a> {
@@ -89,6 +103,9 @@ pub struct NodeView<'a> {
     pub devices: DeviceView<'a>,
     /// [`DeviceFacts::honors_partitions`].
     pub honors_partitions: bool,
+    /// Where the node honours partitions: the facts the partition step reads (`None`: only the
+    /// full allocator can answer).
+    pub partitions: Option<&'a PartitionFacts>,
     pub cpu: &'a CpuFacts,
     /// Of `devices` and `cpu`: decisions that share parts between nodes key them by it.
     pub fingerprint: Fingerprint,
@@ -116,10 +133,11 @@ impl Fingerprint {
         devices: &DeviceFacts,
         slots: &[SlotGroup],
         sums: &NodeSums,
+        partitions: Option<&PartitionFacts>,
         cpu: &CpuFacts,
     ) -> Self {
         Fingerprint {
-            devices: hash128(&(devices, slots, sums)),
+            devices: hash128(&(devices, slots, sums, partitions)),
             cpu: hash128(cpu),
         }
     }
@@ -141,20 +159,28 @@ pub struct NodeSummary {
     /// The node's slots; `devices`' ranges index this.
     pub(super) slots: Vec<SlotGroup>,
     pub(super) sums: NodeSums,
+    pub(super) partitions: Option<Arc<PartitionFacts>>,
     pub(super) cpu: CpuFacts,
-    /// A function of the four fields above.
+    /// A function of the five fields above.
     pub(super) fingerprint: Fingerprint,
 }
 
 impl NodeSummary {
     /// A node's facts, fingerprinted. `cluster::state` builds them from a node's ledgers
     /// (`NodeState::summary`); this module only lays them out and publishes them.
-    pub fn new(devices: DeviceFacts, slots: Vec<SlotGroup>, sums: NodeSums, cpu: CpuFacts) -> Self {
+    pub fn new(
+        devices: DeviceFacts,
+        slots: Vec<SlotGroup>,
+        sums: NodeSums,
+        partitions: Option<Arc<PartitionFacts>>,
+        cpu: CpuFacts,
+    ) -> Self {
         NodeSummary {
-            fingerprint: Fingerprint::of(&devices, &slots, &sums, &cpu),
+            fingerprint: Fingerprint::of(&devices, &slots, &sums, partitions.as_deref(), &cpu),
             devices,
             slots,
             sums,
+            partitions,
             cpu,
         }
     }
@@ -164,6 +190,7 @@ impl NodeSummary {
         NodeView {
             devices: device_view(&self.devices, &self.slots, &self.sums),
             honors_partitions: self.devices.honors_partitions(),
+            partitions: self.partitions.as_deref(),
             cpu: &self.cpu,
             fingerprint: self.fingerprint,
         }

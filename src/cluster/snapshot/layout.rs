@@ -57,6 +57,17 @@ pub(super) struct Slot {
     pub(super) slots: (u32, u32),
 }
 
+/// One node's published facts, borrowed, as a chunk stores them: devices, device groups,
+/// score sums, partition facts, CPU facts, fingerprint.
+pub(super) type SlotFacts<'a> = (
+    &'a DeviceFacts,
+    &'a [SlotGroup],
+    &'a NodeSums,
+    &'a Option<Arc<PartitionFacts>>,
+    &'a CpuFacts,
+    Fingerprint,
+);
+
 /// [`CHUNK`] consecutive nodes, structure of arrays.
 #[derive(Clone, Debug)]
 pub(super) struct Chunk {
@@ -71,6 +82,8 @@ pub(super) struct Chunk {
     pub(super) sums: Vec<NodeSums>,
     /// Per position (zero where absent).
     pub(super) fingerprints: Vec<Fingerprint>,
+    /// Per position: the partition facts of nodes that honour GPU partitions.
+    pub(super) partitions: Vec<Option<Arc<PartitionFacts>>>,
     /// Every node's device groups, node after node.
     pub(super) slots: Vec<SlotGroup>,
 }
@@ -83,6 +96,7 @@ impl Chunk {
             cpus: Vec::with_capacity(CHUNK),
             sums: Vec::with_capacity(CHUNK),
             fingerprints: Vec::with_capacity(CHUNK),
+            partitions: Vec::with_capacity(CHUNK),
             slots: Vec::new(),
         }
     }
@@ -107,6 +121,7 @@ impl Chunk {
         Some(NodeView {
             devices: device_view(devices, self.node_slots(slot), &self.sums[pos]),
             honors_partitions: devices.honors_partitions(),
+            partitions: self.partitions[pos].as_deref(),
             cpu: &self.cpus[pos],
             fingerprint: self.fingerprints[pos],
         })
@@ -119,6 +134,7 @@ impl Chunk {
             devices: slot.devices?,
             slots: self.node_slots(slot).to_vec(),
             sums: self.sums[pos],
+            partitions: self.partitions[pos].clone(),
             cpu: self.cpus[pos].clone(),
             fingerprint: self.fingerprints[pos],
         })
@@ -137,13 +153,23 @@ impl Chunk {
             cpus: Vec::with_capacity(CHUNK),
             sums: Vec::with_capacity(CHUNK),
             fingerprints: Vec::with_capacity(CHUNK),
+            partitions: Vec::with_capacity(CHUNK),
             slots: Vec::with_capacity(self.slots.len() + summary.map_or(0, |s| s.slots.len())),
         };
         for (p, old) in self.nodes.iter().enumerate() {
             if p == pos {
                 out.push(
                     version,
-                    summary.map(|s| (&s.devices, &s.slots[..], &s.sums, &s.cpu, s.fingerprint)),
+                    summary.map(|s| {
+                        (
+                            &s.devices,
+                            &s.slots[..],
+                            &s.sums,
+                            &s.partitions,
+                            &s.cpu,
+                            s.fingerprint,
+                        )
+                    }),
                 );
             } else {
                 let facts = match (&old.devices, &self.cpus[p]) {
@@ -151,6 +177,7 @@ impl Chunk {
                         d,
                         self.node_slots(old),
                         &self.sums[p],
+                        &self.partitions[p],
                         c,
                         self.fingerprints[p],
                     )),
@@ -162,17 +189,7 @@ impl Chunk {
         out
     }
 
-    pub(super) fn push(
-        &mut self,
-        version: u64,
-        facts: Option<(
-            &DeviceFacts,
-            &[SlotGroup],
-            &NodeSums,
-            &CpuFacts,
-            Fingerprint,
-        )>,
-    ) {
+    pub(super) fn push(&mut self, version: u64, facts: Option<SlotFacts<'_>>) {
         let start = self.slots.len() as u32;
         match facts {
             None => {
@@ -184,8 +201,9 @@ impl Chunk {
                 self.cpus.push(CpuFacts::absent());
                 self.sums.push(NodeSums::default());
                 self.fingerprints.push(Fingerprint::default());
+                self.partitions.push(None);
             }
-            Some((d, slots, sums, c, fingerprint)) => {
+            Some((d, slots, sums, partitions, c, fingerprint)) => {
                 self.present |= 1 << self.nodes.len();
                 self.slots.extend_from_slice(slots);
                 self.nodes.push(Slot {
@@ -196,6 +214,7 @@ impl Chunk {
                 self.cpus.push(c.clone());
                 self.sums.push(*sums);
                 self.fingerprints.push(fingerprint);
+                self.partitions.push(partitions.clone());
             }
         }
     }

@@ -138,6 +138,7 @@ impl Snapshot {
                     &summary.devices,
                     &summary.slots,
                     &summary.sums,
+                    &summary.partitions,
                     &summary.cpu,
                     summary.fingerprint,
                 )),

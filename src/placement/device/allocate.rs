@@ -271,9 +271,17 @@ struct Partitions<'a> {
     used: u64,
 }
 
+/// Bit `m` for each healthy GPU `m` (koordinator's `deviceTotal` without zero devices).
+pub(crate) fn healthy_gpus<'s>(slots: impl Iterator<Item = &'s DeviceSlot>) -> u64 {
+    slots
+        .filter(|s| s.healthy && !s.total.is_empty())
+        .filter(|s| (0..=partition::MAX_MINOR as i32).contains(&s.minor))
+        .fold(0u64, |acc, s| acc | 1 << s.minor)
+}
+
 /// GPUs anything is allocated from: a present GPU whose free differs from its total (holdings
 /// of preemption victims released), and a minor pods hold that the Device does not list.
-fn used_gpus(
+pub(crate) fn used_gpus(
     devices: &NodeDevices,
     free: &FreeMap,
     ledger: &(impl DeviceHoldings + ?Sized),
@@ -355,13 +363,7 @@ impl<'a> View<'a> {
         {
             // koordinator's partition step, ahead of the topology rules: `Some` the
             // partition, `None` left to them (Prefer), `Err` an honoured rule.
-            let total = self
-                .slots
-                .get(t)
-                .into_iter()
-                .flatten()
-                .filter(|s| s.healthy && !s.total.is_empty() && (0..=63).contains(&s.minor))
-                .fold(0u64, |acc, s| acc | 1 << s.minor);
+            let total = healthy_gpus(self.slots.get(t).into_iter().flatten().copied());
             if let Some(minors) = partition::choose(&p.node, p.spec, r.count, p.used, total)? {
                 return Ok(minors);
             }

@@ -159,6 +159,12 @@ pub fn feasible(index: DeviceIndexRef<'_>, req: &FastRequest) -> Result<(), FitE
     feasible_within(index, req, None)
 }
 
+/// The checks of [`feasible`] no free capacity changes: too few devices could ever hold the
+/// request (unresolvable), or a malformed holding blocks the node.
+pub fn structure(index: DeviceIndexRef<'_>, req: &FastRequest) -> Result<(), FitError> {
+    capacity(index, req).base
+}
+
 /// [`feasible`] using only devices on the NUMA nodes of `allowed` (devices of unknown NUMA
 /// node always count): the same answer as `fit_on_numa(.., &[], .., allowed)`, which GPU + CPU
 /// alignment asks once per NUMA hint. The structural checks still look at every device.
