@@ -56,6 +56,13 @@ cargo build --release --locked --bin device-numa-extender
     echo "tests/koord-compat/partition-cases.jsonl is not what koordinator's partition step answers: regenerate it (see tests/koord-compat/accumulator/partitions/main.go)" >&2
     exit 1
   fi
+  # And its GPU topology allocator: src/placement/device/allocate.rs replays it.
+  go vet ./gputree
+  go build -ldflags=-checklinkname=0 -o "${TMPDIR:-/tmp}/dne-koord-gputree" ./gputree
+  if ! "${TMPDIR:-/tmp}/dne-koord-gputree" -seed 1 -cases 3000 | cmp -s - ../gputree-cases.jsonl; then
+    echo "tests/koord-compat/gputree-cases.jsonl is not what koordinator's GPU topology allocator answers: regenerate it (see tests/koord-compat/accumulator/gputree/main.go)" >&2
+    exit 1
+  fi
 )
 
 step "End-to-end scenarios: real kube-apiserver + kube-scheduler v1.37 and the release binary"
