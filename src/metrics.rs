@@ -472,7 +472,7 @@ pub const ASSUMED_AGE_BUCKETS: [&str; 4] = ["lt_10s", "lt_1m", "lt_5m", "ge_5m"]
 
 /// Label values of `dne_filter_rejected_nodes_total{reason}`: a fixed set, so a reason string
 /// with a minor number in it cannot grow the series count.
-pub const FILTER_REASONS: [&str; 22] = [
+pub const FILTER_REASONS: [&str; 23] = [
     "insufficient_gpu",
     "insufficient_rdma",
     "insufficient_fpga",
@@ -494,6 +494,7 @@ pub const FILTER_REASONS: [&str; 22] = [
     "insufficient_gpu_partition",
     "no_gpu_partition_table",
     "unsupported_gpu_partition_size",
+    "insufficient_virtual_functions",
     "other",
 ];
 
@@ -531,6 +532,9 @@ pub fn filter_reason_class(reason: &str) -> &'static str {
         partition::INSUFFICIENT => "insufficient_gpu_partition",
         partition::MISSING_TABLE => "no_gpu_partition_table",
         partition::UNSUPPORTED_COUNT => "unsupported_gpu_partition_size",
+        r if r.starts_with("Insufficient ") && r.ends_with(" VirtualFunctions") => {
+            "insufficient_virtual_functions"
+        }
         "insufficient gpu devices" => "insufficient_gpu",
         "insufficient rdma devices" => "insufficient_rdma",
         "insufficient fpga devices" => "insufficient_fpga",
@@ -602,6 +606,7 @@ mod tests {
             crate::placement::device::partition::INSUFFICIENT,
             crate::placement::device::partition::MISSING_TABLE,
             crate::placement::device::partition::UNSUPPORTED_COUNT,
+            "Insufficient rdma VirtualFunctions",
         ];
         for r in reasons {
             let class = filter_reason_class(r);

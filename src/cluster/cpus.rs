@@ -1049,6 +1049,7 @@ pub(super) mod tests {
                 healthy: true,
                 total: [(GPU_CORE.to_string(), Quantity::from_units(100))].into(),
                 topology: None,
+                ..Default::default()
             };
             c.set_devices(
                 "n1",

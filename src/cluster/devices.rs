@@ -355,6 +355,25 @@ impl DeviceHoldings for DeviceLedger {
     fn used(&self) -> &UsedMap {
         DeviceLedger::used(self)
     }
+    fn vfs_in_use(&self, t: &DeviceType, ignore: &[PodUid]) -> BTreeMap<i32, BTreeSet<String>> {
+        let mut out: BTreeMap<i32, BTreeSet<String>> = BTreeMap::new();
+        for (uid, entry) in self.entries.iter() {
+            if ignore.contains(uid) {
+                continue;
+            }
+            let RecordedAllocation::Allocated(a) = &entry.allocation else {
+                continue;
+            };
+            for alloc in a.0.get(t).into_iter().flatten() {
+                for vf in alloc.extension.iter().flat_map(|e| &e.vfs) {
+                    out.entry(alloc.minor)
+                        .or_default()
+                        .insert(vf.bus_id.clone());
+                }
+            }
+        }
+        out
+    }
     fn partitions(&self) -> NodePartitions {
         match &self.devices {
             Some(d) => effective_partitions(d, self.gpu_labels),

@@ -362,6 +362,7 @@ mod aligned_tests {
                         pcie_id: format!("pci{}", m / 2),
                         bus_id: String::new(),
                     }),
+                    ..Default::default()
                 },
             )
         });

@@ -12,6 +12,7 @@ mod error_metrics;
 mod fake_apiserver;
 mod fuzz;
 mod gpu;
+mod hints;
 mod hostile;
 mod late_binding;
 mod leader;

@@ -10,7 +10,8 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::device::{
-    DeviceAllocation, DeviceAllocations, DeviceResources, DeviceType, GPU_MEMORY, GPU_MEMORY_RATIO,
+    DeviceAllocation, DeviceAllocationExtension, DeviceAllocations, DeviceResources, DeviceType,
+    GPU_MEMORY, GPU_MEMORY_RATIO, VirtualFunction,
 };
 use crate::model::gpu_partition::GpuPartitionSpec;
 use crate::model::ids::PodUid;
@@ -19,7 +20,7 @@ use crate::placement::cpu::{NumaId, NumaMask};
 
 use super::inventory::{DeviceHoldings, DeviceSlot, FreeMap, NodeDevices, fits_in};
 use super::partition::{self, NodePartitions};
-use super::request::{DeviceTypeRequest, JointScope, PodDeviceRequest};
+use super::request::{DeviceTypeRequest, HintSelector, JointScope, PodDeviceRequest};
 use super::score::DeviceScoring;
 
 pub use crate::placement::FitError;
@@ -101,6 +102,32 @@ pub fn fit_on_numa(
             unresolvable: false,
         });
     }
+    // A VF is asked for: the node must offer VFs of the type at all (koordinator `Prepare`).
+    for t in req.types.keys() {
+        let wants_vf = req.hints.get(t).is_some_and(|h| h.vf_selector.is_some());
+        if wants_vf && !devices.slots(t).any(|s| !s.vf_groups.is_empty()) {
+            return Err(FitError {
+                reason: format!("Insufficient {t} VirtualFunctions").into(),
+                unresolvable: true,
+            });
+        }
+    }
+    // VFs are allocated by the default allocator (RDMA, FPGA), not koordinator's GPU one.
+    let vfs: BTreeMap<DeviceType, VfNeed> = req
+        .types
+        .keys()
+        .filter(|t| **t != DeviceType::Gpu)
+        .filter_map(|t| {
+            let selector = req.hints.get(t)?.vf_selector.as_ref()?;
+            Some((
+                t.clone(),
+                VfNeed {
+                    selector,
+                    in_use: ledger.vfs_in_use(t, ignore),
+                },
+            ))
+        })
+        .collect();
     let free = ledger.free(ignore);
     let whole_gpus = req.get(&DeviceType::Gpu).is_some_and(|r| !r.shared);
     let partitions = whole_gpus.then(|| Partitions {
@@ -115,12 +142,18 @@ pub fn fit_on_numa(
         slots: devices
             .types()
             .map(|t| {
+                let selector = req.hints.get(t).and_then(|h| h.selector.as_ref());
                 (
                     t.clone(),
-                    devices.slots(t).filter(|s| on_numa(s, allowed)).collect(),
+                    devices
+                        .slots(t)
+                        .filter(|s| on_numa(s, allowed))
+                        .filter(|s| selector.is_none_or(|sel| sel.matches(&s.labels)))
+                        .collect(),
                 )
             })
             .collect(),
+        vfs,
     };
 
     let mut chosen: BTreeMap<DeviceType, Vec<i32>> = BTreeMap::new();
@@ -185,11 +218,25 @@ pub fn fit_on_numa(
             } else {
                 r.per_device.clone()
             };
+            let extension = view.vfs.get(&t).map(|need| {
+                let vf = need.free_vf(slot).ok_or_else(|| FitError {
+                    reason: format!("Insufficient {t} VirtualFunctions").into(),
+                    unresolvable: false,
+                })?;
+                Ok::<_, FitError>(DeviceAllocationExtension {
+                    vfs: vec![VirtualFunction {
+                        // koordinator writes `minor` only when non-zero (`omitempty`).
+                        minor: vf.minor.filter(|m| *m != 0),
+                        bus_id: vf.bus_id.clone(),
+                    }],
+                    ..Default::default()
+                })
+            });
             list.push(DeviceAllocation {
                 minor,
                 resources,
                 id: slot.id.clone(),
-                extension: None,
+                extension: extension.transpose()?,
             });
         }
         list.sort_by_key(|a| a.minor);
@@ -261,6 +308,28 @@ struct View<'a> {
     slots: BTreeMap<DeviceType, Vec<&'a DeviceSlot>>,
     /// Set for a whole-GPU request: the partition step comes first.
     partitions: Option<Partitions<'a>>,
+    /// The types whose devices must each give the pod a VF.
+    vfs: BTreeMap<DeviceType, VfNeed<'a>>,
+}
+
+/// A `vfSelector` hint: the VF groups it matches, and the VFs other pods hold per minor.
+struct VfNeed<'a> {
+    selector: &'a HintSelector,
+    in_use: BTreeMap<i32, BTreeSet<String>>,
+}
+
+impl VfNeed<'_> {
+    /// koordinator's `allocateVF`: the free VF with the lowest bus ID among the device's
+    /// groups the selector matches.
+    fn free_vf<'s>(&self, slot: &'s DeviceSlot) -> Option<&'s VirtualFunction> {
+        let held = self.in_use.get(&slot.minor);
+        slot.vf_groups
+            .iter()
+            .filter(|g| self.selector.matches(&g.labels))
+            .flat_map(|g| &g.vfs)
+            .filter(|vf| !held.is_some_and(|h| h.contains(&vf.bus_id)))
+            .min_by(|a, b| a.bus_id.cmp(&b.bus_id))
+    }
 }
 
 /// What the partition step reads.
@@ -328,6 +397,11 @@ impl<'a> View<'a> {
             .get(t)
             .into_iter()
             .flatten()
+            .filter(|slot| {
+                self.vfs
+                    .get(t)
+                    .is_none_or(|need| need.free_vf(slot).is_some())
+            })
             .filter_map(|slot| {
                 let free = self.free_of(t, slot.minor).unwrap_or(&empty);
                 capable_of(t, slot, r, free).then(|| Candidate {
@@ -544,6 +618,7 @@ mod tests {
                     pcie_id: pcie.to_string(),
                     bus_id: String::new(),
                 }),
+                ..Default::default()
             },
         )
     }
@@ -567,6 +642,7 @@ mod tests {
                     pcie_id: pcie.to_string(),
                     bus_id: String::new(),
                 }),
+                ..Default::default()
             },
         )
     }
@@ -899,6 +975,165 @@ mod tests {
         assert_eq!(minors(&a, &DeviceType::Gpu), vec![1, 2, 3]);
     }
 
+    /// A VF group: its labels and its VFs' bus IDs.
+    type Group<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+
+    /// An RDMA NIC `minor` (PCIe `pci{minor}`) with `labels` and VF groups.
+    fn nic_with_vfs(
+        minor: i32,
+        labels: &[(&str, &str)],
+        groups: &[Group<'_>],
+    ) -> (DeviceType, DeviceSlot) {
+        let owned = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let (t, mut slot) = nic(DeviceType::Rdma, RDMA, minor, 0, &format!("pci{minor}"));
+        slot.labels = owned(labels);
+        slot.vf_groups = groups
+            .iter()
+            .map(|(l, vfs)| crate::placement::device::inventory::VfGroup {
+                labels: owned(l),
+                vfs: vfs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| crate::model::device::VirtualFunction {
+                        minor: Some(i as i32),
+                        bus_id: b.to_string(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        (t, slot)
+    }
+
+    fn vfs_of(a: &DeviceAllocations) -> Vec<(i32, String)> {
+        a.0.get(&DeviceType::Rdma)
+            .into_iter()
+            .flatten()
+            .flat_map(|x| {
+                x.extension
+                    .iter()
+                    .flat_map(|e| &e.vfs)
+                    .map(move |vf| (x.minor, vf.bus_id.clone()))
+            })
+            .collect()
+    }
+
+    /// koordinator's `allocateVF`: each allocated NIC gives the pod the free VF with the lowest
+    /// bus ID among the groups the `vfSelector` matches; VFs other pods hold (their
+    /// `device-allocated` `extension.vfs`) are never given twice; a NIC with none left is
+    /// passed over; a node without VFs at all is unresolvable.
+    #[test]
+    fn vf_selectors_allocate_distinct_vfs() {
+        let general: &[(&str, &str)] = &[("type", "general")];
+        let fast: &[(&str, &str)] = &[("type", "fast")];
+        let mut l = ledger(vec![
+            nic_with_vfs(
+                0,
+                &[],
+                &[
+                    (general, &["0000:3d:00.5", "0000:3d:00.2"]),
+                    (fast, &["0000:3d:01.0"]),
+                ],
+            ),
+            nic_with_vfs(1, &[], &[(general, &["0000:4d:00.2"])]),
+        ]);
+        let hint = |sel: &str| {
+            request(
+                &[(RDMA, "50")],
+                &[(crate::model::device::DEVICE_ALLOCATE_HINT, sel)],
+            )
+        };
+        let general_vf = hint(r#"{"rdma":{"vfSelector":{"matchLabels":{"type":"general"}}}}"#);
+        let mut taken = Vec::new();
+        for i in 0..3 {
+            let a = fit(&l, &general_vf, &[]).expect("a general VF is left");
+            let got = vfs_of(&a);
+            assert_eq!(got.len(), 1, "{a:?}");
+            assert!(!taken.contains(&got[0].1), "VF {} given twice", got[0].1);
+            taken.push(got[0].1.clone());
+            l.record(
+                PodUid::new(format!("p{i}")),
+                RecordedAllocation::Allocated(a),
+                EntryState::Committed,
+            );
+        }
+        // The NICs in score order (LeastAllocated: the emptier first), each giving its lowest
+        // free general VF: NIC 0's first, NIC 1's only one, then NIC 0's second.
+        assert_eq!(taken, vec!["0000:3d:00.2", "0000:4d:00.2", "0000:3d:00.5"]);
+        // NIC 0 is full; NIC 1 has room but no general VF left.
+        let e = fit(&l, &general_vf, &[]).unwrap_err();
+        assert_eq!(
+            (e.reason.as_ref(), e.unresolvable),
+            ("insufficient rdma devices", false)
+        );
+        // A victim's VF comes back for preemption.
+        let a = fit(&l, &general_vf, &[PodUid::new("p1")]).expect("p1's VF is free again");
+        assert_eq!(vfs_of(&a), vec![(1, "0000:4d:00.2".to_string())]);
+        // Another group is matched separately; the written VF carries its minor (omitted when 0).
+        let fresh = ledger(vec![nic_with_vfs(
+            0,
+            &[],
+            &[(general, &["0000:3d:00.2"]), (fast, &["0000:3d:01.0"])],
+        )]);
+        let fast_vf = fit(
+            &fresh,
+            &hint(r#"{"rdma":{"vfSelector":{"matchLabels":{"type":"fast"}}}}"#),
+            &[],
+        )
+        .expect("the fast VF");
+        assert_eq!(vfs_of(&fast_vf), vec![(0, "0000:3d:01.0".to_string())]);
+        assert!(
+            fast_vf
+                .to_annotation()
+                .contains(r#""vfs":[{"busID":"0000:3d:01.0"}]"#),
+            "{}",
+            fast_vf.to_annotation()
+        );
+
+        // No VF groups on any NIC of the node.
+        let plain = ledger(vec![nic(DeviceType::Rdma, RDMA, 0, 0, "pci0")]);
+        let e = fit(&plain, &hint(r#"{"rdma":{"vfSelector":{}}}"#), &[]).unwrap_err();
+        assert_eq!(
+            (e.reason.as_ref(), e.unresolvable),
+            ("Insufficient rdma VirtualFunctions", true)
+        );
+        // Without a vfSelector, no VF is taken.
+        assert!(vfs_of(&fit(&plain, &hint(r#"{"rdma":{}}"#), &[]).unwrap()).is_empty());
+    }
+
+    /// A `selector` hint allocates only devices whose labels match; matching none is a
+    /// shortage on this node, not an invalid request.
+    #[test]
+    fn device_selectors_pick_matching_devices() {
+        let l = ledger(vec![
+            nic_with_vfs(0, &[("zone", "a")], &[]),
+            nic_with_vfs(1, &[("zone", "b")], &[]),
+        ]);
+        let pick = |sel: &str| {
+            fit(
+                &l,
+                &request(
+                    &[(RDMA, "100")],
+                    &[(crate::model::device::DEVICE_ALLOCATE_HINT, sel)],
+                ),
+                &[],
+            )
+        };
+        let b = pick(r#"{"rdma":{"selector":{"matchLabels":{"zone":"b"}}}}"#).unwrap();
+        assert_eq!(minors(&b, &DeviceType::Rdma), vec![1]);
+        let not_a = pick(r#"{"rdma":{"selector":{"matchExpressions":[{"key":"zone","operator":"NotIn","values":["a"]}]}}}"#).unwrap();
+        assert_eq!(minors(&not_a, &DeviceType::Rdma), vec![1]);
+        let e = pick(r#"{"rdma":{"selector":{"matchLabels":{"zone":"c"}}}}"#).unwrap_err();
+        assert_eq!(
+            (e.reason.as_ref(), e.unresolvable),
+            ("insufficient rdma devices", false)
+        );
+    }
+
     /// Every case koordinator's own GPU topology allocator answered
     /// (`allocateByDeviceTopology` with its own scorer; tests/koord-compat/accumulator/gputree:
     /// seeded random 2-8 GPU nodes over NUMA nodes and PCIe switches, untouched, whole and
@@ -984,6 +1219,7 @@ mod tests {
                 )]),
                 joint: None,
                 gpu_partition: None,
+                hints: BTreeMap::new(),
             };
             let cfg = DeviceScoring {
                 strategy: match c.strategy.as_str() {

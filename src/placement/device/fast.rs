@@ -54,7 +54,8 @@ impl FastRequest {
     /// `None` when the request needs the full allocator (joint allocation, or resource names
     /// the index does not carry).
     pub fn new(req: &PodDeviceRequest, cfg: &DeviceScoring) -> Option<Self> {
-        if req.joint.is_some() || req.types.len() > MAX_TYPES {
+        // Hints (device selectors, VFs) are the full allocator's.
+        if req.joint.is_some() || !req.hints.is_empty() || req.types.len() > MAX_TYPES {
             return None;
         }
         let mut types = Vec::with_capacity(req.types.len());
@@ -359,6 +360,7 @@ mod tests {
                 pcie_id: format!("pci{}", minor / 2),
                 bus_id: String::new(),
             }),
+            ..Default::default()
         }
     }
 

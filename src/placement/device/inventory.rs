@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use super::partition::{NodePartitions, PartitionTable, TableError, TableSource};
 use crate::model::device::{
-    Device, DeviceResources, DeviceTopology, DeviceType, canonicalize_resource_names,
+    Device, DeviceResources, DeviceTopology, DeviceType, VirtualFunction,
+    canonicalize_resource_names,
 };
 use crate::model::gpu_partition::{GPU_PARTITIONS, honors_partitions, parse_partition_table};
 use crate::model::ids::PodUid;
@@ -44,7 +45,7 @@ pub fn fits_in(request: &DeviceResources, free: &DeviceResources) -> bool {
 }
 
 /// One device of one type on a node, as its `Device` entry described it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceSlot {
     pub minor: i32,
     /// `spec.devices[].id`; copied into allocations.
@@ -54,6 +55,18 @@ pub struct DeviceSlot {
     /// Capacity; empty when unhealthy so nothing can ever be allocated from it.
     pub total: DeviceResources,
     pub topology: Option<DeviceTopology>,
+    /// The entry's `labels` (a pod's `device-allocate-hint` selector matches them).
+    pub labels: BTreeMap<String, String>,
+    /// SR-IOV VF groups (`vfGroups`): a pod whose hint has a `vfSelector` gets one VF of a
+    /// matching group on each device of the type.
+    pub vf_groups: Vec<VfGroup>,
+}
+
+/// One `vfGroups` entry: its labels and VFs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VfGroup {
+    pub labels: BTreeMap<String, String>,
+    pub vfs: Vec<VirtualFunction>,
 }
 
 /// What a node's `Device` object offers, per placeable type, per minor (ascending).
@@ -262,6 +275,15 @@ impl NodeDevices {
                     healthy,
                     total,
                     topology: info.topology.clone(),
+                    labels: info.labels.clone().unwrap_or_default(),
+                    vf_groups: info
+                        .vf_groups
+                        .iter()
+                        .map(|g| VfGroup {
+                            labels: g.labels.clone().unwrap_or_default(),
+                            vfs: g.vfs.clone(),
+                        })
+                        .collect(),
                 },
             );
         }
@@ -333,4 +355,6 @@ pub trait DeviceHoldings {
     fn used(&self) -> &UsedMap;
     /// The GPU partitions allocations follow ([`effective_partitions`]).
     fn partitions(&self) -> NodePartitions;
+    /// Per minor of type `t`, the bus IDs of the VFs holdings outside `ignore` have.
+    fn vfs_in_use(&self, t: &DeviceType, ignore: &[PodUid]) -> BTreeMap<i32, BTreeSet<String>>;
 }

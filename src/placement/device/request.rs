@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Deserialize;
 
 use crate::model::device::{
@@ -61,6 +62,8 @@ pub struct PodDeviceRequest {
     /// `scheduling.koordinator.sh/gpu-partition-spec` (GPU requests only): partitions are
     /// honoured for this pod on every node.
     pub gpu_partition: Option<GpuPartitionSpec>,
+    /// `scheduling.koordinator.sh/device-allocate-hint`, by device type.
+    pub hints: BTreeMap<DeviceType, DeviceHint>,
 }
 
 impl PodDeviceRequest {
@@ -175,6 +178,10 @@ pub fn parse_device_request(
         return Ok(None);
     }
     let joint = parse_annotations(annotations, &types)?;
+    let hints = match annotations.and_then(|a| a.get(DEVICE_ALLOCATE_HINT)) {
+        Some(raw) => parse_hints(raw)?,
+        None => BTreeMap::new(),
+    };
     // koordinator reads the partition spec only for pods asking for GPUs.
     let gpu_partition = match annotations.and_then(|a| a.get(GPU_PARTITION_SPEC)) {
         Some(raw) if types.contains_key(&DeviceType::Gpu) => Some(
@@ -189,7 +196,148 @@ pub fn parse_device_request(
         types,
         joint,
         gpu_partition,
+        hints,
     }))
+}
+
+/// A label selector of a hint: koordinator's `metav1.LabelSelector` semantics (an empty one
+/// matches every device), compared and hashed by its canonical JSON.
+#[derive(Clone, Debug)]
+pub struct HintSelector {
+    text: String,
+    selector: kube::core::Selector,
+}
+
+impl HintSelector {
+    fn parse(field: &str, v: LabelSelector) -> Result<Self, DeviceRequestError> {
+        let invalid = |reason: String| DeviceRequestError::InvalidAnnotation {
+            key: DEVICE_ALLOCATE_HINT,
+            reason: format!("{field}: {reason}"),
+        };
+        // What `metav1.LabelSelectorAsSelector` refuses and kube's conversion lets through.
+        for r in v.match_expressions.iter().flatten() {
+            let n = r.values.as_ref().map_or(0, Vec::len);
+            match r.operator.as_str() {
+                "In" | "NotIn" if n == 0 => {
+                    return Err(invalid(format!(
+                        "{} {}: the values can't be empty",
+                        r.key, r.operator
+                    )));
+                }
+                "Exists" | "DoesNotExist" if n > 0 => {
+                    return Err(invalid(format!(
+                        "{} {}: takes no values",
+                        r.key, r.operator
+                    )));
+                }
+                _ => {}
+            }
+        }
+        let text = serde_json::to_string(&v).unwrap_or_default();
+        let selector = kube::core::Selector::try_from(v).map_err(|e| invalid(e.to_string()))?;
+        Ok(HintSelector { text, selector })
+    }
+
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        use kube::core::SelectorExt;
+        self.selector.matches(labels)
+    }
+}
+
+impl PartialEq for HintSelector {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+impl Eq for HintSelector {}
+impl std::hash::Hash for HintSelector {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
+    }
+}
+
+/// One device type's `device-allocate-hint`: the parts this project applies.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DeviceHint {
+    /// Only devices whose labels match are allocated.
+    pub selector: Option<HintSelector>,
+    /// Each allocated device must give the pod one free VF of a group whose labels match
+    /// (RDMA/FPGA: koordinator's GPU allocator allocates no VFs).
+    pub vf_selector: Option<HintSelector>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HintJson {
+    #[serde(default)]
+    selector: Option<LabelSelector>,
+    #[serde(default)]
+    vf_selector: Option<LabelSelector>,
+    #[serde(default)]
+    allocate_strategy: Option<String>,
+    #[serde(default)]
+    required_topology_scope: Option<String>,
+    #[serde(default)]
+    exclusive_policy: Option<String>,
+}
+
+/// `scheduling.koordinator.sh/device-allocate-hint` → the hints by device type (koordinator
+/// `GetDeviceAllocateHints`). Selectors and VF selectors are applied; an allocate strategy, a
+/// required topology scope or an exclusive policy is refused as not supported yet.
+fn parse_hints(raw: &str) -> Result<BTreeMap<DeviceType, DeviceHint>, DeviceRequestError> {
+    if raw.trim().is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let parsed: Option<BTreeMap<String, Option<HintJson>>> =
+        serde_json::from_str(raw).map_err(|e| DeviceRequestError::InvalidAnnotation {
+            key: DEVICE_ALLOCATE_HINT,
+            reason: e.to_string(),
+        })?;
+    let mut out = BTreeMap::new();
+    for (t, hint) in parsed.into_iter().flatten() {
+        let Some(hint) = hint else { continue };
+        for (field, value) in [
+            ("allocateStrategy", &hint.allocate_strategy),
+            ("requiredTopologyScope", &hint.required_topology_scope),
+            ("exclusivePolicy", &hint.exclusive_policy),
+        ] {
+            if value.as_deref().is_some_and(|v| !v.is_empty()) {
+                return Err(DeviceRequestError::UnsupportedAnnotation {
+                    key: DEVICE_ALLOCATE_HINT,
+                    reason: match field {
+                        "allocateStrategy" => {
+                            "allocateStrategy (ApplyForAll, RequestsAsCount) is not supported yet; selector and vfSelector are"
+                        }
+                        "requiredTopologyScope" => {
+                            "requiredTopologyScope is not supported yet; selector and vfSelector are"
+                        }
+                        _ => "exclusivePolicy is not supported yet; selector and vfSelector are",
+                    },
+                });
+            }
+        }
+        let device_type: DeviceType = serde_json::from_value(serde_json::Value::String(t.clone()))
+            .map_err(|e| DeviceRequestError::InvalidAnnotation {
+                key: DEVICE_ALLOCATE_HINT,
+                reason: format!("device type {t:?}: {e}"),
+            })?;
+        let selector = hint
+            .selector
+            .map(|v| HintSelector::parse(&format!("{t}.selector"), v))
+            .transpose()?;
+        let vf_selector = hint
+            .vf_selector
+            .map(|v| HintSelector::parse(&format!("{t}.vfSelector"), v))
+            .transpose()?;
+        out.insert(
+            device_type,
+            DeviceHint {
+                selector,
+                vf_selector,
+            },
+        );
+    }
+    Ok(out)
 }
 
 fn parse_percentage_device(
@@ -371,15 +519,6 @@ fn parse_annotations(
     let Some(ann) = annotations else {
         return Ok(None);
     };
-    if let Some(hint) = ann.get(DEVICE_ALLOCATE_HINT) {
-        let trimmed = hint.trim();
-        if !(trimmed.is_empty() || trimmed == "{}" || trimmed == "null") {
-            return Err(DeviceRequestError::UnsupportedAnnotation {
-                key: DEVICE_ALLOCATE_HINT,
-                reason: "device allocation hints (selectors, ApplyForAll/RequestsAsCount, required topology scope, exclusive policy, VFs) are not supported; remove the annotation",
-            });
-        }
-    }
     let Some(raw) = ann.get(DEVICE_JOINT_ALLOCATE) else {
         return Ok(None);
     };
@@ -772,17 +911,76 @@ mod tests {
     }
 
     #[test]
-    fn hint_is_rejected_clearly_and_partition_spec_is_read() {
+    fn hints_and_partition_spec_are_read_and_the_unsupported_parts_refused() {
         let r = reqs(&[(NVIDIA_GPU, "1")]);
-        let e = parse_device_request(
-            &r,
-            Some(&ann(&[(
-                DEVICE_ALLOCATE_HINT,
-                r#"{"rdma":{"vfSelector":{}}}"#,
-            )])),
+        let hinted =
+            |hint: &str| parse_device_request(&r, Some(&ann(&[(DEVICE_ALLOCATE_HINT, hint)])));
+        let ok = hinted(
+            r#"{"rdma":{"vfSelector":{}},"gpu":{"selector":{"matchLabels":{"model":"H100"},
+                "matchExpressions":[{"key":"zone","operator":"NotIn","values":["a"]}]}}}"#,
         )
-        .unwrap_err();
-        assert!(e.to_string().contains(DEVICE_ALLOCATE_HINT), "{e}");
+        .unwrap()
+        .unwrap();
+        let rdma = &ok.hints[&DeviceType::Rdma];
+        assert!(rdma.selector.is_none());
+        let vf = rdma.vf_selector.as_ref().expect("vfSelector");
+        assert!(
+            vf.matches(&BTreeMap::new()),
+            "an empty selector matches everything"
+        );
+        let gpu = ok.hints[&DeviceType::Gpu]
+            .selector
+            .as_ref()
+            .expect("selector");
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(gpu.matches(&labels(&[("model", "H100")])));
+        assert!(gpu.matches(&labels(&[("model", "H100"), ("zone", "b")])));
+        assert!(!gpu.matches(&labels(&[("model", "H100"), ("zone", "a")])));
+        assert!(!gpu.matches(&labels(&[("model", "A100")])));
+        for (hint, needle) in [
+            (
+                r#"{"rdma":{"allocateStrategy":"ApplyForAll"}}"#,
+                "allocateStrategy",
+            ),
+            (
+                r#"{"gpu":{"requiredTopologyScope":"PCIe"}}"#,
+                "requiredTopologyScope",
+            ),
+            (
+                r#"{"rdma":{"exclusivePolicy":"DeviceLevel"}}"#,
+                "exclusivePolicy",
+            ),
+            (
+                r#"{"rdma":{"selector":{"matchExpressions":[{"key":"a","operator":"In"}]}}}"#,
+                "can't be empty",
+            ),
+            (
+                r#"{"rdma":{"selector":{"matchExpressions":[{"key":"a","operator":"Exists","values":["x"]}]}}}"#,
+                "takes no values",
+            ),
+            (
+                r#"{"rdma":{"selector":{"matchExpressions":[{"key":"a","operator":"Near","values":["x"]}]}}}"#,
+                "operator",
+            ),
+            (r#"{"rdma":"#, "invalid annotation"),
+        ] {
+            let e = hinted(hint).unwrap_err().to_string();
+            assert!(
+                e.contains(DEVICE_ALLOCATE_HINT) && e.contains(needle),
+                "{hint}: {e}"
+            );
+        }
+        for empty in ["", "{}", "null", r#"{"rdma":null}"#] {
+            assert!(
+                hinted(empty).unwrap().unwrap().hints.is_empty(),
+                "{empty:?}"
+            );
+        }
         let spec = parse_device_request(
             &r,
             Some(&ann(&[(

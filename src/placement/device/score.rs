@@ -335,6 +335,7 @@ mod tests {
                             (GPU_MEMORY_RATIO, "100"),
                         ]),
                         topology: None,
+                        ..Default::default()
                     },
                 )
             }))));
