@@ -472,7 +472,7 @@ pub const ASSUMED_AGE_BUCKETS: [&str; 4] = ["lt_10s", "lt_1m", "lt_5m", "ge_5m"]
 
 /// Label values of `dne_filter_rejected_nodes_total{reason}`: a fixed set, so a reason string
 /// with a minor number in it cannot grow the series count.
-pub const FILTER_REASONS: [&str; 23] = [
+pub const FILTER_REASONS: [&str; 24] = [
     "insufficient_gpu",
     "insufficient_rdma",
     "insufficient_fpga",
@@ -495,6 +495,7 @@ pub const FILTER_REASONS: [&str; 23] = [
     "no_gpu_partition_table",
     "unsupported_gpu_partition_size",
     "insufficient_virtual_functions",
+    "gpu_topology_scope_unmet",
     "other",
 ];
 
@@ -532,6 +533,9 @@ pub fn filter_reason_class(reason: &str) -> &'static str {
         partition::INSUFFICIENT => "insufficient_gpu_partition",
         partition::MISSING_TABLE => "no_gpu_partition_table",
         partition::UNSUPPORTED_COUNT => "unsupported_gpu_partition_size",
+        "Insufficient Topology Scoped GPU Devices"
+        | "node(s) missing GPU Device Topology Tree"
+        | "node(s) Unsupported Multi-Shared GPU" => "gpu_topology_scope_unmet",
         r if r.starts_with("Insufficient ") && r.ends_with(" VirtualFunctions") => {
             "insufficient_virtual_functions"
         }
@@ -607,6 +611,9 @@ mod tests {
             crate::placement::device::partition::MISSING_TABLE,
             crate::placement::device::partition::UNSUPPORTED_COUNT,
             "Insufficient rdma VirtualFunctions",
+            "Insufficient Topology Scoped GPU Devices",
+            "node(s) missing GPU Device Topology Tree",
+            "node(s) Unsupported Multi-Shared GPU",
         ];
         for r in reasons {
             let class = filter_reason_class(r);

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::device::{
     DeviceAllocation, DeviceAllocationExtension, DeviceAllocations, DeviceResources, DeviceType,
-    GPU_MEMORY, GPU_MEMORY_RATIO, VirtualFunction,
+    FPGA, GPU_MEMORY, GPU_MEMORY_RATIO, RDMA, VirtualFunction,
 };
 use crate::model::gpu_partition::GpuPartitionSpec;
 use crate::model::ids::PodUid;
@@ -20,7 +20,10 @@ use crate::placement::cpu::{NumaId, NumaMask};
 
 use super::inventory::{DeviceHoldings, DeviceSlot, FreeMap, NodeDevices, fits_in};
 use super::partition::{self, NodePartitions};
-use super::request::{DeviceTypeRequest, HintSelector, JointScope, PodDeviceRequest};
+use super::request::{
+    AllocateStrategy, DeviceTypeRequest, ExclusivePolicy, HintSelector, JointScope,
+    PodDeviceRequest,
+};
 use super::score::DeviceScoring;
 
 pub use crate::placement::FitError;
@@ -86,6 +89,7 @@ pub fn fit_on_numa(
             unresolvable: true,
         });
     };
+    let req = &*by_strategy(req, devices)?;
     // Structural checks first: they do not depend on what is used.
     for (t, r) in &req.types {
         let capable = devices
@@ -129,6 +133,14 @@ pub fn fit_on_numa(
         })
         .collect();
     let free = ledger.free(ignore);
+    // `exclusivePolicy: PCIeLevel`: the PCIe switches none of whose devices of the type is in
+    // use (koordinator's `filterFreeDevicesByPCIe`; see `exclusive_pcies`).
+    let exclusive: BTreeMap<&DeviceType, BTreeSet<&str>> = req
+        .hints
+        .iter()
+        .filter(|(t, h)| h.exclusive == Some(ExclusivePolicy::PcieLevel) && req.get(t).is_some())
+        .map(|(t, _)| (t, exclusive_pcies(devices, t, &free)))
+        .collect();
     let whole_gpus = req.get(&DeviceType::Gpu).is_some_and(|r| !r.shared);
     let partitions = whole_gpus.then(|| Partitions {
         node: ledger.partitions(),
@@ -143,17 +155,29 @@ pub fn fit_on_numa(
             .types()
             .map(|t| {
                 let selector = req.hints.get(t).and_then(|h| h.selector.as_ref());
+                let pcies = exclusive.get(t);
                 (
                     t.clone(),
                     devices
                         .slots(t)
                         .filter(|s| on_numa(s, allowed))
                         .filter(|s| selector.is_none_or(|sel| sel.matches(&s.labels)))
+                        .filter(|s| {
+                            pcies.is_none_or(|p| {
+                                s.topology
+                                    .as_ref()
+                                    .is_some_and(|tp| p.contains(tp.pcie_id.as_str()))
+                            })
+                        })
                         .collect(),
                 )
             })
             .collect(),
         vfs,
+        gpu_required_level: req
+            .hints
+            .get(&DeviceType::Gpu)
+            .and_then(|h| h.required_scope_level),
     };
 
     let mut chosen: BTreeMap<DeviceType, Vec<i32>> = BTreeMap::new();
@@ -310,6 +334,85 @@ struct View<'a> {
     partitions: Option<Partitions<'a>>,
     /// The types whose devices must each give the pod a VF.
     vfs: BTreeMap<DeviceType, VfNeed<'a>>,
+    /// A GPU hint's `requiredTopologyScope` level: the GPUs must share a scope at least that
+    /// deep (node 1, NUMA node 2, PCIe switch 3, device 4), and the topology rules cannot be
+    /// bypassed.
+    gpu_required_level: Option<u8>,
+}
+
+/// koordinator's `DefaultDeviceHandler.CalcDesiredRequestsAndCount` for RDMA/FPGA with an
+/// `allocateStrategy` hint (a request of whole devices, above 100 and a multiple of it, keeps
+/// its own count): `ApplyForAll` takes every device of the type (every one the hint's selector
+/// matches), each with the pod's request, and is unresolvable where there is none;
+/// `RequestsAsCount` takes as many devices as the request's quantity, 1 each, or 100 each with
+/// `exclusivePolicy: DeviceLevel`.
+fn by_strategy<'r>(
+    req: &'r PodDeviceRequest,
+    devices: &NodeDevices,
+) -> Result<Cow<'r, PodDeviceRequest>, FitError> {
+    let mut out = Cow::Borrowed(req);
+    for (t, hint) in &req.hints {
+        let (Some(strategy), Some(r)) = (hint.strategy, req.get(t)) else {
+            continue;
+        };
+        let name = match t {
+            DeviceType::Rdma => RDMA,
+            DeviceType::Fpga => FPGA,
+            _ => continue,
+        };
+        let value = r.total.get(name).map_or(0, |q| q.value());
+        if value > 100 && value % 100 == 0 {
+            continue;
+        }
+        let (count, per_device) = match strategy {
+            AllocateStrategy::ApplyForAll => {
+                let count = match &hint.selector {
+                    None => devices.slots(t).filter(|s| !s.total.is_empty()).count(),
+                    Some(sel) => devices.slots(t).filter(|s| sel.matches(&s.labels)).count(),
+                };
+                if count == 0 {
+                    return Err(insufficient(t, true));
+                }
+                (count, value)
+            }
+            AllocateStrategy::RequestsAsCount => {
+                let whole = hint.exclusive == Some(ExclusivePolicy::DeviceLevel);
+                (
+                    usize::try_from(value).unwrap_or(0),
+                    if whole { 100 } else { 1 },
+                )
+            }
+        };
+        let changed = out.to_mut();
+        if let Some(r) = changed.types.get_mut(t) {
+            r.count = count;
+            r.per_device =
+                DeviceResources::from([(name.to_string(), Quantity::from_units(per_device))]);
+        }
+    }
+    Ok(out)
+}
+
+/// The PCIe switches of type `t`'s devices on which every device of the type is free, for
+/// `exclusivePolicy: PCIeLevel`. (koordinator computes this set in `nodeDevice.filter` and
+/// then drops it: `minors.Intersection(..)` returns a new set that is never used, so its
+/// policy has no effect. This project applies it.)
+fn exclusive_pcies<'d>(
+    devices: &'d NodeDevices,
+    t: &DeviceType,
+    free: &FreeMap,
+) -> BTreeSet<&'d str> {
+    let mut clean: BTreeMap<&str, bool> = BTreeMap::new();
+    for s in devices.slots(t) {
+        let Some(tp) = &s.topology else { continue };
+        let untouched = free.get(t).and_then(|f| f.get(&s.minor)) == Some(&s.total) || !s.healthy;
+        *clean.entry(tp.pcie_id.as_str()).or_insert(true) &= untouched;
+    }
+    clean
+        .into_iter()
+        .filter(|(_, c)| *c)
+        .map(|(p, _)| p)
+        .collect()
 }
 
 /// A `vfSelector` hint: the VF groups it matches, and the VFs other pods hold per minor.
@@ -442,8 +545,31 @@ impl<'a> View<'a> {
                 return Ok(minors);
             }
         }
+        if *t == DeviceType::Gpu
+            && let Some(level) = self.gpu_required_level
+        {
+            // koordinator's `allocateByDeviceTopology` with a required scope: its failures are
+            // the answer (no fall-back to the default allocator).
+            if r.shared && r.count > 1 {
+                return Err(FitError {
+                    reason: "node(s) Unsupported Multi-Shared GPU".into(),
+                    unresolvable: true,
+                });
+            }
+            return match self.gpu_tree(t, r, level) {
+                None => Err(FitError {
+                    reason: "node(s) missing GPU Device Topology Tree".into(),
+                    unresolvable: true,
+                }),
+                Some(None) => Err(FitError {
+                    reason: "Insufficient Topology Scoped GPU Devices".into(),
+                    unresolvable: false,
+                }),
+                Some(Some(minors)) => Ok(minors),
+            };
+        }
         let found = if *t == DeviceType::Gpu && !(r.shared && r.count > 1) {
-            match self.gpu_tree(t, r) {
+            match self.gpu_tree(t, r, 0) {
                 Some(result) => result,
                 None => self.default_allocate(t, r, r.count, pref),
             }
@@ -457,7 +583,13 @@ impl<'a> View<'a> {
 
     /// The topology tree (node → NUMA node → PCIe switch). `None` when some GPU lacks topology
     /// (no tree: use the default allocator); `Some(None)` when the tree finds no fit.
-    fn gpu_tree(&self, t: &DeviceType, r: &DeviceTypeRequest) -> Option<Option<Vec<i32>>> {
+    /// Only scopes at level `min_level` or deeper may hold the GPUs (0: any).
+    fn gpu_tree(
+        &self,
+        t: &DeviceType,
+        r: &DeviceTypeRequest,
+        min_level: u8,
+    ) -> Option<Option<Vec<i32>>> {
         let slots = self.slots.get(t)?;
         if slots.iter().any(|s| s.topology.is_none()) {
             return None;
@@ -498,7 +630,7 @@ impl<'a> View<'a> {
             }
         }
         let mut best: Option<((u8, usize, i64), Vec<i32>)> = None;
-        for (level, cumulative, members) in scopes {
+        for (level, cumulative, members) in scopes.into_iter().filter(|s| s.0 >= min_level) {
             let inside: Vec<&Candidate> = cands
                 .iter()
                 .filter(|c| members.contains(&c.slot.minor))
@@ -1132,6 +1264,136 @@ mod tests {
             (e.reason.as_ref(), e.unresolvable),
             ("insufficient rdma devices", false)
         );
+    }
+
+    /// `allocateStrategy`: `ApplyForAll` takes every NIC (every one the selector matches),
+    /// `RequestsAsCount` as many NICs as the quantity, 1 % each or whole with `DeviceLevel`;
+    /// a request of whole NICs keeps its own count.
+    #[test]
+    fn allocate_strategies_set_the_device_count() {
+        use crate::model::device::DEVICE_ALLOCATE_HINT as HINT;
+        let l = ledger(vec![
+            nic_with_vfs(0, &[("zone", "a")], &[]),
+            nic_with_vfs(1, &[("zone", "b")], &[]),
+            nic_with_vfs(2, &[("zone", "b")], &[]),
+        ]);
+        let place = |q: &str, hint: &str| fit(&l, &request(&[(RDMA, q)], &[(HINT, hint)]), &[]);
+        let all = place("10", r#"{"rdma":{"allocateStrategy":"ApplyForAll"}}"#).unwrap();
+        assert_eq!(minors(&all, &DeviceType::Rdma), vec![0, 1, 2]);
+        assert!(
+            all.0[&DeviceType::Rdma]
+                .iter()
+                .all(|a| a.resources[RDMA] == q("10"))
+        );
+        let zone_b = place(
+            "10",
+            r#"{"rdma":{"allocateStrategy":"ApplyForAll","selector":{"matchLabels":{"zone":"b"}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(minors(&zone_b, &DeviceType::Rdma), vec![1, 2]);
+        let none = place(
+            "10",
+            r#"{"rdma":{"allocateStrategy":"ApplyForAll","selector":{"matchLabels":{"zone":"c"}}}}"#,
+        )
+        .unwrap_err();
+        assert!(none.unresolvable, "{none}");
+        let two = place("2", r#"{"rdma":{"allocateStrategy":"RequestsAsCount"}}"#).unwrap();
+        assert_eq!(two.0[&DeviceType::Rdma].len(), 2);
+        assert!(
+            two.0[&DeviceType::Rdma]
+                .iter()
+                .all(|a| a.resources[RDMA] == q("1"))
+        );
+        let whole = place(
+            "2",
+            r#"{"rdma":{"allocateStrategy":"RequestsAsCount","exclusivePolicy":"DeviceLevel"}}"#,
+        )
+        .unwrap();
+        assert!(
+            whole.0[&DeviceType::Rdma]
+                .iter()
+                .all(|a| a.resources[RDMA] == q("100"))
+        );
+        assert!(
+            place("4", r#"{"rdma":{"allocateStrategy":"RequestsAsCount"}}"#)
+                .unwrap_err()
+                .unresolvable
+        );
+        let multiple = place("200", r#"{"rdma":{"allocateStrategy":"RequestsAsCount"}}"#).unwrap();
+        assert_eq!(
+            multiple.0[&DeviceType::Rdma].len(),
+            2,
+            "200 % is two whole NICs"
+        );
+    }
+
+    /// `exclusivePolicy: PCIeLevel`: only NICs on PCIe switches none of whose NICs is in use.
+    #[test]
+    fn pcie_exclusive_keeps_to_untouched_switches() {
+        use crate::model::device::DEVICE_ALLOCATE_HINT as HINT;
+        let mut l = ledger(vec![
+            nic(DeviceType::Rdma, RDMA, 0, 0, "pci-a"),
+            nic(DeviceType::Rdma, RDMA, 1, 0, "pci-a"),
+            nic(DeviceType::Rdma, RDMA, 2, 0, "pci-b"),
+        ]);
+        let used = fit(&l, &request(&[(RDMA, "10")], &[]), &[]).unwrap();
+        let held = minors(&used, &DeviceType::Rdma)[0];
+        l.record(
+            PodUid::new("p"),
+            RecordedAllocation::Allocated(used),
+            EntryState::Committed,
+        );
+        let exclusive = request(
+            &[(RDMA, "10")],
+            &[(HINT, r#"{"rdma":{"exclusivePolicy":"PCIeLevel"}}"#)],
+        );
+        let got = minors(&fit(&l, &exclusive, &[]).unwrap(), &DeviceType::Rdma);
+        let switch_of = |m: i32| if m < 2 { "pci-a" } else { "pci-b" };
+        assert_ne!(
+            switch_of(got[0]),
+            switch_of(held),
+            "held {held}, got {got:?}"
+        );
+    }
+
+    /// `requiredTopologyScope` (GPUs): the GPUs must share a scope at least that deep; the
+    /// answer is the topology allocator's, without the default allocator behind it.
+    #[test]
+    fn required_topology_scope_keeps_gpus_together() {
+        use crate::model::device::DEVICE_ALLOCATE_HINT as HINT;
+        // NUMA 0: a (0,1), b (2,3); NUMA 1: c (4,5), d (6,7). GPUs 0, 2, 4 and 6 held.
+        let mut l = ledger(eight());
+        for (i, m) in [0, 2, 4, 6].into_iter().enumerate() {
+            let one = request(&[(NVIDIA_GPU, "1")], &[]);
+            let mut a = fit(&l, &one, &[]).unwrap();
+            a.0.get_mut(&DeviceType::Gpu).unwrap()[0].minor = m;
+            l.record(
+                PodUid::new(format!("h{i}")),
+                RecordedAllocation::Allocated(a),
+                EntryState::Committed,
+            );
+        }
+        let two = |scope: &str| {
+            fit(
+                &l,
+                &request(
+                    &[(NVIDIA_GPU, "2")],
+                    &[(
+                        HINT,
+                        &format!(r#"{{"gpu":{{"requiredTopologyScope":"{scope}"}}}}"#),
+                    )],
+                ),
+                &[],
+            )
+        };
+        let e = two("PCIe").unwrap_err();
+        assert_eq!(
+            (e.reason.as_ref(), e.unresolvable),
+            ("Insufficient Topology Scoped GPU Devices", false)
+        );
+        let numa = minors(&two("NUMANode").unwrap(), &DeviceType::Gpu);
+        assert!(numa == vec![1, 3] || numa == vec![5, 7], "{numa:?}");
+        assert!(two("Node").is_ok());
     }
 
     /// Every case koordinator's own GPU topology allocator answered

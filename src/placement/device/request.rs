@@ -256,7 +256,7 @@ impl std::hash::Hash for HintSelector {
     }
 }
 
-/// One device type's `device-allocate-hint`: the parts this project applies.
+/// One device type's `device-allocate-hint` (koordinator `DeviceHint`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct DeviceHint {
     /// Only devices whose labels match are allocated.
@@ -264,6 +264,31 @@ pub struct DeviceHint {
     /// Each allocated device must give the pod one free VF of a group whose labels match
     /// (RDMA/FPGA: koordinator's GPU allocator allocates no VFs).
     pub vf_selector: Option<HintSelector>,
+    /// RDMA/FPGA (koordinator's `DefaultDeviceHandler`), unless the request is a multiple of
+    /// whole devices: how many devices the request means.
+    pub strategy: Option<AllocateStrategy>,
+    /// GPUs: the narrowest topology scope (level) the GPUs must share; `Some(0)` for a scope
+    /// name koordinator does not know (required, yet any scope qualifies).
+    pub required_scope_level: Option<u8>,
+    pub exclusive: Option<ExclusivePolicy>,
+}
+
+/// `allocateStrategy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AllocateStrategy {
+    /// Every device of the type (that the selector matches), each with the pod's request.
+    ApplyForAll,
+    /// The request's quantity is the number of devices, 1 each (100 with `DeviceLevel`).
+    RequestsAsCount,
+}
+
+/// `exclusivePolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExclusivePolicy {
+    /// With `RequestsAsCount`: each device taken whole.
+    DeviceLevel,
+    /// Only devices on PCIe switches none of whose devices of the type is in use.
+    PcieLevel,
 }
 
 #[derive(Deserialize)]
@@ -282,8 +307,7 @@ struct HintJson {
 }
 
 /// `scheduling.koordinator.sh/device-allocate-hint` → the hints by device type (koordinator
-/// `GetDeviceAllocateHints`). Selectors and VF selectors are applied; an allocate strategy, a
-/// required topology scope or an exclusive policy is refused as not supported yet.
+/// `GetDeviceAllocateHints`).
 fn parse_hints(raw: &str) -> Result<BTreeMap<DeviceType, DeviceHint>, DeviceRequestError> {
     if raw.trim().is_empty() {
         return Ok(BTreeMap::new());
@@ -296,26 +320,26 @@ fn parse_hints(raw: &str) -> Result<BTreeMap<DeviceType, DeviceHint>, DeviceRequ
     let mut out = BTreeMap::new();
     for (t, hint) in parsed.into_iter().flatten() {
         let Some(hint) = hint else { continue };
-        for (field, value) in [
-            ("allocateStrategy", &hint.allocate_strategy),
-            ("requiredTopologyScope", &hint.required_topology_scope),
-            ("exclusivePolicy", &hint.exclusive_policy),
-        ] {
-            if value.as_deref().is_some_and(|v| !v.is_empty()) {
-                return Err(DeviceRequestError::UnsupportedAnnotation {
-                    key: DEVICE_ALLOCATE_HINT,
-                    reason: match field {
-                        "allocateStrategy" => {
-                            "allocateStrategy (ApplyForAll, RequestsAsCount) is not supported yet; selector and vfSelector are"
-                        }
-                        "requiredTopologyScope" => {
-                            "requiredTopologyScope is not supported yet; selector and vfSelector are"
-                        }
-                        _ => "exclusivePolicy is not supported yet; selector and vfSelector are",
-                    },
-                });
-            }
-        }
+        // Unknown strategy and policy strings change nothing, as in koordinator's switches.
+        let strategy = match hint.allocate_strategy.as_deref() {
+            Some("ApplyForAll") => Some(AllocateStrategy::ApplyForAll),
+            Some("RequestsAsCount") => Some(AllocateStrategy::RequestsAsCount),
+            _ => None,
+        };
+        let exclusive = match hint.exclusive_policy.as_deref() {
+            Some("DeviceLevel") => Some(ExclusivePolicy::DeviceLevel),
+            Some("PCIeLevel") => Some(ExclusivePolicy::PcieLevel),
+            _ => None,
+        };
+        // koordinator's `DeviceTopologyScopeLevel` (an unknown name reads as level 0).
+        let required_scope_level = match hint.required_topology_scope.as_deref() {
+            None | Some("") => None,
+            Some("Device") => Some(4),
+            Some("PCIe") => Some(3),
+            Some("NUMANode") => Some(2),
+            Some("Node") => Some(1),
+            Some(_) => Some(0),
+        };
         let device_type: DeviceType = serde_json::from_value(serde_json::Value::String(t.clone()))
             .map_err(|e| DeviceRequestError::InvalidAnnotation {
                 key: DEVICE_ALLOCATE_HINT,
@@ -334,6 +358,9 @@ fn parse_hints(raw: &str) -> Result<BTreeMap<DeviceType, DeviceHint>, DeviceRequ
             DeviceHint {
                 selector,
                 vf_selector,
+                strategy,
+                required_scope_level,
+                exclusive,
             },
         );
     }
@@ -911,7 +938,7 @@ mod tests {
     }
 
     #[test]
-    fn hints_and_partition_spec_are_read_and_the_unsupported_parts_refused() {
+    fn hints_and_partition_spec_are_read_and_bad_selectors_refused() {
         let r = reqs(&[(NVIDIA_GPU, "1")]);
         let hinted =
             |hint: &str| parse_device_request(&r, Some(&ann(&[(DEVICE_ALLOCATE_HINT, hint)])));
@@ -942,19 +969,27 @@ mod tests {
         assert!(gpu.matches(&labels(&[("model", "H100"), ("zone", "b")])));
         assert!(!gpu.matches(&labels(&[("model", "H100"), ("zone", "a")])));
         assert!(!gpu.matches(&labels(&[("model", "A100")])));
+        let all = hinted(
+            r#"{"rdma":{"allocateStrategy":"RequestsAsCount","exclusivePolicy":"DeviceLevel"},
+                "gpu":{"requiredTopologyScope":"PCIe"},"fpga":{"allocateStrategy":"Other"}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            all.hints[&DeviceType::Rdma].strategy,
+            Some(AllocateStrategy::RequestsAsCount)
+        );
+        assert_eq!(
+            all.hints[&DeviceType::Rdma].exclusive,
+            Some(ExclusivePolicy::DeviceLevel)
+        );
+        assert_eq!(all.hints[&DeviceType::Gpu].required_scope_level, Some(3));
+        assert_eq!(
+            all.hints[&DeviceType::Fpga].strategy,
+            None,
+            "unknown: no effect"
+        );
         for (hint, needle) in [
-            (
-                r#"{"rdma":{"allocateStrategy":"ApplyForAll"}}"#,
-                "allocateStrategy",
-            ),
-            (
-                r#"{"gpu":{"requiredTopologyScope":"PCIe"}}"#,
-                "requiredTopologyScope",
-            ),
-            (
-                r#"{"rdma":{"exclusivePolicy":"DeviceLevel"}}"#,
-                "exclusivePolicy",
-            ),
             (
                 r#"{"rdma":{"selector":{"matchExpressions":[{"key":"a","operator":"In"}]}}}"#,
                 "can't be empty",
