@@ -80,6 +80,9 @@ pub struct Holder {
     /// RDMA and FPGA only: `koordinator.sh/rdma` / `koordinator.sh/fpga`.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub share_percent: Option<i64>,
+    /// The SR-IOV VFs (bus IDs) the pod holds on this device (`extension.vfs`).
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub vfs: Vec<String>,
 }
 
 /// One device of one node.
@@ -553,6 +556,12 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeReport {
                     core_percent: gpu_like(t).then(|| amount(r, GPU_CORE)),
                     memory_bytes: gpu_like(t).then(|| amount(r, GPU_MEMORY)),
                     share_percent: (!gpu_like(t)).then(|| amount(r, share_name(t))),
+                    vfs: a
+                        .extension
+                        .iter()
+                        .flat_map(|e| &e.vfs)
+                        .map(|vf| vf.bus_id.clone())
+                        .collect(),
                 });
             }
         }

@@ -106,6 +106,9 @@ fn holder_text(h: &Holder, wide: bool) -> (String, Option<&'static str>) {
         if let Some(p) = h.share_percent {
             parts.push(format!("share {p}"));
         }
+        if !h.vfs.is_empty() {
+            parts.push(format!("VF {}", h.vfs.join(",")));
+        }
         if !parts.is_empty() {
             let _ = write!(s, " ({})", parts.join(", "));
         }

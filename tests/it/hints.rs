@@ -69,6 +69,19 @@ async fn vf_pods_get_distinct_vfs_and_selectors_choose_nics() {
         );
         assert!(seen.insert(bus.clone()), "VF {bus} given twice");
     }
+    // The operator's view lists each holder's VF on its NIC.
+    let (status, report) = env.http.get("/debug/nodes?nodes=sriov").await;
+    assert_eq!(status, 200, "{report}");
+    let listed: BTreeSet<String> = report["nodes"][0]["rdma"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|nic| nic["holders"].as_array().cloned().unwrap_or_default())
+        .flat_map(|h| h["vfs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    assert_eq!(listed, seen, "{report}");
+
     let fifth = vf_pod("vf-4", hint);
     fake.create(Kind::Pod, fifth.clone()).unwrap();
     let f = env.filter(&fifth, &["sriov", "plain"]).await;
