@@ -99,7 +99,13 @@ impl DeviceLedger {
     /// prioritize read; `None` without a `Device` object or when the devices cannot be
     /// indexed exactly (the full allocator answers then).
     pub fn device_index(&self) -> Option<DeviceIndex> {
-        DeviceIndex::build(self.devices.as_ref()?, &self.free(&[]), self.malformed > 0)
+        self.device_index_from(&self.free(&[]))
+    }
+
+    /// [`Self::device_index`] from `free`, which must be `self.free(&[])` (computed once by a
+    /// caller that needs it too).
+    pub fn device_index_from(&self, free: &FreeMap) -> Option<DeviceIndex> {
+        DeviceIndex::build(self.devices.as_ref()?, free, self.malformed > 0)
     }
 
     pub fn devices(&self) -> Option<&NodeDevices> {

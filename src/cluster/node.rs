@@ -9,12 +9,13 @@ use parking_lot::RwLock;
 use serde::Serialize;
 
 use super::cpus::CpuLedger;
-use super::devices::{DeviceHoldings, DeviceLedger, EntryState};
+use super::devices::{DeviceHoldings, DeviceLedger, EntryState, FreeMap, NodeDevices};
 use super::pod::PodRecord;
 use super::records::{CpuAmplificationRatio, NodeRecord, TopologyRecord};
 use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, PartitionFacts, Unusable};
 use crate::model::ids::PodUid;
 use crate::placement::cpu::{Amplification, AmplifiedCpu};
+use crate::placement::device::partition::NodePartitions;
 
 /// Everything known about one node. Guarded by the node's own lock.
 #[derive(Debug, Default, Serialize)]
@@ -50,26 +51,40 @@ impl NodeState {
     /// The node's facts for the read snapshot: its cached CPU summary and a freshly built
     /// device index.
     pub fn summary(&self) -> NodeSummary {
-        let (devices, slots, sums) = match self.devices.devices() {
+        let (devices, slots, sums, partitions) = match self.devices.devices() {
             None => (
                 DeviceFacts::Missing {
                     held: !self.devices.is_empty(),
                 },
                 Vec::new(),
                 Default::default(),
+                None,
             ),
-            Some(_) => match self.devices.device_index() {
-                None => (DeviceFacts::Unindexed, Vec::new(), Default::default()),
-                Some(index) => (
-                    DeviceFacts::Indexed {
-                        blocked: index.blocked,
-                        ranges: index.ranges,
-                        honors_partitions: self.devices.partitions().honor,
-                    },
-                    index.groups,
-                    index.sums,
-                ),
-            },
+            Some(node_devices) => {
+                // One free map for the index and the partition facts.
+                let free = self.devices.free(&[]);
+                let node_partitions = self.devices.partitions();
+                let honor = node_partitions.honor;
+                let partitions = self.partition_facts(node_devices, &free, node_partitions);
+                match self.devices.device_index_from(&free) {
+                    None => (
+                        DeviceFacts::Unindexed,
+                        Vec::new(),
+                        Default::default(),
+                        partitions,
+                    ),
+                    Some(index) => (
+                        DeviceFacts::Indexed {
+                            blocked: index.blocked,
+                            ranges: index.ranges,
+                            honors_partitions: honor,
+                        },
+                        index.groups,
+                        index.sums,
+                        partitions,
+                    ),
+                }
+            }
         };
         let cpu = CpuFacts {
             constrains_plain_pods: self.cpus.constrains_plain_pods(),
@@ -80,7 +95,7 @@ impl NodeState {
                 unresolvable: u.unresolvable,
             }),
         };
-        NodeSummary::new(devices, slots, sums, self.partition_facts(), cpu)
+        NodeSummary::new(devices, slots, sums, partitions, cpu)
     }
 
     /// Whether plain pods (no cpuset wish, no NUMA policy) must be checked here: the node
@@ -138,18 +153,20 @@ impl NodeState {
     /// The partition step's facts for the read verbs, on a node with GPUs and a partition
     /// table or a policy that honours one. `None` elsewhere: there a pod's own
     /// `gpu-partition-spec` meets no table.
-    fn partition_facts(&self) -> Option<Arc<PartitionFacts>> {
+    fn partition_facts(
+        &self,
+        devices: &NodeDevices,
+        free: &FreeMap,
+        node: NodePartitions,
+    ) -> Option<Arc<PartitionFacts>> {
         use crate::placement::device::allocate::{healthy_gpus, used_gpus};
-        let devices = self.devices.devices()?;
-        let node = self.devices.partitions();
         if node.table.is_none() && !node.honor {
             return None;
         }
         let gpu = crate::model::device::DeviceType::Gpu;
         let memory = crate::model::device::GPU_MEMORY;
-        let free = self.devices.free(&[]);
         Some(Arc::new(PartitionFacts {
-            used: used_gpus(devices, &free, &self.devices),
+            used: used_gpus(devices, free, &self.devices),
             total: healthy_gpus(devices.slots(&gpu)),
             exact: devices
                 .slots(&gpu)

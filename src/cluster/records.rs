@@ -165,3 +165,26 @@ impl NodeCpuLabels {
         }
     }
 }
+
+/// A test node's NodeResourceTopology: 2 NUMA nodes × 8 cores × 2 threads (NUMA `n` holds CPUs
+/// `16n..16n+15`, a core's threads adjacent), 64 GiB per NUMA node, no NUMA policy.
+#[cfg(test)]
+pub(crate) fn two_numa_test_topology() -> TopologyRecord {
+    use serde_json::json;
+    let detail: Vec<_> = (0..32)
+        .map(|id| json!({"id": id, "core": id / 2, "socket": id / 16, "node": id / 16}))
+        .collect();
+    let zones: Vec<_> = (0..2)
+        .map(|z| json!({"name": format!("node-{z}"), "type": "Node",
+            "resources": [{"name": "cpu", "capacity": "16", "allocatable": "16", "available": "16"},
+                          {"name": "memory", "capacity": "64Gi", "allocatable": "64Gi", "available": "64Gi"}]}))
+        .collect();
+    let nrt: NodeResourceTopology = serde_json::from_value(json!({
+        "metadata": {"name": "n", "annotations": {
+            "node.koordinator.sh/cpu-topology": json!({"detail": detail}).to_string()}},
+        "topologyPolicies": ["None"],
+        "zones": zones
+    }))
+    .expect("nrt");
+    TopologyRecord::from_nrt(&nrt)
+}

@@ -18,7 +18,6 @@ use crate::cluster::{ClusterState, NodeRecord, PodRecord, TopologyRecord};
 use crate::model::device::DeviceAllocations;
 use crate::model::ids::PodUid;
 use crate::model::node::Node;
-use crate::model::nrt::NodeResourceTopology;
 use crate::model::pod::Pod;
 use crate::placement::cpu::amplified::{INSUFFICIENT, INVALID_RATIO};
 
@@ -36,23 +35,7 @@ const RATIOS: [(&str, Option<(i64, i64)>); 7] = [
 const INVALID: usize = 6;
 
 fn topology() -> TopologyRecord {
-    // 2 NUMA nodes × 8 cores × 2 threads: NUMA n holds CPUs 16n..16n+15.
-    let detail: Vec<_> = (0..32)
-        .map(|id| json!({"id": id, "core": id / 2, "socket": id / 16, "node": id / 16}))
-        .collect();
-    let zones: Vec<_> = (0..2)
-        .map(|z| json!({"name": format!("node-{z}"), "type": "Node",
-            "resources": [{"name": "cpu", "capacity": "16", "allocatable": "16", "available": "16"},
-                          {"name": "memory", "capacity": "64Gi", "allocatable": "64Gi", "available": "64Gi"}]}))
-        .collect();
-    let nrt: NodeResourceTopology = serde_json::from_value(json!({
-        "metadata": {"name": "n", "annotations": {
-            "node.koordinator.sh/cpu-topology": json!({"detail": detail}).to_string()}},
-        "topologyPolicies": ["None"],
-        "zones": zones
-    }))
-    .expect("nrt");
-    TopologyRecord::from_nrt(&nrt)
+    crate::cluster::records::two_numa_test_topology()
 }
 
 fn node(ratio: usize, allocatable_milli: i64, bind_policy: Option<&str>) -> NodeRecord {

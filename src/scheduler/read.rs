@@ -274,7 +274,6 @@ mod aligned_tests {
     //! Filter's aligned path against the full decision bind makes, on random 2-NUMA nodes.
     use super::*;
     use crate::cluster::NodeState;
-    use crate::cluster::TopologyRecord;
     use crate::cluster::cpus::RecordedCpus;
     use crate::cluster::devices::{DeviceSlot, EntryState, NodeDevices, RecordedAllocation};
     use crate::model::cpuset::CpuSet;
@@ -282,7 +281,6 @@ mod aligned_tests {
         DeviceResources, DeviceTopology, DeviceType, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
     };
     use crate::model::ids::PodUid;
-    use crate::model::nrt::NodeResourceTopology;
     use crate::model::pod::Pod;
     use crate::model::quantity::Quantity;
     use crate::placement::cpu::proptests::{Expected, oracle, reference_resolve};
@@ -321,25 +319,12 @@ mod aligned_tests {
                 .collect(),
             cpusets: Vec::new(),
         };
-        let detail: Vec<_> = (0..32)
-            .map(|id| json!({"id": id, "core": id / 2, "socket": id / 16, "node": id / 16}))
-            .collect();
-        let zones: Vec<_> = (0..2)
-            .map(|z| json!({"name": format!("node-{z}"), "type": "Node",
-                "resources": [{"name": "cpu", "capacity": "16", "allocatable": "16", "available": "16"},
-                              {"name": "memory", "capacity": "64Gi", "allocatable": "64Gi", "available": "64Gi"}]}))
-            .collect();
-        let nrt: NodeResourceTopology = serde_json::from_value(json!({
-            "metadata": {"name": "n", "annotations": {
-                "node.koordinator.sh/cpu-topology": json!({"detail": detail}).to_string()}},
-            "topologyPolicies": ["None"],
-            "zones": zones
-        }))
-        .expect("nrt");
         let mut state = NodeState::default();
-        state
-            .cpus
-            .set_nrt(Some(TopologyRecord::from_nrt(&nrt).cpu.clone()));
+        state.cpus.set_nrt(Some(
+            crate::cluster::records::two_numa_test_topology()
+                .cpu
+                .clone(),
+        ));
         let slots = (0..gpus).map(|m| {
             let numa = m * 2 / gpus.max(1);
             let total: DeviceResources = [

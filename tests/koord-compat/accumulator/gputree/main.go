@@ -1,7 +1,7 @@
 // Command gputree records koordinator's own GPU topology allocator's answers for seeded random
 // cases, as JSON lines on stdout: koordinator v1.7.0's
 // pkg/scheduler/plugins/deviceshare.allocateByDeviceTopology (not exported: reached with
-// go:linkname, its unexported argument types mirrored field for field; build with
+// go:linkname, its unexported argument types mirrored field for field in internal/mirror; build with
 // -ldflags=-checklinkname=0) over the tree its exported GetGPUTopologyScope builds, scored by its
 // own LeastAllocated/MostAllocated scorer with its default weights. This is the step that places
 // a GPU request on a node whose GPUs all report a topology (the general case; the default
@@ -21,8 +21,9 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"unsafe" // go:linkname; mirrored types
+	"unsafe" // go:linkname; the scorer constructors return a pointer to an unexported type
 
+	"github.com/device-numa-extender/device-numa-extender/tests/koord-compat/accumulator/internal/mirror"
 	apiext "github.com/koordinator-sh/koordinator/apis/extension"
 	schedulingv1alpha1 "github.com/koordinator-sh/koordinator/apis/scheduling/v1alpha1"
 	schedulerconfig "github.com/koordinator-sh/koordinator/pkg/scheduler/apis/config"
@@ -33,31 +34,8 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 )
 
-// gpuRequirements mirrors deviceshare.GPURequirements field for field (koordinator v1.7.0).
-type gpuRequirements struct {
-	numberOfGPUs                        int
-	requestsPerGPU                      corev1.ResourceList
-	gpuShared                           bool
-	honorGPUPartition                   bool
-	restrictedGPUPartition              bool
-	rindBusBandwidth                    *resource.Quantity
-	requiredTopologyScopeLevel          int
-	requiredTopologyScope               apiext.DeviceTopologyScope
-	enforceGPUSharedResourceTemplate    bool
-	candidateGPUSharedResourceTemplates map[string]apiext.GPUSharedResourceTemplates
-}
-
-// allocateContext mirrors deviceshare.AllocateContext field for field; the scorer is the
-// pointer koordinator's own scorer constructor returns.
-type allocateContext struct {
-	deviceUsedMinorsHash int
-	deviceFree           map[int]corev1.ResourceList
-	deviceTotal          map[int]corev1.ResourceList
-	allocationScorer     unsafe.Pointer
-}
-
 //go:linkname allocateByDeviceTopology github.com/koordinator-sh/koordinator/pkg/scheduler/plugins/deviceshare.allocateByDeviceTopology
-func allocateByDeviceTopology(gpuRequirements *gpuRequirements, gpuTopologyScope *deviceshare.GPUTopologyScope, allocateContext *allocateContext) ([]*apiext.DeviceAllocation, *framework.Status)
+func allocateByDeviceTopology(gpuRequirements *mirror.GPURequirements, gpuTopologyScope *deviceshare.GPUTopologyScope, allocateContext *mirror.AllocateContext) ([]*apiext.DeviceAllocation, *framework.Status)
 
 // The scorer constructors, keyed by strategy (deviceshare's own map).
 //
@@ -144,26 +122,26 @@ func main() {
 				usedHash |= 1 << m
 			}
 		}
-		req := &gpuRequirements{}
+		req := &mirror.GPURequirements{}
 		if r.Intn(3) == 0 {
 			rec.Share = []int{25, 50, 75}[r.Intn(3)]
 			rec.Count = 1
-			req.gpuShared = true
-			req.numberOfGPUs = 1
-			req.requestsPerGPU = resources(rec.Share)
+			req.GPUShared = true
+			req.NumberOfGPUs = 1
+			req.RequestsPerGPU = resources(rec.Share)
 		} else {
 			rec.Count = 1 + r.Intn(4)
-			req.numberOfGPUs = rec.Count
-			req.requestsPerGPU = resources(100)
+			req.NumberOfGPUs = rec.Count
+			req.RequestsPerGPU = resources(100)
 		}
 		args := &schedulerconfig.DeviceShareArgs{ScoringStrategy: &schedulerconfig.ScoringStrategy{
 			Type: schedulerconfig.ScoringStrategyType(rec.Strategy), Resources: weights,
 		}}
-		ctx := &allocateContext{
-			deviceUsedMinorsHash: usedHash,
-			deviceFree:           free,
-			deviceTotal:          total,
-			allocationScorer:     deviceResourceStrategyTypeMap[args.ScoringStrategy.Type](args),
+		ctx := &mirror.AllocateContext{
+			DeviceUsedMinorsHash: usedHash,
+			DeviceFree:           free,
+			DeviceTotal:          total,
+			AllocationScorer:     deviceResourceStrategyTypeMap[args.ScoringStrategy.Type](args),
 		}
 		scope := deviceshare.GetGPUTopologyScope(infos, total)
 		allocations, status := allocateByDeviceTopology(req, scope, ctx)

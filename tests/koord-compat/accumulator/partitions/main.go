@@ -1,7 +1,7 @@
 // Command partitions records koordinator's own GPU partition step's answers for seeded random
 // cases, as JSON lines on stdout: koordinator v1.7.0's
 // pkg/scheduler/plugins/deviceshare.allocateByPartition (not exported: reached with go:linkname,
-// its two unexported argument types mirrored field for field; build with
+// its two unexported argument types mirrored field for field in internal/mirror; build with
 // -ldflags=-checklinkname=0), over tables indexed by koordinator's exported
 // GetGPUPartitionIndexer, or its built-in GPUPartitionIndexOfNVIDIAHopper.
 // src/placement/device/partition.rs replays every line through this project's partition step
@@ -21,8 +21,9 @@ import (
 	"flag"
 	"math/rand"
 	"os"
-	"unsafe" // go:linkname; the mirrored allocation context holds an unused pointer
+	_ "unsafe" // go:linkname
 
+	"github.com/device-numa-extender/device-numa-extender/tests/koord-compat/accumulator/internal/mirror"
 	apiext "github.com/koordinator-sh/koordinator/apis/extension"
 	"github.com/koordinator-sh/koordinator/pkg/scheduler/plugins/deviceshare"
 	corev1 "k8s.io/api/core/v1"
@@ -30,30 +31,8 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 )
 
-// gpuRequirements mirrors deviceshare.GPURequirements field for field (koordinator v1.7.0).
-type gpuRequirements struct {
-	numberOfGPUs                        int
-	requestsPerGPU                      corev1.ResourceList
-	gpuShared                           bool
-	honorGPUPartition                   bool
-	restrictedGPUPartition              bool
-	rindBusBandwidth                    *resource.Quantity
-	requiredTopologyScopeLevel          int
-	requiredTopologyScope               apiext.DeviceTopologyScope
-	enforceGPUSharedResourceTemplate    bool
-	candidateGPUSharedResourceTemplates map[string]apiext.GPUSharedResourceTemplates
-}
-
-// allocateContext mirrors deviceshare.AllocateContext field for field.
-type allocateContext struct {
-	deviceUsedMinorsHash int
-	deviceFree           map[int]corev1.ResourceList
-	deviceTotal          map[int]corev1.ResourceList
-	allocationScorer     unsafe.Pointer
-}
-
 //go:linkname allocateByPartition github.com/koordinator-sh/koordinator/pkg/scheduler/plugins/deviceshare.allocateByPartition
-func allocateByPartition(honorGPUPartition bool, gpuRequirements *gpuRequirements, gpuPartitionIndexer deviceshare.GPUPartitionIndexer, allocateContext *allocateContext) ([]*apiext.DeviceAllocation, *framework.Status)
+func allocateByPartition(honorGPUPartition bool, gpuRequirements *mirror.GPURequirements, gpuPartitionIndexer deviceshare.GPUPartitionIndexer, allocateContext *mirror.AllocateContext) ([]*apiext.DeviceAllocation, *framework.Status)
 
 // One case and koordinator's answer.
 type record struct {
@@ -128,7 +107,7 @@ func main() {
 				rec.Used = append(rec.Used, minor)
 			}
 		}
-		req := &gpuRequirements{numberOfGPUs: rec.Count}
+		req := &mirror.GPURequirements{NumberOfGPUs: rec.Count}
 		honor := rec.NodeHonor
 		switch r.Intn(3) {
 		case 0:
@@ -151,12 +130,12 @@ func main() {
 			if err != nil {
 				panic(err)
 			}
-			req.honorGPUPartition = true
-			req.restrictedGPUPartition = parsed.AllocatePolicy == apiext.GPUPartitionAllocatePolicyRestricted
-			req.rindBusBandwidth = parsed.RingBusBandwidth
+			req.HonorGPUPartition = true
+			req.RestrictedGPUPartition = parsed.AllocatePolicy == apiext.GPUPartitionAllocatePolicyRestricted
+			req.RingBusBandwidth = parsed.RingBusBandwidth
 			honor = true
 		}
-		ctx := &allocateContext{deviceUsedMinorsHash: usedHash, deviceTotal: total}
+		ctx := &mirror.AllocateContext{DeviceUsedMinorsHash: usedHash, DeviceTotal: total}
 		allocations, status := allocateByPartition(honor, req, indexer, ctx)
 		if !status.IsSuccess() {
 			rec.Reason = status.Message()
