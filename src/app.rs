@@ -212,12 +212,16 @@ impl Service {
                         None => kube_client(&args).await?,
                     };
                     let pod_api = KubePodApi::new(client.clone(), args.request_timeout);
+                    // Each acquisition, and every start, waits out the bindings a previous
+                    // leader or process may still land (issues 22 and 36, fencing;
+                    // `Readiness::pods_current`).
+                    readiness.set_takeover_window(
+                        args.takeover_window
+                            .unwrap_or_else(|| pod_api.binding_deadline()),
+                    );
                     if let Some(mode) = args.leader_mode() {
                         // Not the leader until the first successful acquire.
                         readiness.set_leader(false);
-                        // Each acquisition waits out the bindings a previous leader may still
-                        // land (issue 22, fencing; `Readiness::pods_current`).
-                        readiness.set_takeover_window(pod_api.binding_deadline());
                         let stop = CancellationToken::new();
                         let task = tokio::spawn(crate::leader::run(
                             client.clone(),
@@ -226,6 +230,11 @@ impl Service {
                             stop.clone(),
                         ));
                         elector = Some((stop, task));
+                    } else {
+                        // No election: this process is the only binder from now on, but the
+                        // one before it (crashed, or replaced by a rollout) may have a binding
+                        // still in flight at the API server (issue 36 §1).
+                        readiness.fence_start();
                     }
                     if args.requeue {
                         if args.requeue_interval.is_zero() {

@@ -164,6 +164,15 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_REQUEST_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub request_timeout: Duration,
 
+    /// After every start and every leadership gain, binds wait this long (then for a fresh pod
+    /// list) for bindings the previous binder may still land: a crashed process, the replica a
+    /// rollout replaced, or the previous leader. Default: twice --request-timeout (the API
+    /// server gives up each binding at its `?timeout=`, and kube's client may send a 504'd one
+    /// once more). Lower it only where no other binder can have run before (0: wait for the
+    /// fresh list only).
+    #[arg(long, env = "DNE_TAKEOVER_WINDOW", value_parser = parse_duration)]
+    pub takeover_window: Option<Duration>,
+
     /// Process-wide limit of requests handled at once; more wait in a queue.
     #[arg(long, env = "DNE_MAX_CONCURRENCY", default_value_t = 256)]
     pub max_concurrency: usize,
@@ -369,10 +378,7 @@ impl ServeArgs {
             self.webhook_tls_key_file.clone()?,
         );
         let managed = if self.webhook_managed_resources.is_empty() {
-            crate::model::routing::DEFAULT_MANAGED_RESOURCES
-                .iter()
-                .map(|s| s.to_string())
-                .collect()
+            crate::model::routing::default_managed_resources()
         } else {
             self.webhook_managed_resources
                 .iter()

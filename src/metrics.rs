@@ -151,7 +151,7 @@ impl Metrics {
             pod_fences: reg!(IntCounterVec::new(
                 Opts::new(
                     "pod_fences_total",
-                    "Times binds were held until a fresh pod relist, by reason (became_leader, takeover_window, watch_error)."
+                    "Times binds were held until a fresh pod relist, by reason (became_leader, started, takeover_window, watch_error)."
                 ),
                 &["reason"]
             )),
@@ -405,7 +405,7 @@ impl Metrics {
         for age in ASSUMED_AGE_BUCKETS {
             self.assumed_entries.with_label_values(&[age]);
         }
-        for reason in ["became_leader", "takeover_window", "watch_error"] {
+        for reason in ["became_leader", "started", "takeover_window", "watch_error"] {
             self.pod_fences.with_label_values(&[reason]);
         }
         for stage in ["patch", "binding", "probe"] {
@@ -472,12 +472,14 @@ pub const ASSUMED_AGE_BUCKETS: [&str; 4] = ["lt_10s", "lt_1m", "lt_5m", "ge_5m"]
 
 /// Label values of `dne_filter_rejected_nodes_total{reason}`: a fixed set, so a reason string
 /// with a minor number in it cannot grow the series count.
-pub const FILTER_REASONS: [&str; 24] = [
+pub const FILTER_REASONS: [&str; 26] = [
     "insufficient_gpu",
     "insufficient_rdma",
     "insufficient_fpga",
     "no_device_object",
     "device_object_missing",
+    "device_not_advertised",
+    "node_not_cached",
     "malformed_allocation",
     "joint_allocate",
     "invalid_request",
@@ -500,9 +502,13 @@ pub const FILTER_REASONS: [&str; 24] = [
 ];
 
 /// Label values of `dne_webhook_reviews_total{result}`.
-pub const WEBHOOK_RESULTS: [&str; 7] = [
+pub const WEBHOOK_RESULTS: [&str; 9] = [
     "routed",
     "already_routed",
+    // Already the extender's, with deprecated resource names renamed.
+    "renamed",
+    // A managed pod that presets spec.nodeName (issue 36 §4).
+    "denied_preset_node_name",
     "not_managed",
     "other_scheduler",
     "not_a_pod_creation",
@@ -544,6 +550,10 @@ pub fn filter_reason_class(reason: &str) -> &'static str {
         "insufficient fpga devices" => "insufficient_fpga",
         "node has no Device object" => "no_device_object",
         "device object missing" => "device_object_missing",
+        r if r.starts_with(crate::placement::device::deviceless::NOT_ADVERTISED) => {
+            "device_not_advertised"
+        }
+        "node not in the extender's cache yet" => "node_not_cached",
         "node has a pod with a malformed device allocation" => "malformed_allocation",
         "device joint-allocate rules violation" => "joint_allocate",
         r if r.starts_with("invalid device request") => "invalid_request",

@@ -1093,6 +1093,7 @@ pub(super) mod tests {
                 .collect(),
             allocatable: Default::default(),
             cpu_amplification: Default::default(),
+            advertised: Default::default(),
         };
         assert_eq!(c.cpu_constraining_nodes(), 0);
         c.set_topology("n1", Some(nrt(2, 4, &[])));

@@ -55,6 +55,7 @@ impl NodeState {
             None => (
                 DeviceFacts::Missing {
                     held: !self.devices.is_empty(),
+                    advertised: self.node.as_ref().map(|n| n.advertised),
                 },
                 Vec::new(),
                 Default::default(),

@@ -15,6 +15,7 @@ use crate::model::node::Node;
 use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
 use crate::model::pod::ResourceList;
 use crate::model::quantity::Quantity;
+use crate::model::resource_names::ResourceNameSet;
 use crate::placement::cpu::{NodeCpuBindPolicy, NumaAllocateStrategy, NumaPolicy, Ratio};
 
 /// Device minors a pod's allocation takes beyond their capacity.
@@ -29,6 +30,10 @@ pub struct NodeRecord {
     /// `node.koordinator.sh/resource-amplification-ratio`'s CPU ratio.
     #[serde(skip_serializing_if = "CpuAmplificationRatio::is_off")]
     pub cpu_amplification: CpuAmplificationRatio,
+    /// The managed resource names `allocatable` offers a positive quantity of: what device
+    /// plugins serve here when the node has no `Device` object.
+    #[serde(skip)]
+    pub advertised: ResourceNameSet,
 }
 
 impl NodeRecord {
@@ -37,6 +42,14 @@ impl NodeRecord {
             uid: node.metadata.uid.clone().unwrap_or_default(),
             labels: node.labels(),
             allocatable: node.status.allocatable.clone().unwrap_or_default(),
+            advertised: ResourceNameSet::of(
+                node.status
+                    .allocatable
+                    .iter()
+                    .flatten()
+                    .filter(|(_, q)| Quantity::parse(q).is_ok_and(|q| q.milli() > 0))
+                    .map(|(name, _)| name.as_str()),
+            ),
             cpu_amplification: CpuAmplificationRatio::from_annotation(
                 node.metadata
                     .annotations

@@ -29,6 +29,7 @@ use parking_lot::Mutex;
 use super::snapshot::{DeviceView, NodeSummary};
 use crate::model::device::DeviceType;
 use crate::placement::cpu::{Amplification, CpuSummary};
+use crate::placement::device::deviceless::offers_any;
 use crate::placement::device::index::{DeviceIndexRef, INDEX_DIMS, INDEXED_TYPES, SlotGroup};
 
 /// A set of resource kinds a pod can wait for: the device types the index carries and
@@ -109,8 +110,11 @@ pub fn returned(old: Option<&NodeSummary>, new: &NodeSummary) -> ResourceKinds {
 fn offered(summary: &NodeSummary) -> ResourceKinds {
     let view = summary.view();
     let devices = match view.devices {
-        DeviceView::Missing { held: false } | DeviceView::Unindexed => ResourceKinds::DEVICES,
-        DeviceView::Missing { held: true } => ResourceKinds::empty(),
+        DeviceView::Missing { held, advertised } if offers_any(held, advertised) => {
+            ResourceKinds::DEVICES
+        }
+        DeviceView::Missing { .. } => ResourceKinds::empty(),
+        DeviceView::Unindexed => ResourceKinds::DEVICES,
         DeviceView::Indexed(idx) if idx.blocked => ResourceKinds::empty(),
         DeviceView::Indexed(idx) => INDEXED_TYPES
             .iter()
@@ -129,13 +133,30 @@ fn offered(summary: &NodeSummary) -> ResourceKinds {
 
 fn devices_returned(old: &DeviceView<'_>, new: &DeviceView<'_>) -> ResourceKinds {
     match (old, new) {
-        // Device plugins own the node's devices either way: nothing we track changed.
-        (DeviceView::Missing { held: false }, DeviceView::Missing { held: false }) => {
-            ResourceKinds::empty()
+        // Device plugins own the node's devices either way: room grew only if the node now
+        // advertises a name it did not (a device plugin registered).
+        (
+            DeviceView::Missing {
+                held: false,
+                advertised: old,
+            },
+            DeviceView::Missing {
+                held: false,
+                advertised: Some(new),
+            },
+        ) => {
+            if old.unwrap_or_default().covers(*new) {
+                ResourceKinds::empty()
+            } else {
+                ResourceKinds::DEVICES
+            }
         }
-        // The node now passes device filtering (its holders or its Device went away).
-        (_, DeviceView::Missing { held: false }) => ResourceKinds::DEVICES,
-        (_, DeviceView::Missing { held: true }) => ResourceKinds::empty(),
+        // The node now passes device filtering for what it advertises (its holders or its
+        // Device went away).
+        (_, DeviceView::Missing { held, advertised }) if offers_any(*held, *advertised) => {
+            ResourceKinds::DEVICES
+        }
+        (_, DeviceView::Missing { .. }) => ResourceKinds::empty(),
         // Facts the fixed-size index cannot carry: any change may be room.
         (_, DeviceView::Unindexed) => ResourceKinds::DEVICES,
         (_, DeviceView::Indexed(new)) if new.blocked => ResourceKinds::empty(),

@@ -31,7 +31,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use super::input::read_body;
 use crate::metrics::Metrics;
 use crate::model::pod::Pod;
-use crate::model::routing::{Routing, RoutingRule};
+use crate::model::routing::{Rename, Routing, RoutingRule};
 
 /// The webhook's path (the chart's `MutatingWebhookConfiguration` points here).
 pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
@@ -100,20 +100,43 @@ pub fn review(
             return Ok((response.deny(why).into_review(), "denied_undecodable_pod"));
         }
     };
+    let with_ops = |response: AdmissionResponse, ops: Vec<serde_json::Value>| {
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+            .expect("well-formed JSON patch operations");
+        response.with_patch(patch).expect("a JSON patch serializes")
+    };
+    let renamed_note = |renames: &[Rename]| {
+        let names: std::collections::BTreeSet<String> = renames
+            .iter()
+            .map(|r| format!("{} to {}", r.from, r.to))
+            .collect();
+        format!(
+            "renamed koordinator's deprecated resource names ({}): kube-scheduler cannot route them to the extender",
+            names.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    };
     let (response, result) = match rule.route(&pod) {
-        Routing::Route { why } => {
-            let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        Routing::Route { why, renames } => {
+            let mut ops = vec![serde_json::json!(
                 { "op": "add", "path": "/spec/schedulerName", "value": rule.scheduler_name }
-            ]))
-            .expect("a constant JSON patch");
-            let mut response = response.with_patch(patch).expect("a JSON patch serializes");
+            )];
+            ops.extend(renames.iter().map(Rename::patch_op));
+            let mut response = with_ops(response, ops);
             response.audit_annotations.insert(
                 "routed".to_string(),
                 format!("schedulerName set to {}: {why}", rule.scheduler_name),
             );
+            if !renames.is_empty() {
+                response.warnings = Some(vec![renamed_note(&renames)]);
+            }
             (response, "routed")
         }
-        Routing::AlreadyRouted => (response, "already_routed"),
+        Routing::AlreadyRouted { renames } if renames.is_empty() => (response, "already_routed"),
+        Routing::AlreadyRouted { renames } => {
+            let mut response = with_ops(response, renames.iter().map(Rename::patch_op).collect());
+            response.warnings = Some(vec![renamed_note(&renames)]);
+            (response, "renamed")
+        }
         Routing::NotManaged => (response, "not_managed"),
         Routing::OtherScheduler { scheduler, why } => {
             let mut response = response;
@@ -123,6 +146,12 @@ pub fn review(
             )]);
             (response, "other_scheduler")
         }
+        Routing::PresetNode { node, why } => (
+            response.deny(format!(
+                "device-numa-extender: {why} but sets spec.nodeName={node:?}: such a pod reaches no scheduler, so no device or cpuset is allocated to it and the extender cannot see what it holds. Leave spec.nodeName empty and pin the node with a nodeSelector on kubernetes.io/hostname instead; to run such pods anyway, leave their namespace out of the webhook's namespaceSelector (the chart's webhook.namespaceSelector)"
+            )),
+            "denied_preset_node_name",
+        ),
     };
     Ok((response.into_review(), result))
 }
@@ -274,6 +303,66 @@ mod tests {
                 .as_str()
                 .unwrap()
                 .contains("volcano")
+        );
+    }
+
+    fn patch_ops(v: &serde_json::Value) -> serde_json::Value {
+        let bytes: Vec<u8> =
+            serde_json::from_value(v["response"]["patch"].clone()).expect("patch bytes");
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// Issue 36 §3: a pod asking for a deprecated name is routed and gets the current name.
+    #[test]
+    fn deprecated_names_are_routed_and_renamed() {
+        let rule = RoutingRule {
+            managed_resources: crate::model::routing::default_managed_resources(),
+            ..rule()
+        };
+        let pod = serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"kubernetes.io/gpu-memory-ratio": "50"}}}]}
+        });
+        let (answer, result) = review(&rule, &body(pod.clone(), "CREATE")).unwrap();
+        let v = serde_json::to_value(answer).unwrap();
+        assert_eq!(result, "routed");
+        assert_eq!(
+            patch_ops(&v),
+            serde_json::json!([
+                {"op": "add", "path": "/spec/schedulerName", "value": "device-numa-scheduler"},
+                {"op": "move", "from": "/spec/containers/0/resources/limits/kubernetes.io~1gpu-memory-ratio",
+                 "path": "/spec/containers/0/resources/limits/koordinator.sh~1gpu-memory-ratio"}
+            ])
+        );
+        assert!(
+            v["response"]["warnings"][0]
+                .as_str()
+                .unwrap()
+                .contains("kubernetes.io/gpu-memory-ratio to koordinator.sh/gpu-memory-ratio"),
+            "{v}"
+        );
+        // Already the extender's: renamed only.
+        let mut ours = pod;
+        ours["spec"]["schedulerName"] = "device-numa-scheduler".into();
+        let (answer, result) = review(&rule, &body(ours, "CREATE")).unwrap();
+        let v = serde_json::to_value(answer).unwrap();
+        assert_eq!(result, "renamed");
+        assert_eq!(patch_ops(&v).as_array().unwrap().len(), 1, "{v}");
+    }
+
+    /// Issue 36 §4: a managed pod with a preset nodeName is denied, and the message says why
+    /// and how to opt out.
+    #[test]
+    fn a_managed_pod_with_a_preset_node_name_is_denied() {
+        let mut pod = gpu_pod("default-scheduler");
+        pod["spec"]["nodeName"] = "gpu-1".into();
+        let (v, result) = answer(&body(pod, "CREATE"));
+        assert_eq!(result, "denied_preset_node_name");
+        assert_eq!(v["response"]["allowed"], false);
+        let message = v["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("spec.nodeName=\"gpu-1\"") && message.contains("namespaceSelector"),
+            "{message}"
         );
     }
 

@@ -1,5 +1,6 @@
 //! koordinator's device protocol: the `Device` CRD (`scheduling.koordinator.sh/v1alpha1`), the
-//! device resource names, the deprecated-name mapping, and the `device-allocated` pod annotation.
+//! deprecated-name mapping (over the name table of `super::resource_names`, which owns the
+//! device resource names; they are re-exported here), and the `device-allocated` pod annotation.
 //!
 //! This module owns the wire shapes only: decoding, strict annotation parsing and byte-stable
 //! annotation rendering that koordlet reads unchanged. It holds no state, performs no I/O and
@@ -24,47 +25,19 @@ pub const DEVICE_ALLOCATE_HINT: &str = "scheduling.koordinator.sh/device-allocat
 /// Pod annotation asking to honor GPU partition tables (see [`super::gpu_partition`]).
 pub use super::gpu_partition::GPU_PARTITION_SPEC;
 
-/// Whole NVIDIA GPUs (count).
-pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
-/// Whole AMD GPUs (count).
-pub const AMD_GPU: &str = "amd.com/gpu";
-/// Whole Hygon DCUs (count).
-pub const HYGON_DCU: &str = "dcu.com/gpu";
-/// Percent of a GPU (100 = one card); deprecated but supported.
-pub const KOORD_GPU: &str = "koordinator.sh/gpu";
-/// Number of GPUs a shared request is spread over.
-pub const GPU_SHARED: &str = "koordinator.sh/gpu.shared";
-/// Compute percent, 100 per GPU.
-pub const GPU_CORE: &str = "koordinator.sh/gpu-core";
-/// GPU memory in bytes.
-pub const GPU_MEMORY: &str = "koordinator.sh/gpu-memory";
-/// GPU memory percent, 100 per GPU.
-pub const GPU_MEMORY_RATIO: &str = "koordinator.sh/gpu-memory-ratio";
-/// Huawei Ascend (v)NPU dimensions: recognised, rejected as unsupported.
-pub const HUAWEI_NPU_CORE: &str = "huawei.com/npu-core";
-pub const HUAWEI_NPU_CPU: &str = "huawei.com/npu-cpu";
-pub const HUAWEI_NPU_DVPP: &str = "huawei.com/npu-dvpp";
-/// Percent of an RDMA NIC.
-pub const RDMA: &str = "koordinator.sh/rdma";
-/// Percent of an FPGA.
-pub const FPGA: &str = "koordinator.sh/fpga";
+/// The device resource names are the name table's (`super::resource_names`, which owns them).
+pub use super::resource_names::{
+    AMD_GPU, FPGA, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, HUAWEI_NPU_CORE,
+    HUAWEI_NPU_CPU, HUAWEI_NPU_DVPP, HYGON_DCU, KOORD_GPU, NVIDIA_GPU, RDMA,
+};
 
-/// Deprecated names that koordinator's informer transformers rename before anything reads them.
-pub const DEPRECATED_DEVICE_RESOURCES: [(&str, &str); 6] = [
-    ("kubernetes.io/gpu", KOORD_GPU),
-    ("kubernetes.io/gpu-core", GPU_CORE),
-    ("kubernetes.io/gpu-memory", GPU_MEMORY),
-    ("kubernetes.io/gpu-memory-ratio", GPU_MEMORY_RATIO),
-    ("kubernetes.io/rdma", RDMA),
-    ("kubernetes.io/fpga", FPGA),
-];
-
-/// The current name for a (possibly deprecated) device resource name.
+/// The current name for a (possibly deprecated) device resource name (koordinator's informer
+/// transformers rename them before anything reads them); from [`super::resource_names`]'s table.
 pub fn canonical_resource_name(name: &str) -> &str {
-    DEPRECATED_DEVICE_RESOURCES
-        .iter()
-        .find(|(old, _)| *old == name)
-        .map_or(name, |(_, new)| new)
+    match super::resource_names::managed(name) {
+        Some((_, r)) => r.canonical,
+        None => name,
+    }
 }
 
 /// Renames deprecated device resource names in a resource map. When both the deprecated and the

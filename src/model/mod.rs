@@ -49,6 +49,7 @@ pub mod nrt;
 pub mod pod;
 pub mod quantity;
 pub mod requests;
+pub mod resource_names;
 pub mod routing;
 pub mod wire;
 

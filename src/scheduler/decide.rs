@@ -22,6 +22,7 @@ use crate::placement::cpu::{
     CpuPlacement, NodeCpuBindPolicy, NumaMask, PodCpuRequest, place, score_or_zero,
 };
 use crate::placement::device::allocate::{FitError, fit_on_numa, fit_with};
+use crate::placement::device::deviceless::deviceless_fit;
 use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::score_node;
 
@@ -137,13 +138,8 @@ pub fn decide_on_node(
 
 /// The device policy for one node, shared by filter, preempt and bind:
 /// `Ok(None)` = nothing to allocate here, `Ok(Some)` = the allocation, `Err` = no fit.
-///
-/// A node without a Device object is left to the kubelet's device plugins (koordinator #1594)
-/// unless pods on it hold koordinator device allocations: then its Device object is missing
-/// (deleted, or not yet arrived) and nothing is allocatable until it is back, while what those
-/// pods hold stays counted (koordinator #1186); pods in `ignore` (preemption victims) do not
-/// count as holding. The rule depends only on current API state, so
-/// a restarted or standby replica decides exactly as a long-running one.
+/// A node without a Device object is decided by [`deviceless_fit`] (issue 36 §6). The rule depends only on
+/// current API state, so a restarted or standby replica decides exactly as a long-running one.
 pub fn allocate_on(
     node: Option<&NodeState>,
     req: &PodDeviceRequest,
@@ -151,20 +147,14 @@ pub fn allocate_on(
     scoring: &ScoringConfig,
 ) -> Result<Option<DeviceAllocations>, FitError> {
     let Some(node) = node else {
-        return Ok(None);
+        return deviceless_fit(false, None, req.asked).map(|()| None);
     };
     if node.devices.devices().is_none() {
         // Preemption victims (`ignore`) count as gone: once they are, the node may hold
         // nothing any more and is left to the device plugins again.
         let held = node.devices.entries().any(|(uid, _)| !ignore.contains(uid));
-        return if !held {
-            Ok(None)
-        } else {
-            Err(FitError {
-                reason: "device object missing".into(),
-                unresolvable: false,
-            })
-        };
+        let advertised = node.node.as_ref().map(|n| n.advertised);
+        return deviceless_fit(held, advertised, req.asked).map(|()| None);
     }
     fit_with(&node.devices, req, ignore, &scoring.device).map(Some)
 }
@@ -262,6 +252,14 @@ mod tests {
     #[test]
     fn deviceless_node_is_passable_once_its_holders_are_victims() {
         let mut node = NodeState::default();
+        // Its device plugin advertises the GPUs (else no GPU pod passes at all: issue 36 §6).
+        node.node = Some(crate::cluster::NodeRecord::from_node(
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n"},
+                "status": {"allocatable": {"nvidia.com/gpu": "1"}}
+            }))
+            .unwrap(),
+        ));
         let holder = PodUid::new("holder");
         node.devices.record(
             holder.clone(),

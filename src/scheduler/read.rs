@@ -14,7 +14,9 @@ use crate::placement::cpu::{
     fast_score,
 };
 use crate::placement::device::allocate::FitError;
+use crate::placement::device::deviceless::deviceless_fit;
 use crate::placement::device::fast::{self as fast_device, FastRequest};
+use crate::placement::device::request::PodDeviceRequest;
 
 /// Filter's memo of aligned decisions: the CPU side's affinity or error.
 pub type FitMemo = AlignedMemo<Result<Option<NumaMask>, crate::placement::FitError>>;
@@ -44,8 +46,9 @@ pub fn snapshot_fit(
         }
     }
     match (&needs.devices, node) {
-        (None, _) | (Some(_), None) => Some(Ok(())),
-        (Some(_), Some(n)) => device_check(n.devices, fast?),
+        (None, _) => Some(Ok(())),
+        (Some(d), None) => Some(deviceless_fit(false, None, d.asked)),
+        (Some(d), Some(n)) => device_check(n.devices, d, fast?),
     }
 }
 
@@ -121,15 +124,15 @@ fn partition_fit(
 }
 
 /// The device half of [`snapshot_fit`] ([`allocate_on`]'s answer).
-fn device_check(devices: DeviceView<'_>, fast: &FastRequest) -> Option<Result<(), FitError>> {
+fn device_check(
+    devices: DeviceView<'_>,
+    request: &PodDeviceRequest,
+    fast: &FastRequest,
+) -> Option<Result<(), FitError>> {
     match devices {
-        // Device plugins own a node without a Device object, unless pods hold allocations
-        // on it: then it is missing and nothing is allocatable until it returns.
-        DeviceView::Missing { held: false } => Some(Ok(())),
-        DeviceView::Missing { held: true } => Some(Err(FitError {
-            reason: "device object missing".into(),
-            unresolvable: false,
-        })),
+        DeviceView::Missing { held, advertised } => {
+            Some(deviceless_fit(held, advertised, request.asked))
+        }
         DeviceView::Unindexed => None,
         DeviceView::Indexed(index) => Some(fast_device::feasible(index, fast)),
     }

@@ -395,8 +395,20 @@ impl Readiness {
         }
     }
 
+    /// A process start is a takeover too, whatever the leader mode: the previous process (a
+    /// crashed replica, or the one a rollout replaced) may have sent bindings that the API
+    /// server applies after this one's first list. Called once at start when no leader
+    /// election will call [`Self::set_leader`]; with one, gaining the lease does the same.
+    pub fn fence_start(&self) {
+        self.begin_takeover_because("started");
+    }
+
     /// Fences the pod cache for a new leadership term and opens the takeover window.
     fn begin_takeover(&self) {
+        self.begin_takeover_because("became_leader");
+    }
+
+    fn begin_takeover_because(&self, why: &'static str) {
         let window = self.takeover_window_nanos.load(Ordering::SeqCst);
         if window > 0 {
             let until = BootInstant::now().as_nanos().saturating_add(window);
@@ -404,7 +416,7 @@ impl Readiness {
         }
         let mut kinds = self.kinds.lock();
         if let Some(k) = kinds.get_mut(&Kind::Pods) {
-            self.raise_pod_fence(k, "became_leader");
+            self.raise_pod_fence(k, why);
         }
     }
 

@@ -184,7 +184,7 @@ CASES = {
     "default": None,
     "grafana-dashboard": {"grafanaDashboard": {"enabled": True, "labels": {"team": "gpu"},
                                                "annotations": {"grafana_folder": "GPU"}}},
-    "scheduler-no-follow": {"extender": {"followSchedulerLease": False}},
+    "scheduler-no-follow": {"replicas": 1, "extender": {"followSchedulerLease": False}},
     "scheduler-ha": {"replicas": 2},
     "scheduler-route-all-pods": {"extenderConfig": {"routeAllPods": True}},
     "scheduler-servicemonitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
@@ -210,8 +210,8 @@ CASES = {
     },
     "standalone": {"mode": "standalone"},
     "standalone-ha": {"mode": "standalone", "replicas": 2},
-    "standalone-ha-no-le": {"mode": "standalone", "replicas": 2,
-                            "extender": {"leaderElection": {"enabled": False}}},
+    "standalone-no-le": {"mode": "standalone", "replicas": 1,
+                         "extender": {"leaderElection": {"enabled": False}}},
     "standalone-le-forced": {"mode": "standalone", "extender": {"leaderElection": {"enabled": True, "leaseName": "dne"}}},
     "standalone-servicemonitor": {"mode": "standalone", "serviceMonitor": {"enabled": True}},
     "standalone-prefix": {"mode": "standalone", "extender": {"pathPrefix": "/gpu/v1"}},
@@ -415,6 +415,10 @@ def check_extenders_stanza(extenders: list[dict], *, port: int, prefix: str, hos
     return ext
 
 
+# koordinator's deprecated names: in the chart's list (the webhook routes and renames them), never
+# in the extender stanza.
+DEPRECATED_NAMES = {"kubernetes.io/gpu", "kubernetes.io/gpu-core", "kubernetes.io/gpu-memory",
+                    "kubernetes.io/gpu-memory-ratio", "kubernetes.io/rdma", "kubernetes.io/fpga"}
 KOORD_NAMES = {
     "nvidia.com/gpu", "amd.com/gpu", "dcu.com/gpu", "koordinator.sh/gpu", "koordinator.sh/gpu-core",
     "koordinator.sh/gpu-memory", "koordinator.sh/gpu-memory-ratio", "koordinator.sh/gpu.shared",
@@ -446,17 +450,20 @@ def test_scheduler_config(chart, case):
     req_timeout = next(a for a in containers(objects)["extender"]["args"] if a.startswith("--request-timeout="))
     assert duration_seconds(ext["httpTimeout"]) > duration_seconds(req_timeout.split("=", 1)[1])
     ignored = {m["name"] for m in values.get("extenderConfig", {}).get("managedResources", [])} or \
-        {n for n in KOORD_NAMES if not n.endswith("/gpu") or n.startswith("koordinator.sh/")}
+        {n for n in KOORD_NAMES | DEPRECATED_NAMES if not n.endswith("/gpu") or not n.startswith(("nvidia", "amd", "dcu"))}
     if values.get("extenderConfig", {}).get("routeAllPods"):
         assert "managedResources" not in ext
         (pc,) = profile["pluginConfig"]
         assert pc["name"] == "NodeResourcesFit"
+        # Deprecated names are valid here (label names) and every pod reaches the extender.
         assert set(pc["args"]["ignoredResources"]) == ignored
     else:
         assert "pluginConfig" not in profile
         mrs = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
+        # kube-scheduler refuses kubernetes.io/ names in managedResources (validateExtendedResourceName).
         assert set(mrs) == KOORD_NAMES
-        assert {n for n, ign in mrs.items() if ign} == ignored
+        assert not any(n.startswith("kubernetes.io/") for n in mrs)
+        assert {n for n, ign in mrs.items() if ign} == ignored - DEPRECATED_NAMES
         # vendor whole-GPU counts stay visible to NodeResourcesFit
         assert not mrs["nvidia.com/gpu"] and not mrs["amd.com/gpu"] and not mrs["dcu.com/gpu"]
     # kube-scheduler container: stock image, reads this config.
@@ -681,7 +688,7 @@ BAD_VALUES = [
     {"extenderConfig": {"weight": 0}},
     {"extenderConfig": {"httpTimeout": 30}},
     {"extenderConfig": {"managedResources": [{"name": "gpu", "ignoredByScheduler": True}]}},
-    {"extenderConfig": {"managedResources": [{"name": "kubernetes.io/gpu", "ignoredByScheduler": True}]}},
+    {"extenderConfig": {"managedResources": [{"name": "kubernetes.io/tpu", "ignoredByScheduler": True}]}},
     {"extenderConfig": {"managedResources": [{"name": "requests.example.com/gpu", "ignoredByScheduler": True}]}},
     {"extenderConfig": {"managedResources": [{"name": "example.com/gpu"}]}},
     {"extenderConfig": {"managedResources": [{"name": "example.com/gpu", "ignoredByScheduler": True}] * 2}},
@@ -902,6 +909,11 @@ def test_network_policy_admits_verbs_only_from_the_scheduler(chart, case):
 
 
 TEMPLATE_ERRORS = [
+    # Two active binders without a Lease between them (issue 36 §1).
+    ({"mode": "standalone", "replicas": 2, "extender": {"leaderElection": {"enabled": False}}},
+     "mode=standalone with replicas > 1 needs extender.leaderElection.enabled"),
+    ({"replicas": 3, "extender": {"followSchedulerLease": False}},
+     "mode=scheduler with replicas > 1 needs extender.followSchedulerLease=true"),
     ({"tls": {"enabled": True}}, "tls.enabled=true needs"),
     ({"tls": {"secretName": "dne-serving"}}, "needs tls.clientSecretName"),
     ({"tls": {"certManager": {"enabled": True}}}, "issuerRef.name is required"),
@@ -909,7 +921,7 @@ TEMPLATE_ERRORS = [
 
 
 @pytest.mark.parametrize("bad,message", TEMPLATE_ERRORS, ids=[m for _, m in TEMPLATE_ERRORS])
-def test_inconsistent_tls_values_fail_the_render(chart, bad, message):
+def test_inconsistent_values_fail_the_render(chart, bad, message):
     with pytest.raises(Exception) as err:
         R.render(bad, chart=chart)
     assert message in str(err.value)
@@ -987,7 +999,10 @@ def test_webhook_configuration_reaches_the_listener_and_routes_only_device_pods(
     (cond,) = hook["matchConditions"]
     for name in managed:
         assert f"'{name}'" in cond["expression"]
+    assert DEPRECATED_NAMES <= set(managed), "koordinator's deprecated names are routed too"
     assert "default-scheduler" in cond["expression"]
+    # The extender's own pods reach the webhook too (renames, preset nodeName refused).
+    assert f"object.spec.schedulerName == '{flags['--webhook-scheduler-name']}'" in cond["expression"]
     assert ("koordinator.sh/qosClass" in cond["expression"]) == bool(w.get("routeCpusetQos"))
     assert ("--webhook-route-cpuset-qos" in ext["args"]) == bool(w.get("routeCpusetQos"))
 

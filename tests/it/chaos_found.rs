@@ -21,7 +21,10 @@ use crate::support::{FakeApiServer, Kind};
 async fn bind_that_allocates_nothing_removes_a_stale_annotation() {
     let fake = FakeApiServer::new();
     service::add_gpu_node(&fake, "n1", 2, &[]);
-    fake.create(Kind::Node, service::node("n2")).unwrap(); // no Device: device plugins own it
+    // No Device: the device plugin that advertises its GPUs owns it.
+    let mut n2 = service::node("n2");
+    n2["status"]["allocatable"]["nvidia.com/gpu"] = json!("2");
+    fake.create(Kind::Node, n2).unwrap();
     let stale = r#"{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory":"80Gi","koordinator.sh/gpu-memory-ratio":"100"}}]}"#;
     let p = service::pod(
         "ml",
@@ -122,7 +125,13 @@ async fn fenced_binds_are_refused_counted_and_resume_after_the_relist() {
     let p = service::pending("p", json!({"nvidia.com/gpu": "1"}));
     fake.create(Kind::Pod, p.clone()).unwrap();
     let env = Env::start(&fake, &[]).await;
-    assert_eq!(env.metric("dne_pod_fences_total", "").await, 0.0);
+    // Only the start's fence (issue 36 §1), lifted by the first list.
+    assert_eq!(env.metric("dne_pod_fences_total", "").await, 1.0);
+    assert_eq!(
+        env.metric("dne_pod_fences_total", "reason=\"started\"")
+            .await,
+        1.0
+    );
 
     crate::gpu::pod_watch_down(&fake).await;
     // The fence is raised when the watcher reports its failed restart: wait for that.
@@ -190,7 +199,9 @@ async fn a_failing_pod_list_does_not_spin_the_fence() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let fences = env.metric("dne_pod_fences_total", "").await;
+    let fences = env
+        .metric("dne_pod_fences_total", "reason=\"watch_error\"")
+        .await;
     crate::gpu::pod_watch_up(&fake);
     assert_eq!(
         fences, 1.0,

@@ -644,6 +644,21 @@ fn spawn_replica(kubeconfig: &Path, identity: &str, log: &Path) -> Replica {
 }
 
 fn spawn_replica_with(kubeconfig: &Path, identity: &str, log: &Path, extra: &[&str]) -> Replica {
+    // `extra` overrides a flag elect_flags sets (clap refuses a flag given twice).
+    let mut elect = elect_flags(identity);
+    for flag in extra.iter().filter(|f| f.starts_with("--")) {
+        if let Some(at) = elect.iter().position(|f| f == flag) {
+            elect.drain(at..at + 2);
+        }
+    }
+    let mut args: Vec<&str> = elect.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
+    spawn_serve(kubeconfig, log, &args)
+}
+
+/// A `serve` process with exactly `flags` beyond the kubeconfig, listener and logs: no leader
+/// election unless they ask for it.
+fn spawn_serve(kubeconfig: &Path, log: &Path, flags: &[&str]) -> Replica {
     let port = free_port();
     let mut args: Vec<String> = vec![
         "serve".into(),
@@ -656,15 +671,7 @@ fn spawn_replica_with(kubeconfig: &Path, identity: &str, log: &Path, extra: &[&s
         "--log-level".into(),
         "info".into(),
     ];
-    // `extra` overrides a flag elect_flags sets (clap refuses a flag given twice).
-    let mut elect = elect_flags(identity);
-    for flag in extra.iter().filter(|f| f.starts_with("--")) {
-        if let Some(at) = elect.iter().position(|f| f == flag) {
-            elect.drain(at..at + 2);
-        }
-    }
-    args.extend(elect);
-    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(flags.iter().map(|s| s.to_string()));
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
         .args(&args)
         .stdout(std::process::Stdio::null())
@@ -894,6 +901,104 @@ async fn a_binding_the_old_leader_sent_that_lands_after_the_takeover_is_never_gi
         assert!(Instant::now() < deadline, "y never got a final answer: {e}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         last = bind_error(&bind(standby, y).await);
+    }
+    let bound = assert_no_double_allocation(&fake);
+    assert_eq!(bound, 4, "x and the three fillers hold the four GPUs");
+    let y_now = fake.get(Kind::Pod, "ml", "p4").unwrap();
+    assert!(y_now["spec"]["nodeName"].is_null(), "y was bound: {y_now}");
+}
+
+/// Issue 36 §1: a single replica without leader election, restarted while a binding it sent is
+/// still in flight at the API server. The new process's first list shows x unbound; it must not
+/// give x's GPU to y before x's binding has landed or can no longer land. Every start is a
+/// takeover: it waits out the previous process's bindings (`--takeover-window`, by default twice
+/// `--request-timeout`) and then for a pod list begun afterwards. **Before the fix** (no fence
+/// without a leader mode; reproduced with `--takeover-window 0s`): y was bound to the GPU x's
+/// binding claims.
+#[tokio::test]
+async fn a_restart_without_leader_election_never_gives_away_a_binding_still_in_flight() {
+    let (fake, pods) = cluster(5);
+    let served = fake.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    served.write_kubeconfig(&kubeconfig).unwrap();
+    // The binding carries `?timeout=` 10 s: the API server may apply it until then, well after
+    // the restarted process has listed.
+    let flags = ["--request-timeout", "10s"];
+    let mut first = spawn_serve(&kubeconfig, &dir.path().join("first.log"), &flags);
+    let bind = |http: &Http, pod: &Value| {
+        let http = http.clone();
+        let body = service::binding_args(pod, "n1");
+        async move { http.try_post("/bind", &body).await }
+    };
+    // Fill three GPUs (retrying while the start fence holds binds, or not yet ready).
+    let deadline = Instant::now() + 2 * HANG_GUARD;
+    for pod in &pods[..3] {
+        loop {
+            let r = bind(&first.http, pod).await;
+            match bind_error(&r) {
+                None => break,
+                Some(e) => assert!(
+                    Instant::now() < deadline && !e.contains("cannot place"),
+                    "{e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // x's binding reaches the API server, which answers 500 at once and applies it later.
+    let (x, y) = (&pods[3], &pods[4]);
+    fake.push_write_fault(WriteOp::PodBinding, WriteFault::LandsLate(1));
+    let r = bind(&first.http, x).await;
+    assert!(bind_error(&r).is_some(), "x's binding answered: {r:?}");
+    assert!(fake.late_write_arrived(1));
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+
+    // The same Deployment's next process: no leader mode, so nothing but the start fence
+    // stands between its first list (x unbound) and y.
+    let second = spawn_serve(&kubeconfig, &dir.path().join("second.log"), &flags);
+    let deadline = Instant::now() + HANG_GUARD;
+    let answered = loop {
+        let r = bind(&second.http, y).await;
+        let up = r.is_ok();
+        match bind_error(&r) {
+            // Not listening yet, or not synced yet: no decision was made.
+            Some(e) if !up || e.contains("not ready") => {
+                assert!(Instant::now() < deadline, "never ready: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => break other,
+        }
+    };
+    assert!(
+        answered
+            .as_deref()
+            .is_some_and(|e| e.contains("catching up")),
+        "the restarted process decided y before x's binding could land: {answered:?}"
+    );
+    // Now x's binding lands, still inside the API server's deadline for it.
+    fake.land_late_write(1);
+    let deadline = Instant::now() + HANG_GUARD;
+    while fake.late_write_outcome(1).is_none() {
+        assert!(Instant::now() < deadline, "the late binding never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        fake.late_write_outcome(1),
+        Some(201),
+        "x's late binding must land for this test to mean anything"
+    );
+    // y keeps being retried, as kube-scheduler would, until the process answers for good.
+    let mut last = answered;
+    let deadline = Instant::now() + 2 * HANG_GUARD;
+    while let Some(e) = &last {
+        if e.contains("cannot place") || e.contains("does not fit") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "y never got a final answer: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        last = bind_error(&bind(&second.http, y).await);
     }
     let bound = assert_no_double_allocation(&fake);
     assert_eq!(bound, 4, "x and the three fillers hold the four GPUs");

@@ -231,7 +231,13 @@ async fn the_binary_aligns_gpu_and_cpuset_against_the_fake_api_server() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     served.write_kubeconfig(&kubeconfig).unwrap();
-    let mut p = crate::binary::Running::start(&["--kubeconfig", kubeconfig.to_str().unwrap()]);
+    // A fresh fake API server: no binder ran before this process, so no takeover window.
+    let mut p = crate::binary::Running::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--takeover-window",
+        "0s",
+    ]);
     let http = Http::new(p.addr);
     crate::binary::wait_ready(&http, &mut p).await;
     place_and_check_alignment(&fake, &http, &pod).await;

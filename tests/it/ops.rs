@@ -1261,11 +1261,15 @@ async fn filter_results_rejections_and_capacity_gauges_match_the_objects() {
     let ask =
         |limits: Value| json!({"Pod": pod_doc("x", limits), "NodeNames": nodes, "Nodes": null});
     // 8 whole GPUs: no GPU node has 8 (healthy and free); the CPU node has no Device object
-    // and passes (kube-scheduler's own fit rejects it in a real cluster).
+    // and advertises no GPU, so it does not serve the pod either (issue 36 §6).
     let (_, eight) = http
         .post("/filter", &ask(json!({"nvidia.com/gpu": "8"})))
         .await;
-    assert_eq!(eight["NodeNames"], json!(["cpu-node-0"]), "{eight}");
+    assert_eq!(eight["NodeNames"], json!([]), "{eight}");
+    assert_eq!(
+        eight["FailedAndUnresolvableNodes"]["cpu-node-0"],
+        "node has no Device object and does not advertise nvidia.com/gpu"
+    );
     // gpu-core without memory is an invalid request: every node is unresolvable.
     let (_, invalid) = http
         .post("/filter", &ask(json!({"koordinator.sh/gpu-core": "50"})))
@@ -1285,7 +1289,11 @@ async fn filter_results_rejections_and_capacity_gauges_match_the_objects() {
     let (_, text) = http.get("/metrics").await;
     let text = text.as_str().unwrap();
     let counter = |series: &str| sample(text, series);
-    assert_eq!(counter(r#"dne_filter_results_total{result="fits"}"#), 2.0);
+    assert_eq!(counter(r#"dne_filter_results_total{result="fits"}"#), 1.0);
+    assert_eq!(
+        counter(r#"dne_filter_results_total{result="fits_nowhere"}"#),
+        1.0
+    );
     assert_eq!(
         counter(r#"dne_filter_results_total{result="invalid_request"}"#),
         1.0
@@ -1295,12 +1303,12 @@ async fn filter_results_rejections_and_capacity_gauges_match_the_objects() {
         1.0
     );
     assert_eq!(
-        counter(r#"dne_filter_results_total{result="fits_nowhere"}"#),
-        0.0
-    );
-    assert_eq!(
         counter(r#"dne_filter_rejected_nodes_total{reason="insufficient_gpu"}"#),
         3.0
+    );
+    assert_eq!(
+        counter(r#"dne_filter_rejected_nodes_total{reason="device_not_advertised"}"#),
+        1.0
     );
     assert_eq!(
         counter(r#"dne_filter_rejected_nodes_total{reason="invalid_request"}"#),

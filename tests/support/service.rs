@@ -29,6 +29,21 @@ pub fn serve_args(extra: &[&str]) -> ServeArgs {
         "--shutdown-delay",
         "0s",
     ];
+    // A fresh fake API server has had no binder before this one, so no binding can still be in
+    // flight: starts skip the takeover window (a fresh pod list still lifts the start fence).
+    // Tests of leadership and restarts keep the default.
+    let elects = extra.iter().any(|f| {
+        [
+            "--leader-elect",
+            "--follow-scheduler-lease",
+            "--takeover-window",
+        ]
+        .iter()
+        .any(|flag| f.starts_with(flag))
+    });
+    if !elects {
+        argv.extend_from_slice(&["--takeover-window", "0s"]);
+    }
     argv.extend_from_slice(extra);
     match Cli::try_parse_from(argv).expect("valid test flags").command {
         Command::Serve(args) => *args,

@@ -56,6 +56,23 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- end }}
 {{- end }}
 
+{{/*
+Two replicas that may bind at once hand the same GPU out twice: each has its own ledger. Refused
+when more than one replica would be an active binder without a Lease to order them (issue 36 §1).
+In scheduler mode each kube-scheduler replica calls its own sidecar, and only a sidecar that
+follows the scheduler's Lease fences the pod cache when its scheduler takes over.
+*/}}
+{{- define "dne.validateBinders" -}}
+{{- if gt (int .Values.replicas) 1 }}
+{{- if and (eq .Values.mode "standalone") (not (include "dne.ownLeaderElection" .)) }}
+{{- fail "mode=standalone with replicas > 1 needs extender.leaderElection.enabled (null or true): without it every replica binds behind the one Service and the same device is handed out twice" }}
+{{- end }}
+{{- if and (eq .Values.mode "scheduler") (not .Values.extender.followSchedulerLease) }}
+{{- fail "mode=scheduler with replicas > 1 needs extender.followSchedulerLease=true: a sidecar that does not follow its kube-scheduler's Lease cannot fence its cache when that scheduler takes over, and may hand out a device the previous leader's last binding holds" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* "true" when the sidecar follows the kube-scheduler's Lease (`--follow-scheduler-lease`). */}}
 {{- define "dne.followLease" -}}
 {{- if and (eq .Values.mode "scheduler") .Values.extender.followSchedulerLease }}true{{ end }}
@@ -137,7 +154,11 @@ extenders:
     nodeCacheCapable: {{ .Values.extenderConfig.nodeCacheCapable }}
     ignorable: {{ .Values.extenderConfig.ignorable }}
     {{- if not (and (eq .Values.mode "scheduler") .Values.extenderConfig.routeAllPods) }}
-    {{- with .Values.extenderConfig.managedResources }}
+    {{- /* kube-scheduler refuses kubernetes.io/ names here (not extended resource names): the
+    webhook renames such requests to their current names instead. */}}
+    {{- $stanza := list }}
+    {{- range .Values.extenderConfig.managedResources }}{{ if not (hasPrefix "kubernetes.io/" .name) }}{{ $stanza = append $stanza . }}{{ end }}{{ end }}
+    {{- with $stanza }}
     managedResources:
       {{- range . }}
       - name: {{ .name | quote }}
@@ -149,6 +170,7 @@ extenders:
 
 {{/* Flags for `device-numa-extender serve`; each one is in the binary's documented flag set. */}}
 {{- define "dne.extenderArgs" -}}
+{{- include "dne.validateBinders" . }}
 {{- $e := .Values.extender }}
 {{- /* scheduler mode: verbs on loopback only (kube-scheduler is in the same pod). */}}
 {{- $host := ternary "127.0.0.1" "0.0.0.0" (eq .Values.mode "scheduler") }}
@@ -416,10 +438,11 @@ profiles:
 
 {{/*
 The webhook's matchCondition (CEL, evaluated by the API server before it calls the webhook): a
-pod that names no scheduler or the default one and requests or limits a managed resource in any
-container or init container (or carries a cpuset QoS class, with routeCpusetQos). The same rule
-as the binary's (`model::routing`); only these pods ever wait on the webhook, so failurePolicy
-Fail cannot block any other pod.
+pod that names no scheduler, the default one or the extender's, and requests or limits a managed
+resource in any container or init container (or carries a cpuset QoS class, with
+routeCpusetQos). The same rule as the binary's (`model::routing`); only these pods ever wait on
+the webhook, so failurePolicy Fail cannot block any other pod. The extender's own pods are sent
+too: their deprecated resource names are renamed, and a preset spec.nodeName is refused.
 */}}
 {{- define "dne.webhookCondition" -}}
 {{- $names := list }}
@@ -430,5 +453,5 @@ Fail cannot block any other pod.
 {{- if .Values.webhook.routeCpusetQos }}
 {{- $wants = printf "%s || (has(object.metadata.labels) && 'koordinator.sh/qosClass' in object.metadata.labels && object.metadata.labels['koordinator.sh/qosClass'] in ['LSE', 'LSR'])" $wants }}
 {{- end }}
-{{- printf "(!has(object.spec.schedulerName) || object.spec.schedulerName == '' || object.spec.schedulerName == 'default-scheduler') && (%s)" $wants }}
+{{- printf "(!has(object.spec.schedulerName) || object.spec.schedulerName == '' || object.spec.schedulerName == 'default-scheduler' || object.spec.schedulerName == '%s') && (%s)" (include "dne.webhookSchedulerName" .) $wants }}
 {{- end }}

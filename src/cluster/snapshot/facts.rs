@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::model::resource_names::ResourceNameSet;
 use crate::placement::cpu::{Amplification, CpuSummary, NodeCpuBindPolicy};
 use crate::placement::device::index::{DeviceIndexRef, GroupRanges, NodeSums, SlotGroup};
 use crate::placement::device::partition::NodePartitions;
@@ -13,7 +14,12 @@ use crate::placement::device::partition::NodePartitions;
 pub enum DeviceFacts {
     /// No `Device` object. `held`: pods still hold device allocations here (then nothing is
     /// allocatable until it returns; otherwise device plugins own the node's devices).
-    Missing { held: bool },
+    /// `advertised`: the managed names the Node's allocatable offers (`None`: no Node object
+    /// in the cache).
+    Missing {
+        held: bool,
+        advertised: Option<ResourceNameSet>,
+    },
     /// Devices the fixed-size index cannot carry exactly: the full allocator answers.
     Unindexed,
     /// Indexed: per device type, a range of the chunk's slots. `honors_partitions`: whole-GPU
@@ -92,7 +98,10 @@ pub struct PartitionFacts {
 /// A node's devices as the read verbs see them.
 #[derive(Clone, Copy, Debug)]
 pub enum DeviceView<'a> {
-    Missing { held: bool },
+    Missing {
+        held: bool,
+        advertised: Option<ResourceNameSet>,
+    },
     Unindexed,
     Indexed(DeviceIndexRef<'a>),
 }
@@ -204,7 +213,7 @@ pub(super) fn device_view<'a>(
     sums: &'a NodeSums,
 ) -> DeviceView<'a> {
     match *facts {
-        DeviceFacts::Missing { held } => DeviceView::Missing { held },
+        DeviceFacts::Missing { held, advertised } => DeviceView::Missing { held, advertised },
         DeviceFacts::Unindexed => DeviceView::Unindexed,
         DeviceFacts::Indexed {
             blocked, ranges, ..

@@ -313,7 +313,7 @@ impl Model {
         };
         let ratio = dim_of(crate::model::device::GPU_MEMORY_RATIO).expect("indexed");
         match (self.gpu_frees(i), view.devices) {
-            (None, DeviceView::Missing { held }) => {
+            (None, DeviceView::Missing { held, .. }) => {
                 let holds = self
                     .pods
                     .values()

@@ -1482,6 +1482,7 @@ mod tests {
                 joint: None,
                 gpu_partition: None,
                 hints: BTreeMap::new(),
+                asked: Default::default(),
             };
             let cfg = DeviceScoring {
                 strategy: match c.strategy.as_str() {

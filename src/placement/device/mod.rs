@@ -4,6 +4,7 @@
 //! build. Never imports the caches.
 
 pub(crate) mod allocate;
+pub mod deviceless;
 pub(crate) mod fast;
 pub(crate) mod index;
 pub(crate) mod inventory;

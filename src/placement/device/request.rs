@@ -21,6 +21,7 @@ use crate::model::device::{
 };
 use crate::model::gpu_partition::{GpuPartitionSpec, parse_partition_spec};
 use crate::model::quantity::Quantity;
+use crate::model::resource_names::ResourceNameSet;
 
 /// Upper bound on devices per type for one pod. Far above any real node; it keeps arithmetic
 /// and allocation work bounded for absurd inputs.
@@ -64,6 +65,10 @@ pub struct PodDeviceRequest {
     pub gpu_partition: Option<GpuPartitionSpec>,
     /// `scheduling.koordinator.sh/device-allocate-hint`, by device type.
     pub hints: BTreeMap<DeviceType, DeviceHint>,
+    /// The managed resource names the pod asks for, as written (deprecated ones too): what a
+    /// node without a `Device` object must advertise to serve the pod through its device
+    /// plugins (`scheduler::decide::deviceless_fit`).
+    pub asked: ResourceNameSet,
 }
 
 impl PodDeviceRequest {
@@ -152,6 +157,12 @@ pub fn parse_device_request(
     requests: &BTreeMap<String, Quantity>,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<PodDeviceRequest>, DeviceRequestError> {
+    let asked = ResourceNameSet::of(
+        requests
+            .iter()
+            .filter(|(_, q)| q.milli() > 0)
+            .map(|(k, _)| k.as_str()),
+    );
     let requests: BTreeMap<String, Quantity> = canonicalize_resource_names(
         requests
             .iter()
@@ -197,6 +208,7 @@ pub fn parse_device_request(
         joint,
         gpu_partition,
         hints,
+        asked,
     }))
 }
 

@@ -177,15 +177,21 @@ async fn already_bound_without_our_annotation_is_not_a_success() {
 }
 
 /// §1.5: a bind naming a node nothing else knows must not leave a node entry behind that no
-/// event will ever collect.
+/// event will ever collect. Since issue 36 §6 such a bind of a device pod is refused before any
+/// write (resolvably: the Node may not have reached the cache yet), since nothing says the node
+/// has the device.
 #[tokio::test]
 async fn failed_bind_to_an_unknown_node_leaves_no_node_entry() {
     let p = pending("p", whole_gpus(1));
     let (env, faults) = start(&["n1"], &[&p]).await;
     faults.push(Fault::RefuseBinding);
     let err = env.bind(&p, "ghost").await.unwrap_err();
-    assert!(err.contains("create the binding"), "{err}");
-    assert_eq!(faults.pending(), 0, "the fault was not hit");
+    assert!(
+        err.contains("node not in the extender's cache yet"),
+        "{err}"
+    );
+    assert_eq!(faults.pending(), 1, "a write was attempted");
+    assert_eq!(node_of(&env.fake, &p), None);
     assert_eq!(
         env.ledger("ghost").await,
         Value::Null,
@@ -231,7 +237,10 @@ async fn persistent_patch_conflicts_give_up_and_roll_back() {
 #[tokio::test]
 async fn preempt_on_a_deviceless_node_accounts_for_the_victims() {
     let fake = FakeApiServer::new();
-    fake.create(Kind::Node, service::node("bare")).unwrap();
+    // Its device plugin advertises the GPU (issue 36 §6: else no GPU pod passes at all).
+    let mut bare = service::node("bare");
+    bare["status"]["allocatable"]["nvidia.com/gpu"] = json!("1");
+    fake.create(Kind::Node, bare).unwrap();
     add_gpu_node(&fake, "n1", 1, &[]);
     let holder = service::pod(
         "ml",

@@ -75,10 +75,15 @@ async fn unhealthy_gpus_are_never_chosen() {
     env.svc.shutdown().await.unwrap();
 }
 
+/// A node without a Device object whose Node advertises what the pod asks (a device plugin
+/// registered `nvidia.com/gpu`): its device plugin owns it, so the pod passes and binds
+/// without an annotation.
 #[tokio::test]
-async fn node_without_a_device_object_passes_and_binds_without_an_annotation() {
+async fn node_without_a_device_object_serves_what_it_advertises_without_an_annotation() {
     let fake = FakeApiServer::new();
-    fake.create(Kind::Node, service::node("plain")).unwrap();
+    let mut plain = service::node("plain");
+    plain["status"]["allocatable"]["nvidia.com/gpu"] = json!("4");
+    fake.create(Kind::Node, plain).unwrap();
     let p = pending("p", whole_gpus(1));
     fake.create(Kind::Pod, p.clone()).unwrap();
     let env = Env::start(&fake, &[]).await;
@@ -99,6 +104,82 @@ async fn node_without_a_device_object_passes_and_binds_without_an_annotation() {
     .await;
     let view = env.ledger("plain").await;
     assert!(view["entries"].as_object().unwrap().is_empty(), "{view}");
+    env.svc.shutdown().await.unwrap();
+}
+
+/// Issue 36 §6: a GPU-share pod offered a CPU-only node (no Device object, nothing advertised)
+/// while the GPU nodes are full. Before the fix filter passed it ("left to device plugins") and
+/// bind put the pod there, where kubelet runs it without a GPU. Now filter (fast path and full
+/// decision alike), preempt and bind all refuse it, unresolvably, naming what is missing; a
+/// node that advertises only whole GPUs does not serve a share either.
+#[tokio::test]
+async fn a_device_pod_is_never_placed_on_a_node_that_does_not_advertise_its_devices() {
+    let fake = FakeApiServer::new();
+    add_gpu_node(&fake, "gpu", 1, &[]);
+    fake.create(Kind::Node, service::node("cpu-only")).unwrap();
+    let mut whole_only = service::node("whole-only");
+    whole_only["status"]["allocatable"]["nvidia.com/gpu"] = json!("8");
+    fake.create(Kind::Node, whole_only).unwrap();
+    fake.create(Kind::Pod, holder("full", "gpu", &[0])).unwrap();
+    let share = pending(
+        "share",
+        json!({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "100"}),
+    );
+    fake.create(Kind::Pod, share.clone()).unwrap();
+    let env = Env::start(&fake, &[]).await;
+    env.wait_committed("gpu", "uid-full").await;
+
+    let f = env.filter(&share, &["gpu", "cpu-only", "whole-only"]).await;
+    assert!(names(&f).is_empty(), "{f}");
+    for node in ["cpu-only", "whole-only"] {
+        assert_eq!(
+            reason(&f, "FailedAndUnresolvableNodes", node),
+            Some(
+                "node has no Device object and does not advertise koordinator.sh/gpu-core, koordinator.sh/gpu-memory-ratio"
+            ),
+            "{f}"
+        );
+    }
+    assert!(reason(&f, "FailedNodes", "gpu").is_some(), "{f}");
+    assert_eq!(
+        env.metric(
+            "dne_filter_rejected_nodes_total",
+            "reason=\"device_not_advertised\""
+        )
+        .await,
+        2.0
+    );
+
+    // Bind re-decides on its own and refuses too.
+    let e = env.bind(&share, "cpu-only").await.unwrap_err();
+    assert!(e.contains("does not advertise"), "{e}");
+    assert_eq!(node_of(&fake, &share), None);
+
+    // Preempt: no victim makes the node advertise a GPU.
+    let args = json!({
+        "Pod": share,
+        "NodeNameToVictims": null,
+        "NodeNameToMetaVictims": {"cpu-only": {"Pods": [], "NumPDBViolations": 0}}
+    });
+    let (status, out) = env.http.post("/preempt", &args).await;
+    assert_eq!(status, 200);
+    assert_eq!(out, json!({"NodeNameToMetaVictims": {}}), "{out}");
+
+    // The same node advertising the share names (koord-manager's node resource controller)
+    // serves the pod through its device plugins.
+    let mut advertised = service::node("cpu-only");
+    advertised["status"]["allocatable"]["koordinator.sh/gpu-core"] = json!("100");
+    advertised["status"]["allocatable"]["koordinator.sh/gpu-memory-ratio"] = json!("100");
+    fake.replace(Kind::Node, advertised).unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let f = env.filter(&share, &["cpu-only"]).await;
+        if names(&f) == ["cpu-only"] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never passed: {f}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     env.svc.shutdown().await.unwrap();
 }
 
