@@ -169,6 +169,14 @@ impl Service {
             .validate("--max-connections")
             .and_then(|()| probe_limits.validate("--probe-max-connections"))
             .and_then(|()| args.body_limits().validate())
+            .and_then(|()| {
+                args.webhook_connection_limits()
+                    .validate("--webhook-max-connections")
+            })
+            .and_then(|()| {
+                args.webhook_body_limits()
+                    .validate_flags("--webhook-body-limit-bytes", "--webhook-body-budget-bytes")
+            })
             .map_err(ServeError::Limits)?;
         let metrics = Metrics::new();
         let cluster = Arc::new(ClusterState::new());
@@ -414,12 +422,20 @@ impl Service {
             tokio::spawn(reloader.run(args.tls_reload_interval, shutdown.clone()));
             let listener_config = Listener {
                 name: "webhook",
-                router: extender::webhook::router(extender::webhook::WebhookState {
-                    rule: Arc::new(rule),
-                    metrics: metrics.clone(),
-                    body_limit: args.body_limit_bytes,
-                }),
-                limits: args.connection_limits(false),
+                router: extender::webhook::router(
+                    extender::webhook::WebhookState {
+                        rule: Arc::new(rule),
+                        metrics: metrics.clone(),
+                        body_limit: args.webhook_body_limit_bytes,
+                    },
+                    &HttpConfig {
+                        path_prefix: String::new(),
+                        request_timeout: args.request_timeout,
+                        max_concurrency: args.max_concurrency,
+                        bodies: args.webhook_body_limits(),
+                    },
+                ),
+                limits: args.webhook_connection_limits(),
                 tls: Some(live),
             };
             tokio::spawn(listener::serve(

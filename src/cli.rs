@@ -241,6 +241,22 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_WEBHOOK_MANAGED_RESOURCES", value_delimiter = ',')]
     pub webhook_managed_resources: Vec<String>,
 
+    /// Open connections on --webhook-listen at most (its own cap: a flood of the verb
+    /// listener never starves admission reviews, nor the reverse). Eviction at the cap as on
+    /// --listen; a connection still sending its body counts as waiting.
+    #[arg(long, env = "DNE_WEBHOOK_MAX_CONNECTIONS", default_value_t = 256)]
+    pub webhook_max_connections: usize,
+
+    /// Largest AdmissionReview body accepted by the webhook, in bytes (413 beyond). A pod is at
+    /// most 1.5 MiB in etcd and a CREATE review carries it once.
+    #[arg(long, env = "DNE_WEBHOOK_BODY_LIMIT_BYTES", default_value_t = 3 * 1024 * 1024)]
+    pub webhook_body_limit_bytes: usize,
+
+    /// All webhook bodies being read or served at once hold at most this many bytes together
+    /// (as --body-budget-bytes, a budget of the webhook's own).
+    #[arg(long, env = "DNE_WEBHOOK_BODY_BUDGET_BYTES", default_value_t = 32 * 1024 * 1024)]
+    pub webhook_body_budget_bytes: usize,
+
     /// Also route pods labelled koordinator.sh/qosClass LSE or LSR (cpuset pods).
     #[arg(long, env = "DNE_WEBHOOK_ROUTE_CPUSET_QOS")]
     pub webhook_route_cpuset_qos: bool,
@@ -361,6 +377,25 @@ impl ServeArgs {
             max_bytes: self.body_limit_bytes,
             budget_bytes: self.body_budget_bytes,
             read_timeout: self.body_read_timeout,
+            limit_flag: "--body-limit-bytes",
+        }
+    }
+
+    /// The webhook listener's body limits (--body-read-timeout is shared).
+    pub fn webhook_body_limits(&self) -> crate::extender::admission::BodyLimits {
+        crate::extender::admission::BodyLimits {
+            max_bytes: self.webhook_body_limit_bytes,
+            budget_bytes: self.webhook_body_budget_bytes,
+            read_timeout: self.body_read_timeout,
+            limit_flag: "--webhook-body-limit-bytes",
+        }
+    }
+
+    /// The webhook listener's connection limits: the shared deadlines, its own cap.
+    pub fn webhook_connection_limits(&self) -> crate::extender::listener::ConnectionLimits {
+        crate::extender::listener::ConnectionLimits {
+            max_connections: self.webhook_max_connections,
+            ..self.connection_limits(false)
         }
     }
 

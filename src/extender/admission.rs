@@ -28,7 +28,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
 
-/// The body limits of the verb listener.
+/// The body limits of one listener (the verbs', the webhook's).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BodyLimits {
     /// One body at most (`--body-limit-bytes`).
@@ -37,6 +37,8 @@ pub struct BodyLimits {
     pub budget_bytes: usize,
     /// A body must arrive whole within this long of its head (`--body-read-timeout`).
     pub read_timeout: Duration,
+    /// The flag that sets `max_bytes`, named in the 413's message.
+    pub limit_flag: &'static str,
 }
 
 impl Default for BodyLimits {
@@ -45,6 +47,7 @@ impl Default for BodyLimits {
             max_bytes: 16 * 1024 * 1024,
             budget_bytes: 64 * 1024 * 1024,
             read_timeout: Duration::from_secs(5),
+            limit_flag: "--body-limit-bytes",
         }
     }
 }
@@ -58,17 +61,23 @@ impl BodyLimits {
         (self.budget_bytes / 4).min(16 * 1024 * 1024)
     }
 
+    /// Checks the verb listener's flags.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_flags("--body-limit-bytes", "--body-budget-bytes")
+    }
+
+    /// Checks the limits; the errors name `limit_flag` and `budget_flag`.
+    pub fn validate_flags(&self, limit_flag: &str, budget_flag: &str) -> Result<(), String> {
         let large_lane = self.budget_bytes - self.small_lane_bytes();
         if large_lane < self.max_bytes {
             return Err(format!(
-                "--body-budget-bytes ({}) must leave at least --body-limit-bytes ({}) once a quarter of it (at most 16 MiB) is set aside for bodies of at most 1 MiB: a body of the largest accepted size could never be admitted",
+                "{budget_flag} ({}) must leave at least {limit_flag} ({}) once a quarter of it (at most 16 MiB) is set aside for bodies of at most 1 MiB: a body of the largest accepted size could never be admitted",
                 self.budget_bytes, self.max_bytes
             ));
         }
         if self.budget_bytes > MAX_BUDGET {
             return Err(format!(
-                "--body-budget-bytes ({}) is over the largest supported budget ({MAX_BUDGET})",
+                "{budget_flag} ({}) is over the largest supported budget ({MAX_BUDGET})",
                 self.budget_bytes
             ));
         }
@@ -167,8 +176,8 @@ impl BodyAdmission {
             StatusCode::PAYLOAD_TOO_LARGE,
             reason,
             format!(
-                "request body exceeds the limit of {} bytes (--body-limit-bytes)",
-                self.limits.max_bytes
+                "request body exceeds the limit of {} bytes ({})",
+                self.limits.max_bytes, self.limits.limit_flag
             ),
         )
     }
@@ -216,12 +225,19 @@ pub async fn admit(
     if declared.is_some_and(|n| n > admission.limits.max_bytes as u64) {
         return admission.too_large("declared_too_large");
     }
+    // While the body arrives the connection counts as not serving a request (the listener may
+    // evict it at its cap); the guard ends that on every way out of the read.
+    let reading = request
+        .extensions()
+        .get::<super::listener::BodyPhase>()
+        .map(super::listener::BodyPhase::reading);
     let (parts, body) = request.into_parts();
     let read = tokio::time::timeout(
         admission.limits.read_timeout,
         admission.read(body, declared),
     )
     .await;
+    drop(reading);
     let (bytes, charge) = match read {
         Ok(Ok(read)) => read,
         Ok(Err(response)) => return response,
@@ -268,6 +284,7 @@ mod tests {
             max_bytes: max,
             budget_bytes: budget,
             read_timeout: Duration::from_secs(30),
+            ..BodyLimits::default()
         }
     }
 

@@ -17,7 +17,7 @@
 //! deadline. So each connection tracks its phase ([`Phase`]) and enforces both itself.
 //!
 //! At the cap a new connection evicts the connection that has waited longest without a request
-//! in progress (idle, or still sending its head) rather than being refused: kube-scheduler's
+//! in progress (idle, or still sending its head or its body) rather than being refused: kube-scheduler's
 //! connections make progress every scheduling cycle, an attacker's do not, so the scheduler
 //! always gets in. Only when every open connection is serving a request is a new one refused.
 
@@ -125,6 +125,11 @@ enum Phase {
     Busy = 1,
     /// Nothing in progress, no byte of the next request yet. Deadline: the idle timeout.
     Idle = 2,
+    /// A request's head is in, its body is still arriving and no handler has it yet (set by
+    /// the body admission through [`BodyPhase`]). Deadline: the body read timeout, enforced by
+    /// the admission. Evictable like `Head`: nothing was decided for it, and a client that
+    /// trickles its body must not hold a place a complete request needs.
+    Body = 3,
 }
 
 impl Phase {
@@ -132,6 +137,7 @@ impl Phase {
         match v {
             0 => Phase::Head,
             1 => Phase::Busy,
+            3 => Phase::Body,
             _ => Phase::Idle,
         }
     }
@@ -191,6 +197,29 @@ impl Activity {
             self.since_ms.store(self.now_ms(), Ordering::Relaxed);
             self.changed.notify_one();
         }
+    }
+}
+
+/// Handed to each request (an extension): the body admission marks the time its body is being
+/// read ([`Phase::Body`]) so that, at the cap, a connection trickling a body is evicted like one
+/// trickling a head, never one whose request a handler is serving.
+#[derive(Clone)]
+pub(crate) struct BodyPhase(Arc<Activity>);
+
+impl BodyPhase {
+    /// The body starts arriving; until [`BodyReading`] is dropped the connection is evictable.
+    pub(crate) fn reading(&self) -> BodyReading {
+        self.0.enter(Some(Phase::Busy), Phase::Body);
+        BodyReading(self.0.clone())
+    }
+}
+
+/// The body is being read; dropped when it is in (or refused): the request is busy again.
+pub(crate) struct BodyReading(Arc<Activity>);
+
+impl Drop for BodyReading {
+    fn drop(&mut self) {
+        self.0.enter(Some(Phase::Body), Phase::Busy);
     }
 }
 
@@ -440,8 +469,9 @@ impl Connection {
         let service = {
             let router = self.listener.router.clone();
             let activity = self.activity.clone();
-            hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
                 activity.enter(None, Phase::Busy);
+                request.extensions_mut().insert(BodyPhase(activity.clone()));
                 let router = router.clone();
                 let activity = activity.clone();
                 async move {
@@ -473,7 +503,7 @@ impl Connection {
             let deadline = match phase {
                 Phase::Head => Some(self.activity.since() + limits.header_read_timeout),
                 Phase::Idle => Some(self.activity.since() + limits.idle_timeout),
-                Phase::Busy => None,
+                Phase::Busy | Phase::Body => None,
             };
             let closing = cut_at.is_some();
             tokio::select! {
@@ -531,10 +561,10 @@ impl Connection {
     }
 
     /// Whether a connection asked to close (age, eviction, shutdown) is cut at once: one still
-    /// sending a head has no response in flight. Otherwise hyper closes it after the response
-    /// in progress, or at once when idle.
+    /// sending a head or a body has no response in flight. Otherwise hyper closes it after the
+    /// response in progress, or at once when idle.
     fn cut_now(&self) -> bool {
-        self.activity.phase() == Phase::Head
+        matches!(self.activity.phase(), Phase::Head | Phase::Body)
     }
 }
 
@@ -566,6 +596,22 @@ mod tests {
         // An evicted connection no longer counts while it closes: the next evicts the idle one.
         r.admit(3, entry(epoch, Phase::Busy, 1000)).unwrap();
         assert!(scheduler.is_cancelled());
+    }
+
+    /// Issue 36 §2: a connection still sending its body is evictable like one sending its head
+    /// (by when its body began), a busy one never.
+    #[test]
+    fn a_connection_trickling_its_body_is_evicted_before_a_busy_one() {
+        let epoch = Instant::now();
+        let mut r = Registry::default();
+        let (_, busy) = r.admit(2, entry(epoch, Phase::Busy, 0)).unwrap();
+        let (_, body) = r.admit(2, entry(epoch, Phase::Body, 100)).unwrap();
+        let (_, third) = r.admit(2, entry(epoch, Phase::Head, 900)).unwrap();
+        assert!(body.is_cancelled() && !busy.is_cancelled() && !third.is_cancelled());
+        // Every live connection busy: refused.
+        let mut full = Registry::default();
+        full.admit(1, entry(epoch, Phase::Busy, 0)).unwrap();
+        assert!(full.admit(1, entry(epoch, Phase::Head, 5)).is_none());
     }
 
     /// A connection chosen for eviction while its head was still arriving, whose request then

@@ -128,7 +128,7 @@ fn with_fallbacks(router: Router<AppState>) -> Router<AppState> {
 
 /// Answers a JSON 503 when a request outlives `--request-timeout` (also while queued behind
 /// the concurrency limit), instead of tower's empty-bodied error.
-async fn timeout(
+pub(crate) async fn timeout(
     State((limit, metrics)): State<(Duration, Metrics)>,
     request: Request,
     next: Next,

@@ -44,9 +44,26 @@ pub struct WebhookState {
 }
 
 /// The webhook listener's routes: `/mutate-pods`, and `/healthz` for the connection check.
-pub fn router(state: WebhookState) -> Router {
-    Router::new()
+/// `/mutate-pods` has the verbs' protections with the webhook's own limits (issue 36 §2): its
+/// body is read whole under `http.bodies` (a size sized to an AdmissionReview, a read deadline,
+/// a byte budget of its own) before it takes one of `http.max_concurrency` slots, and the
+/// answer comes within `http.request_timeout` (a 503 at worst, which kube-apiserver turns into
+/// the configuration's failurePolicy).
+pub fn router(state: WebhookState, http: &super::HttpConfig) -> Router {
+    let reviews = Router::new()
         .route(MUTATE_PODS_PATH, post(mutate_pods))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+            http.max_concurrency.max(1),
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            super::admission::BodyAdmission::new(http.bodies.clone(), state.metrics.clone()),
+            super::admission::admit,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            (http.request_timeout, state.metrics.clone()),
+            super::timeout,
+        ));
+    reviews
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .fallback(|request: axum::extract::Request| async move {
             (

@@ -240,7 +240,8 @@ CASES = {
                                         "tls": {"certManager": {"issuerRef": {"name": "ca"}}}},
     "webhook-standalone-secret": {"mode": "standalone", "webhook": {
         "enabled": True, "schedulerName": "my-scheduler", "failurePolicy": "Ignore",
-        "certificate": {"source": "secret", "secretName": "wh-tls", "caBundle": "Q0E="}}},
+        "certificate": {"source": "secret", "secretName": "wh-tls", "caBundle": "Q0E="}},
+        "networkPolicy": {"webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/28"}}]}},
 }
 
 
@@ -901,6 +902,10 @@ def test_network_policy_admits_verbs_only_from_the_scheduler(chart, case):
     want_probes = values.get("networkPolicy", {}).get("probesFrom", defaults["probesFrom"])
     assert by_port[verb_port] == want_verbs
     assert by_port[probe_port] == want_probes
+    if webhook:
+        webhook_port = int(flags["--webhook-listen"].rpartition(":")[2])
+        assert by_port[webhook_port] == values["networkPolicy"]["webhookFrom"]
+        assert all(p.get("ipBlock", {}).get("cidr") not in ("0.0.0.0/0", "::/0") for p in by_port[webhook_port])
     if "verbsFrom" not in values.get("networkPolicy", {}):
         # Default: kube-scheduler pods in kube-system, not "any pod" and not "any namespace".
         (peer,) = by_port[verb_port]
@@ -1009,6 +1014,9 @@ def test_webhook_configuration_reaches_the_listener_and_routes_only_device_pods(
 
 WEBHOOK_ERRORS = [
     ({"mode": "standalone", "webhook": {"enabled": True}}, "needs webhook.schedulerName"),
+    # Issue 36 §2: the webhook port is not opened to every pod by default.
+    ({"mode": "standalone", "webhook": {"enabled": True, "schedulerName": "s"}},
+     "networkPolicy.webhookFrom must name the addresses kube-apiserver calls the webhook from"),
     ({"webhook": {"enabled": True, "certificate": {"source": "secret"}}}, "needs webhook.certificate.secretName"),
     ({"webhook": {"enabled": True, "certificate": {"source": "secret", "secretName": "s"}}},
      "needs webhook.certificate.caBundle"),

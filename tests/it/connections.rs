@@ -377,8 +377,12 @@ async fn a_body_that_stops_arriving_is_answered_408_and_returns_its_budget() {
     assert_eq!(body_bytes_in_flight(&env), 0);
 }
 
+/// Issue 36 §2: a connection still sending its body holds no request a handler is serving, so
+/// at the cap it is evicted for a new connection like one still sending its head (the one
+/// whose body began first), and cut unanswered. Before, slow bodies counted as busy: enough of
+/// them made every new connection be refused (the webhook starved for as long as they lasted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_the_cap_with_every_connection_serving_a_request_a_new_one_is_refused() {
+async fn at_the_cap_connections_trickling_a_body_are_evicted_for_new_ones() {
     let (_fake, env) = env(&[
         "--max-connections",
         "4",
@@ -388,32 +392,87 @@ async fn at_the_cap_with_every_connection_serving_a_request_a_new_one_is_refused
         "10m",
     ])
     .await;
-    let mut busy = Vec::new();
-    // One at a time, each serving its request before the next connects: at the cap the
-    // eviction then takes a connection the harness left open, never a slow body whose head
-    // the server had not read yet (which waited as long, to the millisecond, under load).
+    let mut slow = Vec::new();
     for n in 1..=4 {
-        busy.push(slow_body(&env, 1000, 1).await);
-        eventually(GUARD, &format!("{n} requests in progress"), || {
+        slow.push(slow_body(&env, 1000, 1).await);
+        eventually(GUARD, &format!("{n} bodies being read"), || {
             body_bytes_in_flight(&env) == n
         })
         .await;
     }
+    normal_call_answered(&env).await;
+    assert_eq!(counter(&env, "rejected", "verbs", "max_connections"), 0);
+    assert!(counter(&env, "rejected", "verbs", "evicted") >= 1);
+    // The first slow body was the one evicted: cut, nothing answered.
+    let got = read_until_closed(&mut slow[0]).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+}
+
+/// At the cap with every connection's request in a handler (binds whose API writes hang), a
+/// new connection is refused, never one of them cut; once one is answered a new one gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_with_every_connection_serving_a_request_a_new_one_is_refused() {
+    let fake = FakeApiServer::new();
+    service::add_gpu_node(&fake, "n1", 4, &[]);
+    let pods: Vec<serde_json::Value> = (0..4)
+        .map(|i| {
+            let p = service::pending(&format!("p{i}"), json!({"nvidia.com/gpu": "1"}));
+            fake.create(crate::support::Kind::Pod, p.clone()).unwrap();
+            p
+        })
+        .collect();
+    let faults = service::Faults::new();
+    let svc = service::start_with(
+        &fake,
+        &faults,
+        &["--max-connections", "4", "--request-timeout", "10m"],
+    )
+    .await;
+    service::Http::new(svc.addr).wait_ready(GUARD).await;
+    let metrics = svc.state.scheduler.metrics.clone();
+    let in_flight = || metrics.request_body_bytes_in_flight.get();
+    // The binds' API writes hang: each request stays in its handler.
+    faults.set_pod_write_delay(Duration::from_secs(3600));
+    let mut busy = Vec::new();
+    let mut total = 0;
+    for (n, pod) in pods.iter().enumerate() {
+        let body = service::binding_args(pod, "n1").to_string();
+        total += body.len() as i64;
+        let mut s = TcpStream::connect(svc.addr).await.unwrap();
+        let head = format!(
+            "POST /bind HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body.as_bytes()).await.unwrap();
+        // Its body read whole and held until the answer: it is in its handler.
+        eventually(GUARD, &format!("{} binds in their handlers", n + 1), || {
+            in_flight() == total
+        })
+        .await;
+        busy.push(s);
+    }
     // Nothing can be evicted: the fifth connection is closed unanswered.
-    let mut fifth = connect(&env).await;
+    let mut fifth = TcpStream::connect(svc.addr).await.unwrap();
     let _ = fifth
         .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
         .await;
     let got = read_until_closed(&mut fifth).await;
     assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
-    assert!(counter(&env, "rejected", "verbs", "max_connections") >= 1);
+    let rejected = |reason: &str| {
+        metrics
+            .connections_rejected
+            .with_label_values(&["verbs", reason])
+            .get()
+    };
+    assert!(rejected("max_connections") >= 1);
+    assert_eq!(rejected("evicted"), 0, "a busy connection was evicted");
     // One request leaves; a new connection gets in again.
     drop(busy.pop());
-    eventually(GUARD, "the closed slow body left", || {
-        open(&env, "verbs") <= 3
-    })
-    .await;
-    normal_call_answered(&env).await;
+    let open = || metrics.connections_open.with_label_values(&["verbs"]).get();
+    eventually(GUARD, "the closed bind left", || open() <= 3).await;
+    let (status, _) = service::Http::new(svc.addr).get("/healthz").await;
+    assert_eq!(status, 200);
 }
 
 /// A server starved while a request arrives (its only runtime thread blocked past the head

@@ -761,3 +761,126 @@ async fn the_webhook_listener_answers_reviews_over_tls_and_refuses_bad_bodies() 
     );
     svc.shutdown().await.unwrap();
 }
+
+/// Issue 36 §2: the webhook listener under the attacks that starved it and ran it out of
+/// memory. Connections that trickle an AdmissionReview body hold no place a complete review
+/// needs (at the cap the one whose body began first is evicted, and cut), a body declared over
+/// `--webhook-body-limit-bytes` is refused before any of it is read, and the webhook's bodies
+/// are charged to a budget of their own. **Before the fix** the fifth connection was refused:
+/// every open one counted as serving a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_listener_is_not_starved_by_slow_bodies_nor_filled_by_large_ones() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (fake, _) = cluster();
+    let ca = Ca::new("webhook CA");
+    let leaf = ca.server("localhost", 1);
+    let secret = SecretDir::new(&[
+        ("tls.crt", leaf.cert_pem.as_str()),
+        ("tls.key", leaf.key_pem.as_str()),
+    ]);
+    let flags = [
+        "--webhook-listen".to_string(),
+        "127.0.0.1:0".to_string(),
+        "--webhook-tls-cert-file".to_string(),
+        secret.path("tls.crt").display().to_string(),
+        "--webhook-tls-key-file".to_string(),
+        secret.path("tls.key").display().to_string(),
+        "--webhook-max-connections".to_string(),
+        "4".to_string(),
+        "--webhook-body-limit-bytes".to_string(),
+        "100000".to_string(),
+        // Nothing ends the attack but the server acting on it.
+        "--body-read-timeout".to_string(),
+        "10m".to_string(),
+        "--request-timeout".to_string(),
+        "10m".to_string(),
+    ];
+    let svc = service::start(&fake, &as_strs(&flags)).await;
+    let addr = svc.webhook_addr.expect("the webhook listens");
+    let metrics = svc.state.scheduler.metrics.clone();
+    let in_flight = || metrics.request_body_bytes_in_flight.get();
+    let config = client_config(&ca, None);
+    // Four connections fill the cap, each with a review head and one byte of its body.
+    let mut attackers = Vec::new();
+    for n in 1..=4 {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut tls = TlsConnector::from(config.clone())
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .expect("handshake");
+        tls.write_all(
+            b"POST /mutate-pods HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 50000\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        tls.flush().await.unwrap();
+        service::eventually(HANG_GUARD, &format!("{n} bodies being read"), || {
+            in_flight() == n
+        })
+        .await;
+        attackers.push(tls);
+    }
+    // A real review still gets in, and is answered.
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "ml", "operation": "CREATE", "userInfo": {"username": "u"},
+            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml"},
+                       "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+        }
+    });
+    let mut conn = connect(addr, config.clone())
+        .await
+        .expect("admitted at the cap");
+    let (status, answer) = conn
+        .request("POST", "/mutate-pods", Some(&review))
+        .await
+        .expect("answered");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["response"]["patchType"], "JSONPatch", "{answer}");
+    let rejected = |reason: &str| {
+        metrics
+            .connections_rejected
+            .with_label_values(&["webhook", reason])
+            .get()
+    };
+    assert_eq!(rejected("max_connections"), 0);
+    assert!(rejected("evicted") >= 1);
+    // The evicted attacker was cut, unanswered; its budget came back.
+    service::eventually(HANG_GUARD, "the evicted body's budget returned", || {
+        in_flight() <= 3
+    })
+    .await;
+
+    // A body declared over the webhook's limit: 413 at once, naming the flag, nothing read.
+    drop(attackers);
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut big = TlsConnector::from(config)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("handshake");
+    big.write_all(
+        b"POST /mutate-pods HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 15000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    big.flush().await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(HANG_GUARD, async {
+        while !String::from_utf8_lossy(&got).contains("--webhook-body-limit-bytes") {
+            match big.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("no answer to a declared length over the limit");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("--webhook-body-limit-bytes"), "{text}");
+    svc.shutdown().await.unwrap();
+}
