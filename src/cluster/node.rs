@@ -126,7 +126,7 @@ impl NodeState {
             .iter()
             .filter(|(uid, _)| !ignore.contains(uid))
             .map(|(_, pod)| pod.requests.get("cpu").map_or(0, |q| q.milli_value()))
-            .sum();
+            .fold(0, i64::saturating_add);
         let assumed: i64 = self
             .assumed_cpu_milli
             .iter()
@@ -137,7 +137,7 @@ impl NodeState {
                     && matches!(self.entry_state(uid), Some(EntryState::Assumed { .. }))
             })
             .map(|(_, milli)| *milli)
-            .sum();
+            .fold(0, i64::saturating_add);
         let cpuset_cpus = if ignore.is_empty() {
             self.cpus.allocated().len()
         } else {
@@ -146,7 +146,7 @@ impl NodeState {
         Amplification::On(AmplifiedCpu::new(
             ratio,
             node.allocatable_milli_cpu(),
-            listed + assumed,
+            listed.saturating_add(assumed),
             cpuset_cpus,
         ))
     }

@@ -32,7 +32,8 @@ impl Ratio {
         self.0
     }
 
-    /// koordinator's `extension.Amplify`: `ceil(origin × ratio)` in float64, as Go computes it.
+    /// koordinator's `extension.Amplify`: `ceil(origin × ratio)` in float64, as Go computes it
+    /// (a result beyond i64 saturates: Rust's float-to-int `as` does).
     pub fn amplify(self, origin: i64) -> i64 {
         (origin as f64 * self.0).ceil() as i64
     }
@@ -82,15 +83,21 @@ impl AmplifiedCpu {
         requested_milli: i64,
         cpuset_cpus: usize,
     ) -> Self {
-        let allocated = cpuset_cpus as i64 * 1000;
+        // Saturating throughout: the figures come from objects (a pod may request 10^15 CPUs,
+        // a Node advertise as many), and a wrapped sum would turn a full node into a free one.
+        let allocated = i64::try_from(cpuset_cpus)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1000);
         let requested = if allocated > 0 && requested_milli >= allocated {
-            requested_milli - allocated + ratio.amplify(allocated)
+            requested_milli
+                .saturating_sub(allocated)
+                .saturating_add(ratio.amplify(allocated))
         } else {
             requested_milli
         };
         AmplifiedCpu {
             ratio,
-            free_milli: allocatable_milli - requested,
+            free_milli: allocatable_milli.saturating_sub(requested),
         }
     }
 }
@@ -130,6 +137,31 @@ impl Amplification {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+        /// Issue 36 §5: any figures an object can carry (quantities clamp to i64 millicores;
+        /// any ratio, any cpuset size): a verdict, never a panic, and never a wrapped sum that
+        /// turns a full node into a free one.
+        #[test]
+        fn any_figures_give_a_verdict_without_overflow(
+            ratio in 1.000_001f64..1e12,
+            allocatable in proptest::prelude::any::<i64>(),
+            requested in proptest::prelude::any::<i64>(),
+            cpus in proptest::prelude::any::<usize>(),
+            pod in proptest::prelude::any::<i64>(),
+            bound in proptest::prelude::any::<bool>(),
+        ) {
+            let ratio = Ratio::above_one(ratio).unwrap();
+            let node = AmplifiedCpu::new(ratio, allocatable, requested, cpus);
+            let verdict = Amplification::On(node).check(pod, bound);
+            // Requests at least the allocatable leave no room: a positive pod never fits.
+            if requested >= allocatable && requested >= 0 && cpus == 0 && pod > 0 {
+                proptest::prop_assert!(verdict.is_err(), "{node:?}");
+            }
+        }
+    }
 
     fn on(ratio: f64, allocatable: i64, requested: i64, cpuset_cpus: usize) -> Amplification {
         Amplification::On(AmplifiedCpu::new(

@@ -29,6 +29,11 @@ pub const UNSUPPORTED_COUNT: &str = "node(s) Unsupported number of GPU requests"
 /// The largest minor a partition may name (koordinator hashes minors into a 64-bit mask).
 pub const MAX_MINOR: i64 = 63;
 
+/// The largest allocation score accepted (either sign). Scores rank partitions (koordinator's
+/// own tables use 1 and 2); with this bound the partition step's weighted sum (at most 10,000 ×
+/// 10^9 × 64 partitions) stays far inside an i64, and it is computed saturating anyway.
+pub const MAX_ALLOCATION_SCORE: i64 = 1_000_000_000;
+
 /// One partition: the GPUs it is made of.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GpuPartition {
@@ -68,6 +73,16 @@ pub enum TableError {
         index: usize,
         minors: Vec<i64>,
     },
+    /// A score outside ±[`MAX_ALLOCATION_SCORE`]: the partition step multiplies and sums
+    /// scores, which koordinator lets wrap silently (issue 36 §5).
+    #[error(
+        "partition {index} of size {count} has allocationScore {score}, outside ±{MAX_ALLOCATION_SCORE}"
+    )]
+    ScoreOutOfRange {
+        count: i64,
+        index: usize,
+        score: i64,
+    },
     /// Minors outside 0..=63 cannot be hashed (koordinator panics on a negative one).
     #[error("partition {index} of size {count} names minor {minor}, outside 0..={MAX_MINOR}")]
     MinorOutOfRange {
@@ -89,6 +104,13 @@ impl PartitionTable {
                         count,
                         index,
                         minor,
+                    });
+                }
+                if p.allocation_score.unsigned_abs() > MAX_ALLOCATION_SCORE as u64 {
+                    return Err(TableError::ScoreOutOfRange {
+                        count,
+                        index,
+                        score: p.allocation_score,
                     });
                 }
                 let mask = p.minors.iter().fold(0u64, |m, &minor| m | (1 << minor));
@@ -261,12 +283,14 @@ fn bin_pack<'a>(
             let Some(first) = table.by_count.get(&size).and_then(|g| g.first()) else {
                 continue;
             };
-            score += first
+            // Saturating: bounded scores cannot overflow, and a table built without
+            // `PartitionTable::new`'s check must not panic or wrap either.
+            score = first
                 .partitions
                 .iter()
                 .filter(|p| p.mask & taken == 0)
-                .map(|p| weight * p.allocation_score)
-                .sum::<i64>();
+                .map(|p| weight.saturating_mul(p.allocation_score))
+                .fold(score, i64::saturating_add);
         }
         if score > best_score {
             best = candidate;
@@ -380,6 +404,58 @@ mod tests {
                 .reason,
             INSUFFICIENT
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Issue 36 §5: any allocation scores (the whole i64 range) in an annotation, and any
+        /// GPUs used: a table is refused, naming the score, or the partition step answers. Never
+        /// a panic: before the fix `simulate` panicked with "attempt to multiply with overflow"
+        /// in a debug build, and a release build wrapped and picked arbitrarily.
+        #[test]
+        fn any_allocation_scores_are_refused_or_scored_without_overflow(
+            scores in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::prelude::any::<i64>(),
+                    -MAX_ALLOCATION_SCORE..=MAX_ALLOCATION_SCORE,
+                    proptest::prelude::Just(MAX_ALLOCATION_SCORE),
+                    proptest::prelude::Just(-MAX_ALLOCATION_SCORE),
+                ],
+                15,
+            ),
+            used in proptest::prelude::any::<u8>(),
+            count in proptest::prop_oneof![proptest::prelude::Just(1usize), proptest::prelude::Just(2), proptest::prelude::Just(4), proptest::prelude::Just(8)],
+        ) {
+            // The Hopper layout: 8 singles, 4 pairs, 2 halves, 1 whole, one score each.
+            let mut it = scores.iter();
+            let mut table = serde_json::Map::new();
+            for size in [1i64, 2, 4, 8] {
+                let parts: Vec<serde_json::Value> = (0..8 / size)
+                    .map(|i| serde_json::json!({
+                        "minors": (i * size..(i + 1) * size).collect::<Vec<_>>(),
+                        "allocationScore": it.next().unwrap(),
+                    }))
+                    .collect();
+                table.insert(size.to_string(), parts.into());
+            }
+            let raw = parse_partition_table(&serde_json::Value::Object(table).to_string()).unwrap();
+            let in_range = scores.iter().all(|s| s.unsigned_abs() <= MAX_ALLOCATION_SCORE as u64);
+            match PartitionTable::new(&raw) {
+                Err(e) => {
+                    proptest::prop_assert!(!in_range, "{e}");
+                    proptest::prop_assert!(e.to_string().contains("allocationScore"), "{e}");
+                }
+                Ok(t) => {
+                    proptest::prop_assert!(in_range);
+                    let node = NodePartitions {
+                        table: Some((Arc::new(t), TableSource::Device)),
+                        honor: true,
+                    };
+                    let _ = choose(&node, None, count, u64::from(used), ALL8);
+                }
+            }
+        }
     }
 
     /// Score groups ascending; `BestEffort` moves on to the next group, `Restricted` does not;
