@@ -21,6 +21,7 @@ pub use crate::placement::device::inventory::{
     NodeGpuLabels, UsedMap, add_resources, effective_partitions, fits_in, sub_resources,
 };
 use crate::placement::device::partition::NodePartitions;
+use crate::placement::device::request::PodDeviceRequest;
 
 /// What a pod is recorded as holding.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +49,10 @@ pub struct DeviceLedger {
     malformed: usize,
     /// What the Node's labels say of GPU partitions (its built-in table and policy).
     gpu_labels: NodeGpuLabels,
+    /// Bound pods asking for managed devices without an annotation, by UID: each holds that
+    /// much capacity of unknown identity. Their entries are placed by
+    /// `NodeState::place_unknown_holders` after every write, from the current state alone.
+    unknown: BTreeMap<PodUid, Arc<PodDeviceRequest>>,
 }
 
 fn apply(used: &mut UsedMap, allocs: &DeviceAllocations, add: bool) {
@@ -127,6 +132,30 @@ impl DeviceLedger {
         }
         self.entries.insert(uid, allocation, state);
         previous
+    }
+
+    /// Notes a pod holding devices of unknown identity (its entry is placed later).
+    pub fn set_unknown(&mut self, uid: PodUid, request: Arc<PodDeviceRequest>) {
+        self.unknown.insert(uid, request);
+    }
+
+    /// The pod holds no devices of unknown identity (any more). Its entry is left as is.
+    pub fn clear_unknown(&mut self, uid: &PodUid) {
+        self.unknown.remove(uid);
+    }
+
+    /// Pods holding devices of unknown identity, by UID.
+    pub fn unknown(&self) -> &BTreeMap<PodUid, Arc<PodDeviceRequest>> {
+        &self.unknown
+    }
+
+    /// Removes the placed entries of every unknown-identity holder (before they are placed
+    /// again, or before a recorded allocation is judged against the known holders alone).
+    pub fn remove_unknown_entries(&mut self) {
+        let uids: Vec<PodUid> = self.unknown.keys().cloned().collect();
+        for uid in uids {
+            self.remove(&uid);
+        }
     }
 
     /// Removes a pod's entry, subtracting what it recorded. Removing an absent pod is a no-op.
@@ -314,6 +343,7 @@ impl DeviceLedger {
             .iter()
             .map(|(uid, e)| {
                 let (state, assumed_for_ms) = match e.state {
+                    _ if self.unknown.contains_key(uid) => ("unknown-identity", None),
                     EntryState::Assumed { at } => (
                         "assumed",
                         Some(now.saturating_duration_since(at).as_millis()),

@@ -9,13 +9,16 @@ use parking_lot::RwLock;
 use serde::Serialize;
 
 use super::cpus::CpuLedger;
-use super::devices::{DeviceHoldings, DeviceLedger, EntryState, FreeMap, NodeDevices};
+use super::devices::{
+    DeviceHoldings, DeviceLedger, EntryState, FreeMap, NodeDevices, RecordedAllocation,
+};
 use super::pod::PodRecord;
 use super::records::{CpuAmplificationRatio, NodeRecord, TopologyRecord};
 use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, PartitionFacts, Unusable};
 use crate::model::ids::PodUid;
 use crate::placement::cpu::{Amplification, AmplifiedCpu};
 use crate::placement::device::partition::NodePartitions;
+use crate::placement::device::request::PodDeviceRequest;
 
 /// Everything known about one node. Guarded by the node's own lock.
 #[derive(Debug, Default, Serialize)]
@@ -107,6 +110,48 @@ impl NodeState {
                 .node
                 .as_ref()
                 .is_some_and(|n| !n.cpu_amplification.is_off())
+    }
+
+    /// Places the pods holding devices of unknown identity (issue 36 §4): a bound pod that asks
+    /// for managed devices and carries no annotation holds that much capacity, on cards nobody
+    /// recorded. Its entry is placed, in UID order, where the device allocator would put it
+    /// against everything known (so the node has exactly that much less), from the current
+    /// state alone (a restarted replica places it identically). One that no longer fits makes
+    /// the node's devices unallocatable, as a malformed annotation does: the node is then
+    /// over-committed and nothing it offers can be trusted. Without a Device object there is
+    /// nothing to place: device plugins own such a node.
+    pub fn place_unknown_holders(&mut self) {
+        if self.devices.unknown().is_empty() {
+            return;
+        }
+        self.devices.remove_unknown_entries();
+        if self.devices.devices().is_none() {
+            return;
+        }
+        let unknown: Vec<(PodUid, Arc<PodDeviceRequest>)> = self
+            .devices
+            .unknown()
+            .iter()
+            .map(|(uid, req)| (uid.clone(), Arc::clone(req)))
+            .collect();
+        let scoring = crate::placement::device::score::DeviceScoring::default();
+        for (uid, request) in unknown {
+            let entry = match crate::placement::device::allocate::fit_with(
+                &self.devices,
+                &request,
+                &[],
+                &scoring,
+            ) {
+                Ok(allocations) if allocations.is_empty() => continue,
+                Ok(allocations) => RecordedAllocation::Allocated(allocations),
+                Err(e) => RecordedAllocation::Malformed {
+                    reason: format!(
+                        "pod holds devices of unknown identity (no device-allocated annotation) beyond what is free: {e}"
+                    ),
+                },
+            };
+            self.devices.record(uid, entry, EntryState::Committed);
+        }
     }
 
     /// The node's CPU under its amplification ratio, with `ignore`'s pods (preemption victims)

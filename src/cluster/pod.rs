@@ -11,7 +11,10 @@ use crate::model::ids::{ObjectKey, PodUid};
 use crate::model::koord_cpu::{RESOURCE_SPEC, ResourceStatus, parse_resource_spec};
 use crate::model::pod::Pod;
 use crate::model::requests::{PodRequests, pod_requests_compact};
+use crate::model::resource_names::managed;
 use crate::placement::cpu::CpuExclusivePolicy;
+use crate::placement::device::pod_device_request;
+use crate::placement::device::request::PodDeviceRequest;
 
 fn serialize_requests<S: serde::Serializer>(r: &PodRequests, s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
@@ -59,7 +62,7 @@ impl PodRecord {
             node: pod.node_name().map(Arc::from),
             phase: pod.status.phase.clone(),
             requests: pod_requests_compact(&pod.spec).unwrap_or_default(),
-            devices: PodDevices::from_annotation(pod.annotation(DEVICE_ALLOCATED)),
+            devices: PodDevices::of_pod(pod),
             resource_status: pod.annotation(RESOURCE_STATUS).map(str::to_owned),
             cpus: PodCpus::from_pod(pod),
         })
@@ -82,15 +85,45 @@ impl PodRecord {
 /// What a pod's `scheduling.koordinator.sh/device-allocated` annotation says it holds.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub enum PodDevices {
-    /// No annotation, or one that allocates nothing.
+    /// No annotation, or one that allocates nothing (and no managed device request if bound).
     #[default]
     None,
     Allocated(DeviceAllocations),
     /// Unparseable: counted conservatively by the ledger, never silently free.
     Malformed(String),
+    /// Bound, asks for managed devices, and carries no annotation: a pod that preset
+    /// `spec.nodeName` or that another scheduler bound. It holds devices nobody recorded; the
+    /// ledger counts that much capacity as held, of unknown identity (issue 36 §4).
+    Unannotated(Arc<PodDeviceRequest>),
 }
 
 impl PodDevices {
+    /// From the annotation; a bound pod without one that asks for managed devices is
+    /// [`PodDevices::Unannotated`]. Most pods name no managed resource: they are told apart by
+    /// a look at their request names, without parsing a device request.
+    pub fn of_pod(pod: &Pod) -> Self {
+        let from_annotation = Self::from_annotation(pod.annotation(DEVICE_ALLOCATED));
+        if pod.annotation(DEVICE_ALLOCATED).is_some() || pod.node_name().is_none() {
+            return from_annotation;
+        }
+        let names_a_device = pod
+            .spec
+            .containers
+            .iter()
+            .chain(&pod.spec.init_containers)
+            .flat_map(|c| c.resources.requests.iter().chain(c.resources.limits.iter()))
+            .flat_map(|list| list.keys())
+            .any(|name| managed(name).is_some());
+        if !names_a_device {
+            return from_annotation;
+        }
+        // A request that does not parse holds nothing koordlet would enforce: as before.
+        match pod_device_request(pod) {
+            Ok(Some(req)) => PodDevices::Unannotated(Arc::new(req)),
+            _ => from_annotation,
+        }
+    }
+
     pub fn from_annotation(value: Option<&str>) -> Self {
         match value {
             None => PodDevices::None,
@@ -109,6 +142,7 @@ impl Serialize for PodDevices {
             PodDevices::None => s.serialize_none(),
             PodDevices::Allocated(a) => s.serialize_str(&a.to_annotation()),
             PodDevices::Malformed(e) => s.serialize_str(&format!("malformed: {e}")),
+            PodDevices::Unannotated(_) => s.serialize_str("unknown identity: no annotation"),
         }
     }
 }

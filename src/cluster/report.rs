@@ -69,7 +69,9 @@ pub struct Holder {
     /// watch has not shown yet).
     pub pod: String,
     pub uid: String,
-    /// `committed` (seen on the pod by the watch) or `assumed` (recorded by a bind, unconfirmed).
+    /// `committed` (seen on the pod by the watch), `assumed` (recorded by a bind, unconfirmed)
+    /// or `unknown-identity` (a pod without an annotation, counted where the allocator would put
+    /// it: the card it really uses is not known).
     pub entry: String,
     /// GPU only.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -123,6 +125,11 @@ pub struct NodeReport {
     /// Pods whose `device-allocated` annotation did not parse: while any is on the node, every
     /// device counts as fully used.
     pub blocked_by: Vec<String>,
+    /// Pods (or UIDs) holding devices of unknown identity here: bound, asking for managed
+    /// devices, without a `device-allocated` annotation. Their holdings are listed as
+    /// `unknown-identity` entries where the allocator would place them.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub unknown_identity: Vec<String>,
     pub gpus: Vec<DeviceReport>,
     pub rdma: Vec<DeviceReport>,
     pub fpga: Vec<DeviceReport>,
@@ -427,6 +434,14 @@ pub struct Summary {
     pub fragmentation_bytes: i64,
     pub rdma: StateCounts,
     pub fpga: StateCounts,
+    /// Pods holding devices of unknown identity (bound, asking for managed devices, no
+    /// annotation): counted where the allocator would place them (issue 36 §4).
+    #[serde(skip_serializing_if = "is_zero_u64", default)]
+    pub unknown_identity_holders: u64,
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The whole view: summary and one entry per node, by name.
@@ -517,6 +532,15 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeReport {
     }
 
     let mut blocked_by = Vec::new();
+    let pod_name = |uid: &crate::model::ids::PodUid| {
+        state
+            .pods
+            .get(uid)
+            .map(|p| p.key.to_string())
+            .unwrap_or_else(|| uid.to_string())
+    };
+    let mut unknown_identity: Vec<String> = ledger.unknown().keys().map(pod_name).collect();
+    unknown_identity.sort();
     for (uid, entry) in ledger.entries() {
         let pod = state
             .pods
@@ -524,6 +548,7 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeReport {
             .map(|p| p.key.to_string())
             .unwrap_or_default();
         let entry_state = match entry.state {
+            _ if ledger.unknown().contains_key(uid) => "unknown-identity",
             EntryState::Assumed { .. } => "assumed",
             EntryState::Committed => "committed",
         };
@@ -581,6 +606,7 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeReport {
         node_object: state.node.is_some(),
         device_object: devices.is_some(),
         blocked_by,
+        unknown_identity,
         gpus: take(DeviceType::Gpu),
         rdma: take(DeviceType::Rdma),
         fpga: take(DeviceType::Fpga),
@@ -617,6 +643,7 @@ fn absent_row(t: &DeviceType, minor: i32, used: &crate::cluster::devices::UsedMa
 /// Adds one node to a summary.
 pub fn add_to_summary(summary: &mut Summary, node: &NodeReport) {
     summary.nodes += 1;
+    summary.unknown_identity_holders += node.unknown_identity.len() as u64;
     for g in &node.gpus {
         summary.gpus.count(g.state);
         if g.healthy {

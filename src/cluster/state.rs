@@ -295,6 +295,9 @@ impl ClusterState {
     /// After every write, under the node's write lock: a new version, published to the read
     /// snapshot once it is live (a dead entry publishes the node's removal).
     fn written(&self, name: &str, state: &mut NodeState) {
+        if !state.dead {
+            state.place_unknown_holders();
+        }
         state.version = self
             .versions
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
@@ -490,6 +493,7 @@ impl ClusterState {
             self.with_existing_node(node, |s| {
                 s.pods.remove(&old.uid);
                 s.devices.remove(&old.uid);
+                s.devices.clear_unknown(&old.uid);
                 s.cpus.remove(&old.uid);
             });
             self.gc(node);
@@ -512,8 +516,17 @@ fn record_pod(s: &mut NodeState, new: &Arc<PodRecord>, defer_cpu: bool) -> Overc
     s.pods.insert(new.uid.clone(), Arc::clone(new));
     // Listed now: its requests count from `pods`.
     s.assumed_cpu_milli.remove(&new.uid);
+    // Known holders are judged against known holders alone; the unknown ones are placed again
+    // after the write (`NodeState::place_unknown_holders`).
+    s.devices.remove_unknown_entries();
+    if let PodDevices::Unannotated(request) = &new.devices {
+        s.devices.remove(&new.uid);
+        s.devices.set_unknown(new.uid.clone(), Arc::clone(request));
+    } else {
+        s.devices.clear_unknown(&new.uid);
+    }
     match &new.devices {
-        PodDevices::None => {
+        PodDevices::None | PodDevices::Unannotated(_) => {
             s.devices.remove(&new.uid);
         }
         PodDevices::Allocated(a) => {

@@ -42,6 +42,7 @@ struct Gauges {
     core_used: IntGaugeVec,
     core_total: IntGaugeVec,
     fragmented: IntGaugeVec,
+    unknown_holders: IntGaugeVec,
 }
 
 impl Gauges {
@@ -86,10 +87,15 @@ impl Gauges {
                 "GPU memory still free on partly used GPUs (only shared requests can use it)",
                 &[],
             )?,
+            unknown_holders: g(
+                "device_holders_unknown_identity",
+                "Bound pods asking for managed devices without a device-allocated annotation, counted as holding devices of unknown identity",
+                &[],
+            )?,
         })
     }
 
-    fn all(&self) -> [&IntGaugeVec; 6] {
+    fn all(&self) -> [&IntGaugeVec; 7] {
         [
             &self.devices,
             &self.memory_used,
@@ -97,6 +103,7 @@ impl Gauges {
             &self.core_used,
             &self.core_total,
             &self.fragmented,
+            &self.unknown_holders,
         ]
     }
 
@@ -126,6 +133,8 @@ impl Gauges {
         with(&self.core_used, &[]).set(summary.gpu_core_percent.used);
         with(&self.core_total, &[]).set(summary.gpu_core_percent.total);
         with(&self.fragmented, &[]).set(summary.fragmentation_bytes);
+        with(&self.unknown_holders, &[])
+            .set(i64::try_from(summary.unknown_identity_holders).unwrap_or(i64::MAX));
     }
 }
 

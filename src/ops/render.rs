@@ -310,6 +310,12 @@ pub fn node(out: &mut String, n: &NodeReport, wide: bool, color: bool) {
             n.blocked_by.join(", ")
         ));
     }
+    if !n.unknown_identity.is_empty() {
+        notes.push(format!(
+            "UNKNOWN IDENTITY: {} hold devices without a device-allocated annotation",
+            n.unknown_identity.join(", ")
+        ));
+    }
     if notes.is_empty() {
         let _ = writeln!(out, "NODE {name}");
     } else {

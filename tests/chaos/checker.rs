@@ -150,6 +150,67 @@ pub fn holding_node(pod: &Value) -> Option<&str> {
     }
 }
 
+/// Device resource names as the API objects spell them (current and koordinator's deprecated
+/// ones): a pod naming one in a container asks for managed devices.
+const DEVICE_NAMES: [&str; 19] = [
+    "nvidia.com/gpu",
+    "amd.com/gpu",
+    "dcu.com/gpu",
+    "koordinator.sh/gpu",
+    "koordinator.sh/gpu-core",
+    "koordinator.sh/gpu-memory",
+    "koordinator.sh/gpu-memory-ratio",
+    "koordinator.sh/gpu.shared",
+    "huawei.com/npu-core",
+    "huawei.com/npu-cpu",
+    "huawei.com/npu-dvpp",
+    "koordinator.sh/rdma",
+    "koordinator.sh/fpga",
+    "kubernetes.io/gpu",
+    "kubernetes.io/gpu-core",
+    "kubernetes.io/gpu-memory",
+    "kubernetes.io/gpu-memory-ratio",
+    "kubernetes.io/rdma",
+    "kubernetes.io/fpga",
+];
+
+/// Per node, the pods that hold devices of unknown identity there (issue 36 §4): bound, not
+/// terminal, asking for a device resource, with no `device-allocated` annotation (a pod
+/// another scheduler bound, or one that preset `spec.nodeName`).
+pub fn unknown_holders(pods: &[Value]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for pod in pods {
+        let Some(node) = holding_node(pod) else {
+            continue;
+        };
+        if annotation(pod, DEVICE_ALLOCATED).is_some() {
+            continue;
+        }
+        let asks = pod["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(
+                pod["spec"]["initContainers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten(),
+            )
+            .flat_map(|c| ["requests", "limits"].map(|l| &c["resources"][l]))
+            .flat_map(|list| list.as_object().into_iter().flatten())
+            .any(|(name, q)| {
+                DEVICE_NAMES.contains(&name.as_str())
+                    && q.as_str().and_then(parse_quantity).is_some_and(|v| v > 0)
+            });
+        if asks {
+            out.entry(node.to_string())
+                .or_default()
+                .insert(uid(pod).to_string());
+        }
+    }
+    out
+}
+
 /// One Device entry: health and capacity.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Slot {
@@ -465,13 +526,35 @@ pub fn compare_ledger(
     node: &str,
     debug: &Value,
     holding: &BTreeMap<String, Allocation>,
+    unknown: &BTreeSet<String>,
 ) -> LedgerDiff {
     let mut diff = LedgerDiff::default();
     let devices = &debug["state"]["devices"];
     let mut seen = BTreeSet::new();
     let mut sums: BTreeMap<(String, i64), BTreeMap<String, i128>> = BTreeMap::new();
+    // Unknown-identity holders: an entry exactly for each (where the node has a Device object
+    // to count them on), wherever the allocator put it, or a blocking one if nothing was left.
+    for (uid, e) in devices["entries"].as_object().into_iter().flatten() {
+        if e["state"] == "unknown-identity" && !unknown.contains(uid) {
+            diff.problems.push(format!(
+                "{node}: unknown-identity entry {uid} for a pod that is not bound here without an annotation"
+            ));
+        }
+    }
+    if devices["device_object_present"] == true {
+        for uid in unknown {
+            if devices["entries"][uid]["state"] != "unknown-identity" {
+                diff.problems.push(format!(
+                    "{node}: pod {uid} is bound here without an annotation and asks for devices, but the ledger counts nothing for it"
+                ));
+            }
+        }
+    }
     for (uid, e) in devices["entries"].as_object().into_iter().flatten() {
         let state = e["state"].as_str().unwrap_or("?");
+        if state == "unknown-identity" && e["malformed"].is_string() {
+            continue;
+        }
         let alloc = match e["allocation"].as_str().map(parse_device_allocated) {
             Some(Ok(a)) => a,
             other => {
@@ -488,6 +571,7 @@ pub fn compare_ledger(
             }
         }
         match (state, holding.get(uid)) {
+            ("unknown-identity", _) => {}
             ("committed", Some(want)) if *want == alloc => {
                 seen.insert(uid.clone());
             }

@@ -879,6 +879,7 @@ impl Driver {
             loop {
                 let pods = self.pods();
                 let (holdings, _) = Checker::holdings(&pods);
+                let unknown = checker::unknown_holders(&pods);
                 let cpusets = checker::cpuset_holdings(&pods);
                 let mut problems = Vec::new();
                 let mut stale = Vec::new();
@@ -890,10 +891,12 @@ impl Driver {
                     {
                         Some((200, v)) => {
                             let empty = BTreeMap::new();
+                            let none = BTreeSet::new();
                             let d = checker::compare_ledger(
                                 node,
                                 &v,
                                 holdings.get(node).unwrap_or(&empty),
+                                unknown.get(node).unwrap_or(&none),
                             );
                             problems.extend(d.problems);
                             stale.extend(d.stale_assumed);

@@ -280,22 +280,30 @@ mod checker_self_test {
             "types": {"gpu": {"0": {"used": {"koordinator.sh/gpu-core": "100",
                 "koordinator.sh/gpu-memory": "80Gi", "koordinator.sh/gpu-memory-ratio": "100"}},
                 "1": {"used": {}}}}}}});
-        let d = compare_ledger("n", &good, &held);
+        let d = compare_ledger("n", &good, &held, &Default::default());
         assert!(d.problems.is_empty() && d.stale_assumed.is_empty(), "{d:?}");
         let missing = json!({"state": {"devices": {"entries": {}, "types": {}}}});
-        assert!(!compare_ledger("n", &missing, &held).problems.is_empty());
+        assert!(
+            !compare_ledger("n", &missing, &held, &Default::default())
+                .problems
+                .is_empty()
+        );
         let stale = json!({"state": {"devices": {
             "entries": {"u-a": {"state": "committed", "allocation": WHOLE0},
                         "u-gone": {"state": "assumed", "allocation": HALF}},
             "types": {"gpu": {"0": {"used": {"koordinator.sh/gpu-core": "100",
                 "koordinator.sh/gpu-memory": "120Gi", "koordinator.sh/gpu-memory-ratio": "150"}}}}}}});
-        let d = compare_ledger("n", &stale, &held);
+        let d = compare_ledger("n", &stale, &held, &Default::default());
         assert!(d.problems.is_empty(), "{d:?}");
         assert_eq!(d.stale_assumed.len(), 1, "{d:?}");
         let wrong_used = json!({"state": {"devices": {
             "entries": {"u-a": {"state": "committed", "allocation": WHOLE0}},
             "types": {"gpu": {"0": {"used": {}}}}}}});
-        assert!(!compare_ledger("n", &wrong_used, &held).problems.is_empty());
+        assert!(
+            !compare_ledger("n", &wrong_used, &held, &Default::default())
+                .problems
+                .is_empty()
+        );
     }
 
     #[test]

@@ -16,6 +16,18 @@ type apiProxy struct {
 	mu     sync.Mutex
 	target string // "" while the apiserver is down: connections are closed at once
 	conns  map[net.Conn]struct{}
+	// detach: a client that goes away (a SIGKILLed extender) leaves its connection to the
+	// apiserver open until the apiserver answers, as a request still in the network, a slow
+	// etcd or an admission webhook would: the apiserver does not see the client leave, so it
+	// does not cancel what the client sent.
+	detach bool
+}
+
+// setDetach turns detach on or off for clients that go away from now on.
+func (p *apiProxy) setDetach(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.detach = on
 }
 
 func newAPIProxy(t *testing.T) *apiProxy {
@@ -79,10 +91,20 @@ func (p *apiProxy) forward(client net.Conn) {
 	p.conns[client] = struct{}{}
 	p.conns[server] = struct{}{}
 	p.mu.Unlock()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(server, client); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(client, server); done <- struct{}{} }()
-	<-done
+	up, down := make(chan struct{}), make(chan struct{})
+	go func() { _, _ = io.Copy(server, client); close(up) }()
+	go func() { _, _ = io.Copy(client, server); close(down) }()
+	select {
+	case <-up:
+		p.mu.Lock()
+		detach := p.detach
+		p.mu.Unlock()
+		if detach {
+			// The client is gone; the apiserver's answer (when it comes) fails to reach it.
+			<-down
+		}
+	case <-down:
+	}
 	client.Close()
 	server.Close()
 	p.mu.Lock()

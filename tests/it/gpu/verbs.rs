@@ -486,3 +486,79 @@ async fn a_filter_right_after_a_bind_sees_its_allocation() {
     env.fake.release_watch_events(Kind::Pod);
     env.svc.shutdown().await.unwrap();
 }
+
+/// Issue 36 §4: a pod bound without an annotation (a preset `spec.nodeName`, another scheduler)
+/// that asks for a GPU holds one nobody recorded. Before, the ledger counted it as nothing, and
+/// the next pods were given every GPU of the node. Now it counts as one GPU of unknown identity,
+/// where the allocator would put it: `inspect`'s view names it, the gauge counts it, and only
+/// the rest of the node is handed out; when the pod goes, the GPU comes back.
+#[tokio::test]
+async fn a_pod_bound_without_an_annotation_holds_capacity_of_unknown_identity() {
+    let fake = FakeApiServer::new();
+    add_gpu_node(&fake, "n1", 2, &[]);
+    let preset = service::pod(
+        "ml",
+        "preset",
+        "uid-preset",
+        whole_gpus(1),
+        Some("n1"),
+        None,
+    );
+    fake.create(Kind::Pod, preset.clone()).unwrap();
+    let two = pending("two", whole_gpus(2));
+    let one = pending("one", whole_gpus(1));
+    let another = pending("another", whole_gpus(1));
+    fake.create_many(Kind::Pod, [two.clone(), one.clone(), another.clone()])
+        .unwrap();
+    let env = Env::start(&fake, &[]).await;
+
+    let f = env.filter(&two, &["n1"]).await;
+    assert!(
+        names(&f).is_empty(),
+        "two GPUs offered while one is held: {f}"
+    );
+    let view = env.ledger("n1").await;
+    assert!(view["entries"].get("uid-preset").is_some(), "{view}");
+    assert_eq!(
+        env.metric("dne_device_holders_unknown_identity", "").await,
+        1.0
+    );
+    let report = device_numa_extender::cluster::report::cluster_report(
+        &env.svc.state.scheduler.cluster,
+        &[],
+    );
+    let n1 = report.nodes.iter().find(|n| n.name == "n1").unwrap();
+    assert_eq!(n1.unknown_identity, vec!["ml/preset".to_string()]);
+    let held: Vec<&str> = n1
+        .gpus
+        .iter()
+        .flat_map(|g| g.holders.iter())
+        .filter(|h| h.entry == "unknown-identity")
+        .map(|h| h.pod.as_str())
+        .collect();
+    assert_eq!(held, ["ml/preset"]);
+
+    // The other GPU is handed out once; nothing is left for a third.
+    env.bind(&one, "n1").await.unwrap();
+    let e = env.bind(&another, "n1").await.unwrap_err();
+    assert!(e.contains("insufficient"), "{e}");
+    let minors: Vec<(i64, i64)> = gpu_shares(&annotation_of(&fake, &one).unwrap());
+    assert_eq!(minors.len(), 1);
+
+    // The unknown holder goes: its GPU comes back.
+    fake.delete(Kind::Pod, "ml", "preset").unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let f = env.filter(&another, &["n1"]).await;
+        if names(&f) == ["n1"] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never freed: {f}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        env.metric("dne_device_holders_unknown_identity", "").await,
+        0.0
+    );
+    env.svc.shutdown().await.unwrap();
+}

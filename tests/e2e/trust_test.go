@@ -1,0 +1,268 @@
+package e2e
+
+// Trust III (issue 36) on the real control plane:
+//   - a restart without leader election while a binding the previous process sent is still in
+//     flight at kube-apiserver (held by a pods/binding admission webhook of the test's): the
+//     restarted process must not give that binding's GPU to another pod;
+//   - GPU-share pods offered CPU-only nodes while the GPU nodes are full (the chart's scheduler
+//     mode ignores the share names in-tree): none is bound to a node without its device.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// bindingHold is a validating admission webhook on pods/binding that holds the binding of one
+// pod until released, and admits every other binding at once.
+type bindingHold struct {
+	pod      string
+	arrived  chan struct{}
+	release  chan struct{}
+	once     sync.Once
+	released sync.Once
+	mu       sync.Mutex
+	seen     map[string]bool // pods whose bindings (dry runs too) reached the hold
+}
+
+func (h *bindingHold) saw(pod string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.seen[pod]
+}
+
+func (h *bindingHold) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var review admissionv1.AdmissionReview
+	if err := json.NewDecoder(r.Body).Decode(&review); err != nil || review.Request == nil {
+		http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
+		return
+	}
+	h.mu.Lock()
+	h.seen[review.Request.Name] = true
+	h.mu.Unlock()
+	if review.Request.Name == h.pod {
+		h.once.Do(func() { close(h.arrived) })
+		select {
+		case <-h.release:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	review.Response = &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: true}
+	review.Request = nil
+	_ = json.NewEncoder(w).Encode(&review)
+}
+
+func (h *bindingHold) letGo() { h.released.Do(func() { close(h.release) }) }
+
+// installBindingHold serves the hold over TLS on loopback and registers it for pods/binding.
+func installBindingHold(t *testing.T, cp *controlPlane, pod string) *bindingHold {
+	t.Helper()
+	h := &bindingHold{pod: pod, arrived: make(chan struct{}), release: make(chan struct{}), seen: map[string]bool{}}
+	t.Cleanup(h.letGo)
+	caPEM, certFile, keyFile := writeServingCertificate(t, cp.dir)
+	addr := freeLoopbackAddr()
+	srv := &http.Server{Addr: addr, Handler: h}
+	go func() { _ = srv.ListenAndServeTLS(certFile, keyFile) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	url := "https://" + addr + "/hold"
+	fail := admissionregistrationv1.Ignore
+	none := admissionregistrationv1.SideEffectClassNone
+	timeout := int32(30)
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e-binding-hold"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "binding-hold.e2e.test",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods/binding"}}}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	if _, err := cp.admin.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(cp.ctx, cfg, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the binding hold's ValidatingWebhookConfiguration: %v", err)
+	}
+	// The apiserver picks the configuration up asynchronously: dry-run bindings of a probe pod
+	// until one reaches the hold (the ordering point "the hold is active").
+	probe := unscheduled(t, cp, "hold-probe", map[string]string{"cpu": "1"})
+	err := wait.PollUntilContextTimeout(cp.ctx, 200*time.Millisecond, hangGuard, true, func(ctx context.Context) (bool, error) {
+		b := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: probe.Name, Namespace: probe.Namespace}, Target: corev1.ObjectReference{Kind: "Node", Name: "nowhere"}}
+		_ = cp.admin.CoreV1().Pods(probe.Namespace).Bind(ctx, b, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return h.saw(probe.Name), nil
+	})
+	if err != nil {
+		t.Fatalf("the binding hold never became active: %v", err)
+	}
+	return h
+}
+
+// bindVerb calls the extender's bind verb as kube-scheduler would: "" when bound, else the
+// Error it answered (or why no answer came).
+func bindVerb(e *extenderProc, pod *corev1.Pod, node string) string {
+	body, _ := json.Marshal(map[string]string{
+		"PodName": pod.Name, "PodNamespace": pod.Namespace, "PodUID": string(pod.UID), "Node": node,
+	})
+	client := http.Client{Timeout: 60 * time.Second}
+	resp, err := client.Post(e.urlPrefix()+"/bind", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return "no answer: " + err.Error()
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var answer struct{ Error string }
+	if err := json.Unmarshal(raw, &answer); err != nil {
+		return fmt.Sprintf("HTTP %d: %s", resp.StatusCode, raw)
+	}
+	return answer.Error
+}
+
+// unscheduled creates a pod no scheduler picks up: the test calls the extender's verbs itself.
+func unscheduled(t *testing.T, cp *controlPlane, name string, limits map[string]string) *corev1.Pod {
+	t.Helper()
+	return cp.createPod(podSpec{name: name, scheduler: "e2e-nobody", limits: limits})
+}
+
+// bindUntilDecided binds, retrying while the answer says only "not now" (not ready yet, the
+// pod cache catching up after a start): the final answer.
+func bindUntilDecided(t *testing.T, e *extenderProc, pod *corev1.Pod, node string) string {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(e.cp.ctx, 200*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
+		last = bindVerb(e, pod, node)
+		retry := strings.Contains(last, "catching up") || strings.Contains(last, "not ready") || strings.HasPrefix(last, "no answer")
+		return !retry, nil
+	})
+	if err != nil {
+		t.Fatalf("bind of %s never decided: %s", pod.Name, last)
+	}
+	return last
+}
+
+// Issue 36 §1. Standalone with one replica renders no leader mode: before the fix nothing fenced
+// a restart, and y got the GPU x's late binding claims (reproduced with --takeover-window=0s).
+func TestARestartWithoutALeaderNeverGivesAwayABindingStillInFlight(t *testing.T) {
+	cp := startControlPlane(t, planOptions{chartValues: `{"mode":"standalone","replicas":1}`})
+	for _, a := range cp.chart.ExtenderArgs {
+		if strings.HasPrefix(a, "--leader-elect") || strings.HasPrefix(a, "--follow-scheduler-lease") {
+			t.Fatalf("the chart rendered a leader mode for standalone with one replica: %s", a)
+		}
+	}
+	m := gpuMachine
+	cp.addNodes("gpu", 1, m)
+	// x's binding is sent with ?timeout= --request-timeout: 14 s leaves the kill, the restart
+	// and y's first bind time to happen before the apiserver gives it up.
+	ext := cp.startExtender("", "--request-timeout=14s")
+	ext.waitReady()
+	one := map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
+	for i := 0; i < m.gpus-1; i++ {
+		p := unscheduled(t, cp, fmt.Sprintf("fill-%d", i), one)
+		if e := bindUntilDecided(t, ext, p, "gpu-0"); e != "" {
+			t.Fatalf("filler %s: %s", p.Name, e)
+		}
+	}
+	x := unscheduled(t, cp, "x", one)
+	y := unscheduled(t, cp, "y", one)
+	hold := installBindingHold(t, cp, "x")
+	// The webhook configuration reaches the apiserver's admission asynchronously: x's binding is
+	// sent (and retried, as kube-scheduler would) until the hold has it.
+	cp.proxy.setDetach(true)
+	go func() {
+		for {
+			select {
+			case <-hold.arrived:
+				return
+			case <-cp.ctx.Done():
+				return
+			default:
+			}
+			_ = bindVerb(ext, x, "gpu-0")
+		}
+	}()
+	select {
+	case <-hold.arrived:
+	case <-time.After(hangGuard):
+		t.Fatal("x's binding never reached the hold")
+	}
+	// The process dies with x's binding in flight; the next one starts on the same address.
+	ext.kill()
+	ext = cp.startExtender(ext.listen, "--request-timeout=14s")
+	ext.waitReady()
+	first := bindVerb(ext, y, "gpu-0")
+	if first == "" {
+		hold.letGo()
+		cp.waitBound("x")
+		t.Fatalf("the restarted process bound y before x's binding could land; violations: %v", cp.violations(m))
+	}
+	if !strings.Contains(first, "catching up") {
+		t.Fatalf("y's first bind after the restart: %q, want a refusal while the pod cache catches up", first)
+	}
+	// x's binding lands, inside its deadline.
+	hold.letGo()
+	cp.waitBound("x")
+	cp.proxy.setDetach(false)
+	last := bindUntilDecided(t, ext, y, "gpu-0")
+	if last == "" {
+		t.Fatalf("y was bound after x's binding landed; violations: %v", cp.violations(m))
+	}
+	t.Logf("y after the fence: %s", last)
+	if p := cp.getPod("y"); p.Spec.NodeName != "" {
+		t.Fatalf("y is bound to %s", p.Spec.NodeName)
+	}
+	cp.assertNoViolations(m)
+	if !strings.Contains(metricLines(ext.metrics(), "dne_pod_fences_total"), `reason="started"} 1`) {
+		t.Fatalf("no start fence in the restarted process's metrics:\n%s", metricLines(ext.metrics(), "dne_pod_fences_total"))
+	}
+}
+
+// Issue 36 §6. The chart's scheduler mode: kube-scheduler ignores the koordinator share names
+// in-tree, so when the GPU node is full it offers CPU-only nodes; before the fix the extender
+// passed them (left to device plugins) and share pods were bound there, without a GPU.
+func TestSharePodsAreNeverBoundToANodeThatDoesNotAdvertiseTheirDevice(t *testing.T) {
+	cp, ext := start(t, planOptions{})
+	m := gpuMachine
+	cp.addNodes("gpu", 1, m)
+	cp.addNodes("cpu", 2, cpuMachine)
+	ext.waitReady()
+	share := map[string]string{"cpu": "1", "memory": "1Gi", "koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "100"}
+	var fill []string
+	for i := 0; i < m.gpus; i++ {
+		name := fmt.Sprintf("share-%d", i)
+		cp.createPod(podSpec{name: name, limits: share})
+		fill = append(fill, name)
+	}
+	for _, p := range cp.waitBound(fill...) {
+		if !strings.HasPrefix(p.Spec.NodeName, "gpu-") {
+			t.Fatalf("%s was bound to %s, which has no GPU", p.Name, p.Spec.NodeName)
+		}
+	}
+	// The GPU node is full: the next share pods are offered the CPU-only nodes.
+	for i := 0; i < 4; i++ {
+		cp.createPod(podSpec{name: fmt.Sprintf("over-%d", i), limits: share})
+	}
+	for i := 0; i < 4; i++ {
+		name := fmt.Sprintf("over-%d", i)
+		ev := cp.waitEvent(name, "does not advertise")
+		t.Logf("%s: %s", name, ev)
+	}
+	for i := 0; i < 4; i++ {
+		if p := cp.getPod(fmt.Sprintf("over-%d", i)); p.Spec.NodeName != "" {
+			t.Fatalf("%s was bound to %s", p.Name, p.Spec.NodeName)
+		}
+	}
+	cp.assertNoViolations(m)
+}
