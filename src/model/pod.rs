@@ -47,6 +47,10 @@ pub struct PodSpec {
         deserialize_with = "lenient::resource_list"
     )]
     pub overhead: Option<ResourceList>,
+    /// Pod-level resources (KEP-2837, on by default since Kubernetes 1.34): kube-scheduler takes
+    /// the pod's cpu, memory and hugepages requests from here when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
     /// Pod priority; koordinator's priority class falls back to its range (CPU binding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i32>,

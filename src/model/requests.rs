@@ -192,6 +192,22 @@ fn effective(spec: &PodSpec) -> Result<Acc<'_>, RequestError> {
         max_into(&mut init_peak, &during);
     }
     max_into(&mut reqs, &init_peak);
+    // Pod-level requests (KEP-2837) replace the containers' sum for the resources they support
+    // (cpu, memory, hugepages-*), as kube-scheduler's `PodRequests` does; limits fill a missing
+    // request as API-server defaulting does.
+    if let Some(pod_level) = &spec.resources {
+        let supported =
+            |name: &str| matches!(name, "cpu" | "memory") || name.starts_with("hugepages-");
+        let mut level = parse_list(pod_level.requests.as_ref(), "<pod>", "resources.requests")?;
+        for (name, q) in parse_list(pod_level.limits.as_ref(), "<pod>", "resources.limits")? {
+            if !level.iter().any(|(n, _)| *n == name) {
+                level.push((name, q));
+            }
+        }
+        for (name, q) in level.into_iter().filter(|(n, _)| supported(n)) {
+            *slot(&mut reqs, name) = q;
+        }
+    }
     let overhead = parse_list(spec.overhead.as_ref(), "<pod overhead>", "overhead")?;
     add_into(&mut reqs, &overhead);
     reqs.retain(|(_, q)| !q.is_zero());
@@ -434,6 +450,17 @@ mod tests {
                 max(&mut init_peak, &during);
             }
             max(&mut reqs, &init_peak);
+            if let Some(level) = &spec.resources {
+                let mut own = parse_list(level.requests.as_ref())?;
+                for (name, v) in parse_list(level.limits.as_ref())? {
+                    own.entry(name).or_insert(v);
+                }
+                for (name, v) in own {
+                    if name == "cpu" || name == "memory" || name.starts_with("hugepages-") {
+                        reqs.insert(name, v);
+                    }
+                }
+            }
             add(&mut reqs, &parse_list(spec.overhead.as_ref())?);
             reqs.retain(|_, v| *v != 0);
             Ok(reqs)
@@ -496,12 +523,17 @@ mod tests {
                 prop::collection::vec(container(), 0..3),
                 prop::collection::vec(container(), 0..3),
                 list(),
+                prop::option::of((list(), list())),
             )
-                .prop_map(|(containers, init_containers, overhead)| PodSpec {
-                    containers,
-                    init_containers,
-                    overhead,
-                    ..Default::default()
+                .prop_map(|(containers, init_containers, overhead, pod_level)| {
+                    PodSpec {
+                        containers,
+                        init_containers,
+                        overhead,
+                        resources: pod_level
+                            .map(|(requests, limits)| ResourceRequirements { requests, limits }),
+                        ..Default::default()
+                    }
                 })
         }
 
@@ -532,6 +564,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Issue 36 §7: a pod that sets only pod-level resources requests them (kube-scheduler
+    /// counts them; the amplified-CPU check summed 0 for such a pod before), for the resources
+    /// pod level supports; extended resources stay the containers'.
+    #[test]
+    fn pod_level_requests_replace_the_containers_sum_for_cpu_and_memory() {
+        let spec = PodSpec {
+            containers: vec![
+                c("a", &[("cpu", "500m")], &[("nvidia.com/gpu", "1")], false),
+                c("b", &[], &[], false),
+            ],
+            resources: Some(ResourceRequirements {
+                requests: rl(&[("cpu", "4")]),
+                limits: rl(&[("cpu", "4"), ("memory", "8Gi"), ("nvidia.com/gpu", "2")]),
+            }),
+            ..Default::default()
+        };
+        let r = pod_requests(&spec).unwrap();
+        assert_eq!(r["cpu"], q("4"));
+        assert_eq!(
+            r["memory"],
+            q("8Gi"),
+            "a pod-level limit defaults its request"
+        );
+        assert_eq!(r["nvidia.com/gpu"], q("1"), "not a pod-level resource");
     }
 
     #[test]
