@@ -283,7 +283,8 @@ def test_renders_and_validates_against_k8s_1_33(chart, case):
             continue
         kubernetes_validate.validate(o, K8S_VERSION, strict=True)
         assert o["metadata"]["name"]
-        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
             assert o["metadata"].get("namespace"), f"{o['kind']} without namespace"
     values = CASES[case] or {}
     sm_enabled = values.get("serviceMonitor", {}).get("enabled", False)
@@ -351,7 +352,7 @@ def test_scheduler_mode_rbac_is_the_stock_kube_scheduler_set(chart):
     objects = objs(chart)
     sa = one(objects, "ServiceAccount")["metadata"]["name"]
     refs = {(b["kind"], b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
-            for b in objects if b["kind"].endswith("Binding")
+            for b in objects if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
             and any(s["name"] == sa and s["namespace"] == R.NAMESPACE for s in b["subjects"])}
     assert ("ClusterRoleBinding", "ClusterRole", "system:kube-scheduler", None) in refs
     assert ("ClusterRoleBinding", "ClusterRole", "system:volume-scheduler", None) in refs
@@ -361,7 +362,7 @@ def test_scheduler_mode_rbac_is_the_stock_kube_scheduler_set(chart):
     assert {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} <= rbac_rows(lease_role["rules"])
     # standalone mode carries none of it
     standalone = objs(chart, {"mode": "standalone"})
-    assert not [o for o in standalone if o["kind"].endswith("Binding") and o["roleRef"]["name"].startswith("system:")]
+    assert not [o for o in standalone if o["kind"] in ("ClusterRoleBinding", "RoleBinding") and o["roleRef"]["name"].startswith("system:")]
     assert not [o for o in standalone if o["kind"] == "ConfigMap"]
 
 
@@ -930,6 +931,38 @@ def test_inconsistent_values_fail_the_render(chart, bad, message):
     with pytest.raises(Exception) as err:
         R.render(bad, chart=chart)
     assert message in str(err.value)
+
+
+# --- Node writes (issue 36 §8) ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_extender_may_change_only_its_own_annotation_on_nodes(chart, case):
+    values = CASES[case] or {}
+    objects = objs(chart, values)
+    requeue = values.get("extender", {}).get("requeue", {}).get("enabled", True)
+    policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    patches_nodes = any("patch" in r["verbs"] and "nodes" in r["resources"]
+                        for o in objects if o["kind"] == "ClusterRole"
+                        and o["metadata"]["name"].endswith("-extender") for r in o["rules"])
+    # Wherever RBAC lets the extender patch Nodes, the policy narrows it, and only then.
+    assert bool(policies) == patches_nodes == requeue
+    if not policies:
+        return
+    (policy,), (binding,) = policies, bindings
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodes"] and rule["operations"] == ["UPDATE"]
+    sa = one(objects, "ServiceAccount")
+    user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    (cond,) = policy["spec"]["matchConditions"]
+    assert cond["expression"] == f"request.userInfo.username == '{user}'"
+    text = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    for field in ("object.spec", "object.metadata.labels", "object.metadata.finalizers",
+                  "object.metadata.annotations", "'device-numa-extender.io/capacity-returned'"):
+        assert field in text, field
 
 
 # --- the admission webhook (issue 25) -------------------------------------------------------------

@@ -35,6 +35,9 @@ type renderedChart struct {
 	ExtenderArgs    []string // the extender container's args
 	// Webhook is the admission webhook configuration (with webhook.enabled).
 	Webhook *admissionregistrationv1.MutatingWebhookConfiguration
+	// The policy that narrows the extender's Node patches to its own annotation (issue 36 §8).
+	Policies       []*admissionregistrationv1.ValidatingAdmissionPolicy
+	PolicyBindings []*admissionregistrationv1.ValidatingAdmissionPolicyBinding
 }
 
 // repoRoot is the repository root (tests/e2e is two levels down).
@@ -92,6 +95,10 @@ func loadRenderedChart(valuesJSON string) (*renderedChart, error) {
 			out.RoleBindings = append(out.RoleBindings, o)
 		case *admissionregistrationv1.MutatingWebhookConfiguration:
 			out.Webhook = o
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			out.Policies = append(out.Policies, o)
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			out.PolicyBindings = append(out.PolicyBindings, o)
 		case *appsv1.Deployment:
 			for _, c := range o.Spec.Template.Spec.Containers {
 				if c.Name == "extender" {

@@ -259,6 +259,17 @@ func (cp *controlPlane) installChartRBAC() {
 			t.Fatal(err)
 		}
 	}
+	// The chart's ValidatingAdmissionPolicy on the extender's Node writes, as the chart installs it.
+	for _, p := range c.Policies {
+		if _, err := cp.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, p.DeepCopy(), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range c.PolicyBindings {
+		if _, err := cp.admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, b.DeepCopy(), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cp.extenderKubeconfig = cp.writeKubeconfig("extender", cp.token(cp.admin, sa.Namespace, sa.Name))
 }
 

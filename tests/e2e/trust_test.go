@@ -22,8 +22,12 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // bindingHold is a validating admission webhook on pods/binding that holds the binding of one
@@ -265,4 +269,65 @@ func TestSharePodsAreNeverBoundToANodeThatDoesNotAdvertiseTheirDevice(t *testing
 		}
 	}
 	cp.assertNoViolations(m)
+}
+
+// Issue 36 §8. RBAC grants the extender `patch nodes` for the requeue signal; the chart's
+// ValidatingAdmissionPolicy lets its ServiceAccount change its own annotation and nothing else.
+func TestTheExtenderMayChangeOnlyItsOwnAnnotationOnNodes(t *testing.T) {
+	cp := startControlPlane(t, planOptions{})
+	if len(cp.chart.Policies) != 1 || len(cp.chart.PolicyBindings) != 1 {
+		t.Fatalf("the chart rendered %d policies and %d bindings, want the node-write policy and its binding", len(cp.chart.Policies), len(cp.chart.PolicyBindings))
+	}
+	cp.addNodes("n", 1, cpuMachine)
+	cfg, err := clientcmd.BuildConfigFromFlags("", cp.extenderKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ext, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := func(body string) error {
+		_, err := ext.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(body), metav1.PatchOptions{})
+		return err
+	}
+	taint := `{"spec":{"taints":[{"key":"evil","effect":"NoSchedule"}]}}`
+	// The apiserver loads policies asynchronously: the taint is retried until refused (the
+	// ordering point "the policy is active"). RBAC alone admits it.
+	var refused error
+	err = wait.PollUntilContextTimeout(cp.ctx, 200*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
+		refused = patch(taint)
+		if refused == nil {
+			// Admitted before the policy was active: undo it as the admin, and try again.
+			_, _ = cp.admin.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(`{"spec":{"taints":null}}`), metav1.PatchOptions{})
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("a taint patch by the extender was never refused: %v", err)
+	}
+	if !apierrors.IsForbidden(refused) && !apierrors.IsInvalid(refused) || !strings.Contains(refused.Error(), "may change only") {
+		t.Fatalf("the taint patch failed, but not by the policy: %v", refused)
+	}
+	for what, body := range map[string]string{
+		"a label":            `{"metadata":{"labels":{"evil":"yes"}}}`,
+		"another annotation": `{"metadata":{"annotations":{"evil":"yes"}}}`,
+		"unschedulable":      `{"spec":{"unschedulable":true}}`,
+	} {
+		if err := patch(body); err == nil || !strings.Contains(err.Error(), "may change only") {
+			t.Fatalf("%s: the extender's patch was not refused by the policy: %v", what, err)
+		}
+	}
+	// Its own annotation, as the requeue signal writes it, is allowed.
+	if err := patch(`{"metadata":{"annotations":{"device-numa-extender.io/capacity-returned":"2026-12-05T00:00:00.000Z gpu"}}}`); err != nil {
+		t.Fatalf("the requeue annotation was refused: %v", err)
+	}
+	n, err := cp.admin.CoreV1().Nodes().Get(cp.ctx, "n-0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n.Spec.Taints) != 0 || n.Spec.Unschedulable || n.Labels["evil"] != "" || n.Annotations["evil"] != "" {
+		t.Fatalf("the node was changed: taints %v unschedulable %v labels %v annotations %v", n.Spec.Taints, n.Spec.Unschedulable, n.Labels, n.Annotations)
+	}
 }
