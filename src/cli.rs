@@ -254,7 +254,7 @@ pub struct ServeArgs {
 
     /// All webhook bodies being read or served at once hold at most this many bytes together
     /// (as --body-budget-bytes, a budget of the webhook's own).
-    #[arg(long, env = "DNE_WEBHOOK_BODY_BUDGET_BYTES", default_value_t = 32 * 1024 * 1024)]
+    #[arg(long, env = "DNE_WEBHOOK_BODY_BUDGET_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub webhook_body_budget_bytes: usize,
 
     /// Also route pods labelled koordinator.sh/qosClass LSE or LSR (cpuset pods).

@@ -70,7 +70,7 @@ pub enum BindError {
     #[error("not the leader: binds are served by the leader replica")]
     NotLeader,
     #[error(
-        "the pod cache is catching up (relist after a leader change or a pod watch error): retry shortly"
+        "the pod cache is catching up (after a start or a leader change, or a pod watch error): retry shortly"
     )]
     CacheNotCurrent,
     #[error("internal error during bind: {0}")]
