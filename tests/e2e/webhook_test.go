@@ -14,6 +14,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -88,6 +89,47 @@ func TestWebhookRoutesDevicePodsAndFailsClosedForThemOnly(t *testing.T) {
 		t.Fatalf("a GPU pod in kube-system was routed to %q", system.Spec.SchedulerName)
 	}
 
+	// Issue 36 §3: every name of the chart's managedResources, deprecated ones included, passes
+	// the API server's CEL condition and is routed; a deprecated name comes back renamed to its
+	// current one (kube-scheduler's extender stanza cannot name it). Dry runs: nothing is stored.
+	for i, name := range managedResourceNames(t, cp) {
+		p := newPod(podSpec{name: fmt.Sprintf("name-%d", i), limits: map[string]string{"cpu": "1", name: "50"}})
+		got, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			t.Fatalf("a pod asking for %s: %v", name, err)
+		}
+		if got.Spec.SchedulerName != sched {
+			t.Fatalf("a pod asking for %s was not routed (schedulerName %q)", name, got.Spec.SchedulerName)
+		}
+		limits := got.Spec.Containers[0].Resources.Limits
+		if current, deprecated := strings.CutPrefix(name, "kubernetes.io/"); deprecated {
+			if _, kept := limits[corev1.ResourceName(name)]; kept {
+				t.Fatalf("%s was not renamed: %v", name, limits)
+			}
+			if _, renamed := limits[corev1.ResourceName("koordinator.sh/"+current)]; !renamed {
+				t.Fatalf("%s was not renamed to koordinator.sh/%s: %v", name, current, limits)
+			}
+		} else if _, kept := limits[corev1.ResourceName(name)]; !kept {
+			t.Fatalf("%s was changed: %v", name, limits)
+		}
+	}
+
+	// Issue 36 §4: a GPU pod that presets spec.nodeName, of the default scheduler or of the
+	// extender's, is refused with the reason; a plain pod that does is left alone.
+	for _, scheduler := range []string{"", sched} {
+		p := newPod(podSpec{name: "preset", scheduler: scheduler, limits: gpu})
+		p.Spec.NodeName = "gpu-0"
+		_, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil || !strings.Contains(err.Error(), "spec.nodeName") {
+			t.Fatalf("a GPU pod of scheduler %q presetting spec.nodeName was not refused: %v", scheduler, err)
+		}
+	}
+	plainPreset := newPod(podSpec{name: "plain-preset", limits: map[string]string{"cpu": "1"}})
+	plainPreset.Spec.NodeName = "gpu-0"
+	if _, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, plainPreset, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatalf("a plain pod presetting spec.nodeName was refused: %v", err)
+	}
+
 	// The webhook down (every replica gone): failurePolicy Fail refuses the GPU pod, so none
 	// slips past to the default scheduler; the plain pod never waits on the webhook (the CEL
 	// matchCondition) and is created.
@@ -101,6 +143,19 @@ func TestWebhookRoutesDevicePodsAndFailsClosedForThemOnly(t *testing.T) {
 	}
 	createIn(t, cp, testNamespace, podSpec{name: "plain-while-down", limits: map[string]string{"cpu": "1"}})
 	t.Logf("webhook down: GPU pod refused (%v); plain pod created", err)
+}
+
+// managedResourceNames are the chart's extenderConfig.managedResources, as the webhook flag
+// rendered from them lists them.
+func managedResourceNames(t *testing.T, cp *controlPlane) []string {
+	t.Helper()
+	for _, a := range cp.chart.ExtenderArgs {
+		if v, ok := strings.CutPrefix(a, "--webhook-managed-resources="); ok {
+			return strings.Split(v, ",")
+		}
+	}
+	t.Fatal("the chart rendered no --webhook-managed-resources")
+	return nil
 }
 
 // createIn creates the pod in ns with no schedulerName (the API server defaults it, the webhook
