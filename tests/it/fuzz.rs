@@ -339,6 +339,57 @@ proptest! {
     fn fuzz_pod_decode_on_mutations(e in edits()) {
         pod_pipeline(&mutate(POD.as_bytes(), &e));
     }
+
+    /// Issue 36 §5: values an object can carry, at their extremes, into the caches: a Node's
+    /// amplification ratio annotation and partition, bind and NUMA policy labels (any string),
+    /// its allocatable CPU and its pods' CPU requests (any quantity), a Device's partition table
+    /// with any allocation score. The Node, Device and Pod records and the read snapshot (which
+    /// computes every node's amplified CPU and partition facts) are built: never a panic.
+    #[test]
+    fn fuzz_node_and_device_values_into_the_caches(
+        ratio in prop_oneof![".{0,40}", any::<f64>().prop_map(|r| format!(r#"{{"cpu":{r:e}}}"#)),
+                             any::<i64>().prop_map(|r| format!(r#"{{"cpu":{r}}}"#))],
+        label in ".{0,20}",
+        allocatable in prop_oneof![".{0,20}", any::<i64>().prop_map(|v| v.to_string()), Just("9223372036854775807k".to_string())],
+        requests in prop::collection::vec(prop_oneof![any::<u32>().prop_map(|v| v.to_string()), Just("9223372036854775807".to_string()), Just("99999999999999999999999Ei".to_string())], 0..4),
+        score in any::<i64>(),
+    ) {
+        use device_numa_extender::cluster::{ClusterState, NodeRecord};
+        use device_numa_extender::model::node::Node;
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "uid": "u",
+                "annotations": {"node.koordinator.sh/resource-amplification-ratio": ratio},
+                "labels": {"node.koordinator.sh/gpu-partition-policy": label.clone(),
+                           "node.koordinator.sh/gpu-model": "H100",
+                           "node.koordinator.sh/cpu-bind-policy": label.clone(),
+                           "node.koordinator.sh/numa-topology-policy": label}},
+            "status": {"allocatable": {"cpu": allocatable, "nvidia.com/gpu": "1"}}
+        })).unwrap();
+        let cluster = ClusterState::new();
+        cluster.set_node("n1", Some(NodeRecord::from_node(&node)));
+        let table = format!(r#"{{"1":[{{"minors":[0],"allocationScore":{score}}}],"2":[{{"minors":[0,1],"allocationScore":{score}}}]}}"#);
+        let device: Device = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "annotations": {"scheduling.koordinator.sh/gpu-partitions": table}},
+            "spec": {"devices": [
+                {"type": "gpu", "minor": 0, "health": true, "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100", "koordinator.sh/gpu-memory": "80Gi"}},
+                {"type": "gpu", "minor": 1, "health": true, "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100", "koordinator.sh/gpu-memory": "80Gi"}}
+            ]}
+        })).unwrap();
+        let (devices, _problems) = NodeDevices::from_device(&device);
+        cluster.set_devices("n1", Some(devices));
+        for (i, cpu) in requests.iter().enumerate() {
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("p{i}"), "namespace": "ml", "uid": format!("u{i}")},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
+                "status": {"phase": "Running"}
+            })).unwrap();
+            if let Some(record) = PodRecord::from_pod(&pod) {
+                cluster.upsert_pod(None, &record);
+            }
+        }
+        cluster.build_snapshot();
+        let _ = cluster.read_snapshot();
+    }
 }
 
 #[test]
