@@ -820,6 +820,30 @@ mod tests {
         assert!(r.pods_current());
     }
 
+    /// Issue 36 §1: without a leader mode a start is fenced too: the first list does not lift
+    /// the fence while the window lasts (a binding the previous process sent may land after
+    /// it); a relist begun after the window does.
+    #[test]
+    fn a_start_without_a_leader_mode_waits_out_the_previous_process() {
+        let r = readiness(&[]);
+        r.set_takeover_window(Duration::from_millis(50));
+        r.fence_start();
+        assert!(r.is_leader(), "no leader mode: the process is the binder");
+        r.on_init(Kind::Pods);
+        r.on_init_done(Kind::Pods, 0, 0);
+        assert!(!r.pods_current(), "inside the window after the start");
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            !r.pods_current(),
+            "no relist has begun since the window ended"
+        );
+        r.on_init(Kind::Pods);
+        r.on_init_done(Kind::Pods, 0, 0);
+        assert!(r.pods_current());
+        let fences = |why: &str| r.metrics.pod_fences.with_label_values(&[why]).get();
+        assert_eq!((fences("started"), fences("takeover_window")), (1, 1));
+    }
+
     #[test]
     fn pod_fence_holds_until_a_relist_begun_after_it_is_applied() {
         let r = readiness(&[]);
