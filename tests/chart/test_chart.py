@@ -234,10 +234,13 @@ CASES = {
                        "podSelector": {"matchLabels": {"app": "my-scheduler"}}}],
         "probesFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
     "standalone-no-netpol": {"mode": "standalone", "networkPolicy": {"enabled": False}},
-    "webhook": {"webhook": {"enabled": True}},
+    "webhook": {"webhook": {"enabled": True},
+                "networkPolicy": {"webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/28"}}]}},
+    "webhook-no-netpol": {"webhook": {"enabled": True}, "networkPolicy": {"enabled": False}},
     "webhook-cpuset-qos-cert-manager": {"webhook": {"enabled": True, "routeCpusetQos": True,
                                                     "certificate": {"source": "certManager"}},
-                                        "tls": {"certManager": {"issuerRef": {"name": "ca"}}}},
+                                        "tls": {"certManager": {"issuerRef": {"name": "ca"}}},
+                                        "networkPolicy": {"webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/28"}}]}},
     "webhook-standalone-secret": {"mode": "standalone", "webhook": {
         "enabled": True, "schedulerName": "my-scheduler", "failurePolicy": "Ignore",
         "certificate": {"source": "secret", "secretName": "wh-tls", "caBundle": "Q0E="}},
@@ -873,7 +876,8 @@ def test_network_policy_admits_verbs_only_from_the_scheduler(chart, case):
     values = CASES[case] or {}
     objects = objs(chart, values)
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
-    if not is_standalone(values) or values.get("networkPolicy", {}).get("enabled") is False:
+    webhook = values.get("webhook", {}).get("enabled", False)
+    if (not is_standalone(values) and not webhook) or values.get("networkPolicy", {}).get("enabled") is False:
         assert policies == []
         return
     (np,) = policies
@@ -893,21 +897,27 @@ def test_network_policy_admits_verbs_only_from_the_scheduler(chart, case):
     for r in rules:
         for p in r["ports"]:
             by_port.setdefault(p["port"], []).extend(r["from"])
-    webhook = values.get("webhook", {}).get("enabled", False)
-    ports = {verb_port, probe_port}
+    # Scheduler mode: the verbs are on loopback (no rule), kube-scheduler's secure port is
+    # open as the probe port is.
+    sched_port = values.get("scheduler", {}).get("securePort", 10259)
+    ports = {verb_port, probe_port} if is_standalone(values) else {probe_port, sched_port}
     if webhook:
         ports.add(int(flags["--webhook-listen"].rpartition(":")[2]))
     assert set(by_port) == ports
     defaults = yaml.safe_load((R.CHART_DIR / "values.yaml").read_text())["networkPolicy"]
     want_verbs = values.get("networkPolicy", {}).get("verbsFrom", defaults["verbsFrom"])
     want_probes = values.get("networkPolicy", {}).get("probesFrom", defaults["probesFrom"])
-    assert by_port[verb_port] == want_verbs
+    if is_standalone(values):
+        assert by_port[verb_port] == want_verbs
+    else:
+        assert flags["--listen"].startswith("127.0.0.1:")
+        assert by_port[sched_port] == want_probes
     assert by_port[probe_port] == want_probes
     if webhook:
         webhook_port = int(flags["--webhook-listen"].rpartition(":")[2])
         assert by_port[webhook_port] == values["networkPolicy"]["webhookFrom"]
         assert all(p.get("ipBlock", {}).get("cidr") not in ("0.0.0.0/0", "::/0") for p in by_port[webhook_port])
-    if "verbsFrom" not in values.get("networkPolicy", {}):
+    if is_standalone(values) and "verbsFrom" not in values.get("networkPolicy", {}):
         # Default: kube-scheduler pods in kube-system, not "any pod" and not "any namespace".
         (peer,) = by_port[verb_port]
         assert peer["podSelector"]["matchLabels"] == {"component": "kube-scheduler"}
@@ -1047,8 +1057,10 @@ def test_webhook_configuration_reaches_the_listener_and_routes_only_device_pods(
 
 WEBHOOK_ERRORS = [
     ({"mode": "standalone", "webhook": {"enabled": True}}, "needs webhook.schedulerName"),
-    # Issue 36 §2: the webhook port is not opened to every pod by default.
+    # Issue 36 §2: the webhook port is not opened to every pod by default, in either mode.
     ({"mode": "standalone", "webhook": {"enabled": True, "schedulerName": "s"}},
+     "networkPolicy.webhookFrom must name the addresses kube-apiserver calls the webhook from"),
+    ({"webhook": {"enabled": True}},
      "networkPolicy.webhookFrom must name the addresses kube-apiserver calls the webhook from"),
     ({"webhook": {"enabled": True, "certificate": {"source": "secret"}}}, "needs webhook.certificate.secretName"),
     ({"webhook": {"enabled": True, "certificate": {"source": "secret", "secretName": "s"}}},

@@ -29,7 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-const webhookValues = `{"webhook":{"enabled":true}}`
+const webhookValues = `{"webhook":{"enabled":true},"networkPolicy":{"webhookFrom":[{"ipBlock":{"cidr":"127.0.0.1/32"}}]}}`
 
 func TestWebhookRoutesDevicePodsAndFailsClosedForThemOnly(t *testing.T) {
 	cp := startControlPlane(t, planOptions{chartValues: webhookValues})
