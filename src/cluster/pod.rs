@@ -102,8 +102,9 @@ impl PodDevices {
     /// [`PodDevices::Unannotated`]. Most pods name no managed resource: they are told apart by
     /// a look at their request names, without parsing a device request.
     pub fn of_pod(pod: &Pod) -> Self {
-        let from_annotation = Self::from_annotation(pod.annotation(DEVICE_ALLOCATED));
-        if pod.annotation(DEVICE_ALLOCATED).is_some() || pod.node_name().is_none() {
+        let annotation = pod.annotation(DEVICE_ALLOCATED);
+        let from_annotation = Self::from_annotation(annotation);
+        if annotation.is_some() || pod.node_name().is_none() {
             return from_annotation;
         }
         let names_a_device = pod

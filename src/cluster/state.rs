@@ -247,6 +247,9 @@ impl ClusterState {
     ) -> Overcommitted {
         let removed = devices.is_none();
         let over = self.with_node(name, |s| {
+            // Unknown-identity holders are placed again after the write; only known holders
+            // can over-commit the new device set.
+            s.devices.remove_unknown_entries();
             s.devices.set_devices_shared(devices);
             s.devices.overcommitted()
         });
@@ -520,7 +523,6 @@ fn record_pod(s: &mut NodeState, new: &Arc<PodRecord>, defer_cpu: bool) -> Overc
     // after the write (`NodeState::place_unknown_holders`).
     s.devices.remove_unknown_entries();
     if let PodDevices::Unannotated(request) = &new.devices {
-        s.devices.remove(&new.uid);
         s.devices.set_unknown(new.uid.clone(), Arc::clone(request));
     } else {
         s.devices.clear_unknown(&new.uid);

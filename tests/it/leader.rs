@@ -199,6 +199,27 @@ fn assert_lease_rbac(fake: &FakeApiServer) {
     }
 }
 
+/// Binds `pods[..3]` to n1 through `http`, retrying while binds are refused for now (not ready,
+/// fenced after a start or a takeover); a "cannot place" answer fails the test.
+async fn fill_three_gpus(http: &Http, pods: &[Value]) {
+    let deadline = Instant::now() + 2 * HANG_GUARD;
+    for pod in &pods[..3] {
+        loop {
+            let r = http
+                .try_post("/bind", &service::binding_args(pod, "n1"))
+                .await;
+            match bind_error(&r) {
+                None => break,
+                Some(e) => assert!(
+                    Instant::now() < deadline && !e.contains("cannot place"),
+                    "{e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 fn bind_error(resp: &Result<(u16, Value), String>) -> Option<String> {
     match resp {
         Ok((200, v)) if v["Error"] == "" => None,
@@ -844,20 +865,7 @@ async fn a_binding_the_old_leader_sent_that_lands_after_the_takeover_is_never_gi
     };
     // Fill three GPUs through the leader (retrying while it is still fenced after taking the
     // lease).
-    let deadline = Instant::now() + 2 * HANG_GUARD;
-    for pod in &pods[..3] {
-        loop {
-            let r = bind(leader, pod).await;
-            match bind_error(&r) {
-                None => break,
-                Some(e) => assert!(
-                    Instant::now() < deadline && !e.contains("cannot place"),
-                    "{e}"
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    fill_three_gpus(&https[leader], &pods).await;
     // x's binding reaches the API server, which answers 500 at once and applies it later.
     let (x, y) = (&pods[3], &pods[4]);
     fake.push_write_fault(WriteOp::PodBinding, WriteFault::LandsLate(1));
@@ -932,20 +940,7 @@ async fn a_restart_without_leader_election_never_gives_away_a_binding_still_in_f
         async move { http.try_post("/bind", &body).await }
     };
     // Fill three GPUs (retrying while the start fence holds binds, or not yet ready).
-    let deadline = Instant::now() + 2 * HANG_GUARD;
-    for pod in &pods[..3] {
-        loop {
-            let r = bind(&first.http, pod).await;
-            match bind_error(&r) {
-                None => break,
-                Some(e) => assert!(
-                    Instant::now() < deadline && !e.contains("cannot place"),
-                    "{e}"
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    fill_three_gpus(&first.http, &pods).await;
     // x's binding reaches the API server, which answers 500 at once and applies it later.
     let (x, y) = (&pods[3], &pods[4]);
     fake.push_write_fault(WriteOp::PodBinding, WriteFault::LandsLate(1));
