@@ -136,7 +136,7 @@ fn state(nodes: usize) -> Scheduler {
         pods: typed(c.pods),
         devices: c.devices,
         topologies: typed(c.topologies),
-        ignored: 0,
+        ..Default::default()
     };
     let metrics = Metrics::new();
     let cluster = Arc::new(ClusterState::new());
@@ -145,6 +145,7 @@ fn state(nodes: usize) -> Scheduler {
         cluster: cluster.clone(),
         readiness: readiness.clone(),
         metrics: metrics.clone(),
+        allow_dra_extended: false,
     };
     sync::run_file(&ctx, file);
     assert!(readiness.is_ready(), "{:?}", readiness.not_ready_reason());

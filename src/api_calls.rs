@@ -31,6 +31,23 @@ pub const API_CALLS: &[ApiCall] = &[
         resource: "noderesourcetopologies",
         verbs: &["list", "watch"],
     },
+    // Kubernetes' own device allocator (DRA), read to count what its claims hold and which
+    // resource names its DeviceClasses take over (README "Beside DRA").
+    ApiCall {
+        group: "resource.k8s.io",
+        resource: "deviceclasses",
+        verbs: &["list", "watch"],
+    },
+    ApiCall {
+        group: "resource.k8s.io",
+        resource: "resourceslices",
+        verbs: &["list", "watch"],
+    },
+    ApiCall {
+        group: "resource.k8s.io",
+        resource: "resourceclaims",
+        verbs: &["list", "watch"],
+    },
 ];
 /// Only with `--leader-elect` (get, create, update) / `--follow-scheduler-lease` (get).
 pub const LEADER_ELECTION_API_CALLS: &[ApiCall] = &[ApiCall {

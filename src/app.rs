@@ -180,6 +180,12 @@ impl Service {
             .map_err(ServeError::Limits)?;
         let metrics = Metrics::new();
         let cluster = Arc::new(ClusterState::new());
+        cluster.configure_dra(
+            args.dra_cpu_drivers
+                .iter()
+                .filter(|d| !d.is_empty())
+                .cloned(),
+        );
         // Capacity gauges are computed from the caches on each scrape, not per request.
         crate::ops::capacity::register(&metrics, cluster.clone(), args.ops.per_node_metrics)
             .map_err(|e| ServeError::Metrics(e.to_string()))?;
@@ -194,6 +200,7 @@ impl Service {
             cluster: cluster.clone(),
             readiness: readiness.clone(),
             metrics: metrics.clone(),
+            allow_dra_extended: args.allow_dra_extended_resources,
         };
         let shutdown = CancellationToken::new();
         let scoring = args.scoring.config()?;

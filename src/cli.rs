@@ -173,6 +173,24 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_TAKEOVER_WINDOW", value_parser = parse_duration)]
     pub takeover_window: Option<Duration>,
 
+    /// A DeviceClass whose `extendedResourceName` is a resource name the extender manages
+    /// (KEP-5004) makes kube-scheduler serve that request through DRA on nodes that do not
+    /// advertise it. Without this flag that fails `/readyz` (the extender would be bypassed
+    /// without anyone deciding it); with it the split is intended: on such nodes the
+    /// extender allocates no device for those requests (README "Beside DRA").
+    #[arg(long, env = "DNE_ALLOW_DRA_EXTENDED_RESOURCES")]
+    pub allow_dra_extended_resources: bool,
+
+    /// DRA drivers whose ResourceSlices are a node's CPUs: on a node where one publishes,
+    /// the extender places no cpusets (two allocators would pin the same cores).
+    #[arg(
+        long,
+        env = "DNE_DRA_CPU_DRIVERS",
+        value_delimiter = ',',
+        default_value = "dra.cpu"
+    )]
+    pub dra_cpu_drivers: Vec<String>,
+
     /// Process-wide limit of requests handled at once; more wait in a queue.
     #[arg(long, env = "DNE_MAX_CONCURRENCY", default_value_t = 256)]
     pub max_concurrency: usize,

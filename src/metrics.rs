@@ -56,6 +56,15 @@ pub struct Metrics {
     pub sync_protocol_errors: IntCounterVec,
     pub malformed_annotations: IntCounterVec,
     pub device_problems: IntCounterVec,
+    /// DRA objects (or parts of them) that could not be used, by problem.
+    pub dra_problems: IntCounterVec,
+    /// Devices seen held by a DRA claim and by pods' annotations at once, per sighting.
+    pub dra_conflicts: IntCounter,
+    /// DRA claims with an allocation (`state="allocated"`), and allocated devices no slice
+    /// names (`state="unresolved"`).
+    pub dra_claims: IntGaugeVec,
+    /// DeviceClasses that map a resource name the extender manages to DRA (KEP-5004).
+    pub dra_extended_resource_classes: IntGauge,
     /// NRT CPU annotations and zones that could not be used, by annotation and problem.
     pub nrt_problems: IntCounterVec,
     /// Connections per listener (`verbs`, `probes`): open now, accepted, refused or cut off
@@ -269,6 +278,28 @@ impl Metrics {
                 ),
                 &["problem"]
             )),
+            dra_problems: reg!(IntCounterVec::new(
+                Opts::new(
+                    "dra_problems_total",
+                    "ResourceSlice devices and ResourceClaim results left out of the DRA join, by problem (malformed, device_named_twice, device_without_identity)."
+                ),
+                &["problem"]
+            )),
+            dra_conflicts: reg!(IntCounter::new(
+                "dra_conflicts_total",
+                "Devices seen held by a DRA claim and by pods' device-allocated annotations at once (both allocators handed them out), per sighting."
+            )),
+            dra_claims: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "dra_claims",
+                    "DRA ResourceClaims with an allocation (state=allocated), and allocated devices that no ResourceSlice names (state=unresolved)."
+                ),
+                &["state"]
+            )),
+            dra_extended_resource_classes: reg!(IntGauge::new(
+                "dra_extended_resource_classes",
+                "DeviceClasses whose extendedResourceName is a resource name the extender manages (KEP-5004): kube-scheduler serves it through DRA on nodes that do not advertise it."
+            )),
             nrt_problems: reg!(IntCounterVec::new(
                 Opts::new(
                     "nrt_problems_total",
@@ -348,7 +379,15 @@ impl Metrics {
     /// Creates the series of every known label value at 0, so `rate()` and `absent()`-based
     /// alerts work before the first event, and every documented family is always exported.
     fn with_series_at_zero(self) -> Self {
-        for kind in ["nodes", "pods", "devices", "noderesourcetopologies"] {
+        for kind in [
+            "nodes",
+            "pods",
+            "devices",
+            "noderesourcetopologies",
+            "deviceclasses",
+            "resourceslices",
+            "resourceclaims",
+        ] {
             self.relists.with_label_values(&[kind]);
             self.watch_errors.with_label_values(&[kind]);
             self.cached_objects.with_label_values(&[kind]);
@@ -369,6 +408,12 @@ impl Metrics {
         }
         self.malformed_annotations
             .with_label_values(&["device-allocated"]);
+        for problem in ["malformed", "device_named_twice", "device_without_identity"] {
+            self.dra_problems.with_label_values(&[problem]);
+        }
+        for state in ["allocated", "unresolved"] {
+            self.dra_claims.with_label_values(&[state]);
+        }
         for outcome in ["ok", "error"] {
             self.tls_reloads.with_label_values(&[outcome]);
         }
@@ -472,7 +517,7 @@ pub const ASSUMED_AGE_BUCKETS: [&str; 4] = ["lt_10s", "lt_1m", "lt_5m", "ge_5m"]
 
 /// Label values of `dne_filter_rejected_nodes_total{reason}`: a fixed set, so a reason string
 /// with a minor number in it cannot grow the series count.
-pub const FILTER_REASONS: [&str; 26] = [
+pub const FILTER_REASONS: [&str; 28] = [
     "insufficient_gpu",
     "insufficient_rdma",
     "insufficient_fpga",
@@ -498,6 +543,8 @@ pub const FILTER_REASONS: [&str; 26] = [
     "unsupported_gpu_partition_size",
     "insufficient_virtual_functions",
     "gpu_topology_scope_unmet",
+    "dra_split",
+    "cpus_published_by_dra",
     "other",
 ];
 
@@ -576,6 +623,8 @@ pub fn filter_reason_class(reason: &str) -> &'static str {
             "cpu_policy_conflict"
         }
         r if r.starts_with("node has no CPU topology") => "no_cpu_topology",
+        r if r.starts_with(crate::placement::device::dra_served::SPLIT) => "dra_split",
+        r if r.starts_with(crate::cluster::cpus::DRA_CPUS) => "cpus_published_by_dra",
         r if r.starts_with("node CPU topology unusable")
             || r == "node has a pod with a malformed resource-status" =>
         {

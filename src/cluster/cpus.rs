@@ -70,6 +70,10 @@ pub struct CpuUnusable {
     pub unresolvable: bool,
 }
 
+/// How the reason begins when a DRA driver publishes a node's CPUs (the metric class keys on
+/// it).
+pub const DRA_CPUS: &str = "DRA driver";
+
 /// Derived from the entries: recomputed on every change (and on copies, with victims left
 /// out, for preemption).
 #[derive(Clone, Debug, Default)]
@@ -96,6 +100,8 @@ pub struct CpuLedger {
     labels: NodeCpuLabels,
     entries: Entries<RecordedCpus>,
     derived: Derived,
+    /// DRA drivers publishing this node's CPUs: no cpusets while any does.
+    dra_cpu_drivers: Vec<Arc<str>>,
     /// `usage` in `zones` order for the view (so building a view copies nothing).
     zone_usage: Vec<NumaUsage>,
     /// Filter's fixed-size summary, built on first read after a change (filter reads it for
@@ -115,6 +121,16 @@ impl CpuLedger {
     pub fn set_nrt(&mut self, nrt: Option<Arc<NrtCpuInfo>>) {
         self.nrt = nrt;
         self.refresh();
+    }
+
+    /// The DRA drivers that publish this node's CPUs (`--dra-cpu-drivers`): while any does,
+    /// the extender gives no cpusets here (two allocators pinning one node's CPUs would hand
+    /// out the same cores).
+    pub fn set_dra_cpu_drivers(&mut self, drivers: Vec<Arc<str>>) {
+        if self.dra_cpu_drivers != drivers {
+            self.dra_cpu_drivers = drivers;
+            self.summary = Default::default();
+        }
     }
 
     pub fn set_labels(&mut self, labels: NodeCpuLabels) {
@@ -382,6 +398,16 @@ impl CpuLedger {
 
     /// Why cpuset (and NUMA-bound) placement cannot use this node, or `Ok` with its topology.
     fn usable(&self) -> Result<(&NrtCpuInfo, &CpuTopology), CpuUnusable> {
+        if !self.dra_cpu_drivers.is_empty() {
+            let drivers: Vec<&str> = self.dra_cpu_drivers.iter().map(|d| &**d).collect();
+            return Err(CpuUnusable {
+                reason: format!(
+                    "{DRA_CPUS} {} publishes this node's CPUs: the extender gives no cpusets here",
+                    drivers.join(", ")
+                ),
+                unresolvable: true,
+            });
+        }
         let Some(nrt) = self.nrt.as_deref() else {
             return Err(CpuUnusable {
                 reason: "node has no CPU topology (no NodeResourceTopology)".into(),

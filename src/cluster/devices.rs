@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::dra::NodeDraHoldings;
 use super::ledger::{Entries, Entry};
 use crate::model::device::{DeviceAllocations, DeviceResources, DeviceType};
+use crate::model::dra::DeviceIdentity;
 use crate::model::ids::PodUid;
 use crate::placement::device::index::DeviceIndex;
 pub use crate::placement::device::inventory::{
@@ -53,6 +55,11 @@ pub struct DeviceLedger {
     /// much capacity of unknown identity. Their entries are placed by
     /// `NodeState::place_unknown_holders` after every write, from the current state alone.
     unknown: BTreeMap<PodUid, Arc<PodDeviceRequest>>,
+    /// What Kubernetes' own allocator (DRA) holds here, by identity (`cluster::dra`).
+    dra: NodeDraHoldings,
+    /// The slots a DRA claim holds (their identity is one `dra` holds), with the claims: never
+    /// free for the extender, whatever the annotations say. Derived from `devices` and `dra`.
+    dra_blocked: BTreeMap<(DeviceType, i32), BTreeSet<Arc<str>>>,
 }
 
 fn apply(used: &mut UsedMap, allocs: &DeviceAllocations, add: bool) {
@@ -83,12 +90,57 @@ impl DeviceLedger {
     /// `None` means the Device object is gone: nothing is allocatable, recorded use is kept
     /// (koordinator #1186: dropping it double-allocated once koordlet recreated the object).
     pub fn set_devices(&mut self, devices: Option<NodeDevices>) {
-        self.devices = devices.map(Arc::new);
+        self.set_devices_shared(devices.map(Arc::new));
     }
 
     /// [`Self::set_devices`] with a shared copy (the Device sync's record).
     pub fn set_devices_shared(&mut self, devices: Option<Arc<NodeDevices>>) {
         self.devices = devices;
+        self.join_dra();
+    }
+
+    /// What DRA claims hold on this node now.
+    pub fn set_dra(&mut self, holdings: NodeDraHoldings) {
+        self.dra = holdings;
+        self.join_dra();
+    }
+
+    pub fn dra(&self) -> &NodeDraHoldings {
+        &self.dra
+    }
+
+    /// The slots DRA claims hold, with the claims.
+    pub fn dra_blocked(&self) -> &BTreeMap<(DeviceType, i32), BTreeSet<Arc<str>>> {
+        &self.dra_blocked
+    }
+
+    /// The join (README "Beside DRA"): a `Device` entry is held by DRA when one of its
+    /// identities (`id` as UUID or PCI address, `topology.busID`) is one a claim holds. Any
+    /// type: GPUs join by UUID or bus ID, RDMA and FPGA by bus ID.
+    fn join_dra(&mut self) {
+        self.dra_blocked.clear();
+        let Some(devices) = &self.devices else {
+            return;
+        };
+        if self.dra.held.is_empty() {
+            return;
+        }
+        for t in devices.types() {
+            for slot in devices.slots(t) {
+                let ids = DeviceIdentity::of_koord_device(
+                    &slot.id,
+                    slot.topology.as_ref().map(|t| t.bus_id.as_str()),
+                );
+                for id in ids {
+                    if let Some(claims) = self.dra.held.get(&id) {
+                        self.dra_blocked
+                            .entry((t.clone(), slot.minor))
+                            .or_default()
+                            .extend(claims.iter().cloned());
+                    }
+                }
+            }
+        }
     }
 
     /// The Node's GPU partition labels (built-in table, policy); default without a Node.
@@ -241,6 +293,22 @@ impl DeviceLedger {
             .map(|(t, m)| (t.clone(), m))
             .collect()
     }
+
+    /// The minors a DRA claim holds that pods' annotations hold too: one device handed out by
+    /// both allocators (what the ownership rule exists to prevent; counted when seen).
+    pub fn dra_conflicts(&self) -> Vec<(DeviceType, i32)> {
+        self.dra_blocked
+            .keys()
+            .filter(|(t, m)| {
+                self.used
+                    .get(t)
+                    .and_then(|u| u.get(m))
+                    .is_some_and(|r| !r.is_empty())
+            })
+            .cloned()
+            .collect()
+    }
+
     /// Whether a malformed entry currently blocks the whole node.
     pub fn has_malformed(&self) -> bool {
         self.malformed > 0
@@ -275,7 +343,8 @@ impl DeviceLedger {
             let by_minor = out.entry(t.clone()).or_default();
             for slot in devices.slots(t) {
                 let mut free = DeviceResources::new();
-                if !blocked {
+                let held_by_dra = self.dra_blocked.contains_key(&(t.clone(), slot.minor));
+                if !blocked && !held_by_dra {
                     free = slot.total.clone();
                     let used = self.used.get(t).and_then(|m| m.get(&slot.minor));
                     let rel = released.get(t).and_then(|m| m.get(&slot.minor));
@@ -318,6 +387,13 @@ impl DeviceLedger {
                                 .and_then(|f| f.get(&s.minor))
                                 .map(render)
                                 .unwrap_or_default(),
+                            dra_claims: self
+                                .dra_blocked
+                                .get(&(t.clone(), s.minor))
+                                .into_iter()
+                                .flatten()
+                                .map(|c| c.to_string())
+                                .collect(),
                         },
                     );
                 }
@@ -334,6 +410,7 @@ impl DeviceLedger {
                         total: BTreeMap::new(),
                         used: BTreeMap::new(),
                         free: BTreeMap::new(),
+                        dra_claims: Vec::new(),
                     })
                     .used = render(used);
             }
@@ -370,6 +447,7 @@ impl DeviceLedger {
             blocked_by_malformed_entries: self.has_malformed(),
             types,
             entries,
+            dra: self.dra.clone(),
         }
     }
 }
@@ -437,6 +515,10 @@ pub struct LedgerView {
     pub blocked_by_malformed_entries: bool,
     pub types: BTreeMap<String, BTreeMap<i32, MinorView>>,
     pub entries: BTreeMap<String, EntryView>,
+    /// What DRA holds on this node, by device identity, and the DRA drivers that publish its
+    /// CPUs (`cluster::dra`).
+    #[serde(skip_serializing_if = "NodeDraHoldings::is_empty")]
+    pub dra: NodeDraHoldings,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -449,6 +531,9 @@ pub struct MinorView {
     pub total: BTreeMap<String, String>,
     pub used: BTreeMap<String, String>,
     pub free: BTreeMap<String, String>,
+    /// The DRA claims (`namespace/name`) holding this device: it is not free for the extender.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dra_claims: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

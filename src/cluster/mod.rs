@@ -8,6 +8,7 @@
 pub(crate) mod assumed;
 pub mod cpus;
 pub mod devices;
+pub mod dra;
 pub(crate) mod ledger;
 pub(crate) mod node;
 pub(crate) mod nrt;

@@ -16,6 +16,7 @@ use super::pod::PodRecord;
 use super::records::{CpuAmplificationRatio, NodeRecord, TopologyRecord};
 use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, PartitionFacts, Unusable};
 use crate::model::ids::PodUid;
+use crate::model::resource_names::ResourceNameSet;
 use crate::placement::cpu::{Amplification, AmplifiedCpu};
 use crate::placement::device::partition::NodePartitions;
 use crate::placement::device::request::PodDeviceRequest;
@@ -40,6 +41,10 @@ pub struct NodeState {
     /// in `pods`: the amplification check counts them while their ledger entry is assumed.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub assumed_cpu_milli: BTreeMap<PodUid, i64>,
+    /// The managed resource names some DeviceClass maps to DRA (KEP-5004), the same on every
+    /// node: where the Node does not advertise one, kube-scheduler serves it through DRA.
+    #[serde(skip)]
+    pub dra_extended: ResourceNameSet,
     /// The cluster-wide version of this state's last change (see [`super::snapshot`]).
     #[serde(skip)]
     pub(super) version: u64,
@@ -99,7 +104,7 @@ impl NodeState {
                 unresolvable: u.unresolvable,
             }),
         };
-        NodeSummary::new(devices, slots, sums, partitions, cpu)
+        NodeSummary::new(devices, slots, sums, partitions, self.dra_served(), cpu)
     }
 
     /// Whether plain pods (no cpuset wish, no NUMA policy) must be checked here: the node
@@ -303,6 +308,16 @@ impl NodeState {
             && self.cpus.is_empty()
             && self.pods.is_empty()
             && self.assumed_cpu_milli.is_empty()
+            && self.devices.dra().is_empty()
+    }
+
+    /// The managed names kube-scheduler serves through DRA on this node (KEP-5004): mapped by
+    /// a DeviceClass and not advertised by the Node (all of them while no Node is cached).
+    pub fn dra_served(&self) -> ResourceNameSet {
+        match &self.node {
+            Some(n) => self.dra_extended.without(n.advertised),
+            None => self.dra_extended,
+        }
     }
 }
 
@@ -315,10 +330,13 @@ pub struct NodeEntry {
 
 impl NodeEntry {
     /// An empty node state for `name`.
-    pub(super) fn new(name: &str) -> Self {
+    pub(super) fn new(name: &str, dra_extended: ResourceNameSet) -> Self {
         NodeEntry {
             name: Arc::from(name),
-            state: RwLock::new(NodeState::default()),
+            state: RwLock::new(NodeState {
+                dra_extended,
+                ..NodeState::default()
+            }),
         }
     }
 

@@ -11,6 +11,7 @@ use crate::model::ids::{ObjectKey, PodUid};
 use crate::model::koord_cpu::{RESOURCE_SPEC, ResourceStatus, parse_resource_spec};
 use crate::model::pod::Pod;
 use crate::model::requests::{PodRequests, pod_requests_compact};
+use crate::model::resource_names::ResourceNameSet;
 use crate::model::resource_names::managed;
 use crate::placement::cpu::CpuExclusivePolicy;
 use crate::placement::device::pod_device_request;
@@ -120,6 +121,16 @@ impl PodDevices {
         }
         // A request that does not parse holds nothing koordlet would enforce: as before.
         match pod_device_request(pod) {
+            // kube-scheduler served its requests through DRA (KEP-5004): its claim holds the
+            // devices, and the DRA join counts them. Served only in part: counted whole here
+            // too (never less than it holds).
+            Ok(Some(req))
+                if pod
+                    .dra_extended_resources()
+                    .is_some_and(|(_, names)| ResourceNameSet::of(names).covers(req.asked)) =>
+            {
+                from_annotation
+            }
             Ok(Some(req)) => PodDevices::Unannotated(Arc::new(req)),
             _ => from_annotation,
         }

@@ -12,6 +12,7 @@ use parking_lot::RwLock;
 use super::assumed::{AssumedPod, Assumptions};
 use super::cpus::{NodeCpuLabels, RecordedCpus};
 use super::devices::{EntryState, NodeDevices, NodeGpuLabels, RecordedAllocation};
+use super::dra::{ClaimRecord, DraIndex, SliceRecord};
 use super::node::{NodeEntry, NodeState};
 use super::parallel::on_cores;
 use super::pod::{PodCpus, PodDevices, PodRecord};
@@ -19,6 +20,7 @@ use super::records::{NodeRecord, Overcommitted, TopologyRecord};
 use super::returns::CapacityReturns;
 use super::snapshot::{ReadSnapshots, Snapshot};
 use crate::model::ids::PodUid;
+use crate::model::resource_names::ResourceNameSet;
 
 /// The shared cache. Cloning the `Arc<ClusterState>` is how every component sees it.
 #[derive(Debug, Default)]
@@ -37,6 +39,11 @@ pub struct ClusterState {
     versions: std::sync::atomic::AtomicU64,
     /// Nodes whose capacity grew, for the requeue signal (see [`super::returns`]).
     returns: CapacityReturns,
+    /// What DRA holds, joined per node (see [`super::dra`]). Locked before any node lock and
+    /// held while the changed nodes are written, so two DRA events apply in order.
+    dra: parking_lot::Mutex<DraIndex>,
+    /// `DraIndex::extended_names` as bits, for nodes created after a class arrived.
+    dra_extended: std::sync::atomic::AtomicU32,
 }
 
 impl ClusterState {
@@ -61,7 +68,14 @@ impl ClusterState {
         let mut nodes = self.nodes.write();
         nodes
             .entry(Arc::from(name))
-            .or_insert_with(|| Arc::new(NodeEntry::new(name)))
+            .or_insert_with(|| {
+                // Under the map's write lock: a class change stores the names before it
+                // walks the map, so a node created meanwhile has them either way.
+                let names = ResourceNameSet::from_bits(
+                    self.dra_extended.load(std::sync::atomic::Ordering::SeqCst),
+                );
+                Arc::new(NodeEntry::new(name, names))
+            })
             .clone()
     }
 
@@ -257,6 +271,89 @@ impl ClusterState {
             self.gc(name);
         }
         over
+    }
+
+    /// The DRA drivers whose slices are a node's CPUs (`--dra-cpu-drivers`); set before the
+    /// sync starts.
+    pub fn configure_dra(&self, cpu_drivers: impl IntoIterator<Item = String>) {
+        *self.dra.lock() = DraIndex::new(cpu_drivers);
+    }
+
+    /// Applies a ResourceSlice (`None`: deleted) and writes the holdings of every node it
+    /// touched. Returns the minors held both by a claim and by pods' annotations there.
+    pub fn set_resource_slice(
+        &self,
+        name: &str,
+        slice: Option<SliceRecord>,
+    ) -> Vec<(String, Overcommitted)> {
+        let mut dra = self.dra.lock();
+        let affected = dra.set_slice(name, slice);
+        self.write_dra(&dra, affected)
+    }
+
+    /// Applies a ResourceClaim (`namespace/name`; `None`: deleted or not allocated).
+    pub fn set_resource_claim(
+        &self,
+        key: &str,
+        claim: Option<ClaimRecord>,
+    ) -> Vec<(String, Overcommitted)> {
+        let mut dra = self.dra.lock();
+        let affected = dra.set_claim(key, claim);
+        self.write_dra(&dra, affected)
+    }
+
+    /// Applies a DeviceClass (`None`: deleted). When the managed names some class maps to DRA
+    /// change, every node learns them (rare: classes are few and change seldom).
+    pub fn set_device_class(
+        &self,
+        name: &str,
+        class: Option<&crate::model::dra::DeviceClass>,
+    ) -> Vec<(String, &'static str)> {
+        let mut dra = self.dra.lock();
+        if dra.set_class(name, class) {
+            let names = dra.extended_names();
+            self.dra_extended
+                .store(names.bits(), std::sync::atomic::Ordering::SeqCst);
+            let all: Vec<Arc<str>> = self.nodes.read().keys().cloned().collect();
+            for n in all {
+                self.with_node(&n, |s| s.dra_extended = names);
+            }
+        }
+        dra.extended_classes()
+            .map(|(c, n)| (c.to_string(), n))
+            .collect()
+    }
+
+    /// Claims with an allocation, and allocated devices no slice names.
+    pub fn dra_claim_counts(&self) -> (usize, usize) {
+        self.dra.lock().claim_counts()
+    }
+
+    fn write_dra(
+        &self,
+        dra: &DraIndex,
+        affected: std::collections::BTreeSet<Arc<str>>,
+    ) -> Vec<(String, Overcommitted)> {
+        let names = dra.extended_names();
+        let mut conflicts = Vec::new();
+        for n in affected {
+            let holdings = dra.holdings(&n);
+            if holdings.is_empty() && self.node(&n).is_none() {
+                continue;
+            }
+            let over = self.with_node(&n, |s| {
+                s.dra_extended = names;
+                s.cpus
+                    .set_dra_cpu_drivers(holdings.cpu_drivers.iter().cloned().collect());
+                s.devices.set_dra(holdings);
+                s.devices.dra_conflicts()
+            });
+            if !over.is_empty() {
+                conflicts.push((n.to_string(), over));
+            }
+            self.gc(&n);
+        }
+        conflicts
     }
 
     /// Deterministic JSON of every node (no timings), for comparing caches in tests.

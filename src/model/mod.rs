@@ -41,6 +41,7 @@ macro_rules! static_resource {
 pub mod cpu_policy;
 pub mod cpuset;
 pub mod device;
+pub mod dra;
 pub mod gpu_partition;
 pub mod ids;
 pub mod koord_cpu;

@@ -89,9 +89,36 @@ pub struct ResourceRequirements {
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PodStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// Set by kube-scheduler (PreBind, before the extender's bind) when it satisfies some of
+    /// the pod's extended resources through DRA (KEP-5004): those requests are DRA's.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        alias = "extendedresourceclaimstatus"
+    )]
+    pub extended_resource_claim_status: Option<ExtendedResourceClaimStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtendedResourceClaimStatus {
+    #[serde(default)]
+    pub resource_claim_name: String,
+    #[serde(default)]
+    pub request_mappings: Vec<ContainerExtendedResourceRequest>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerExtendedResourceRequest {
+    #[serde(default)]
+    pub container_name: String,
+    #[serde(default)]
+    pub resource_name: String,
 }
 
 #[cfg(test)]
@@ -118,6 +145,17 @@ impl Pod {
     }
     pub fn node_name(&self) -> Option<&str> {
         self.spec.node_name.as_deref().filter(|n| !n.is_empty())
+    }
+    /// The resource names kube-scheduler satisfies through DRA for this pod (KEP-5004), and
+    /// the claim it created for them; `None` when it satisfies none.
+    pub fn dra_extended_resources(&self) -> Option<(&str, Vec<&str>)> {
+        let status = self.status.extended_resource_claim_status.as_ref()?;
+        let names = status
+            .request_mappings
+            .iter()
+            .map(|m| m.resource_name.as_str())
+            .collect();
+        Some((status.resource_claim_name.as_str(), names))
     }
     pub fn label(&self, key: &str) -> Option<&str> {
         self.metadata.labels.as_ref()?.get(key).map(String::as_str)

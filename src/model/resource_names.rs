@@ -138,9 +138,28 @@ impl ResourceNameSet {
         self.0 == 0
     }
 
+    /// The set as bits (for an atomic); [`Self::from_bits`] reads them back.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    pub const fn from_bits(bits: u32) -> Self {
+        ResourceNameSet(bits)
+    }
+
     /// Whether every name of `other` is in `self`.
     pub fn covers(self, other: ResourceNameSet) -> bool {
         other.0 & !self.0 == 0
+    }
+
+    /// The names in both.
+    pub fn and(self, other: ResourceNameSet) -> ResourceNameSet {
+        ResourceNameSet(self.0 & other.0)
+    }
+
+    /// The names in either.
+    pub fn or(self, other: ResourceNameSet) -> ResourceNameSet {
+        ResourceNameSet(self.0 | other.0)
     }
 
     /// The names of `self` that `other` lacks.

@@ -37,11 +37,14 @@ impl Loaded {
         }
     }
 
+    /// The offline tools report a DeviceClass that maps a managed name to DRA (metrics, log)
+    /// but decide anyway: they show what the service would, which the flag makes ready.
     pub fn context(&self) -> SyncContext {
         SyncContext {
             cluster: self.cluster.clone(),
             readiness: self.readiness.clone(),
             metrics: self.metrics.clone(),
+            allow_dra_extended: true,
         }
     }
 

@@ -23,6 +23,7 @@ use crate::placement::cpu::{
 };
 use crate::placement::device::allocate::{FitError, fit_on_numa, fit_with};
 use crate::placement::device::deviceless::deviceless_fit;
+use crate::placement::device::dra_served::{DraServes, dra_serves, split_error};
 use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::score_node;
 
@@ -138,7 +139,8 @@ pub fn decide_on_node(
 
 /// The device policy for one node, shared by filter, preempt and bind:
 /// `Ok(None)` = nothing to allocate here, `Ok(Some)` = the allocation, `Err` = no fit.
-/// A node without a Device object is decided by [`deviceless_fit`] (issue 36 §6). The rule depends only on
+/// Requests kube-scheduler serves through DRA here are decided by [`dra_serves`] first
+/// (KEP-5004: none of the pod's devices are ours then, or the node is refused). A node without a Device object is decided by [`deviceless_fit`] (issue 36 §6). The rule depends only on
 /// current API state, so a restarted or standby replica decides exactly as a long-running one.
 pub fn allocate_on(
     node: Option<&NodeState>,
@@ -149,6 +151,11 @@ pub fn allocate_on(
     let Some(node) = node else {
         return deviceless_fit(false, None, req.asked).map(|()| None);
     };
+    match dra_serves(req.asked, node.dra_served()) {
+        DraServes::Nothing => {}
+        DraServes::Everything => return Ok(None),
+        DraServes::Part(dra) => return Err(split_error(dra)),
+    }
     if node.devices.devices().is_none() {
         // Preemption victims (`ignore`) count as gone: once they are, the node may hold
         // nothing any more and is left to the device plugins again.
@@ -168,7 +175,10 @@ fn allocate_devices(
     affinity: Option<NumaMask>,
 ) -> Result<Option<DeviceAllocations>, FitError> {
     match (node, affinity) {
-        (Some(n), Some(mask)) if n.devices.devices().is_some() => {
+        (Some(n), Some(mask))
+            if n.devices.devices().is_some()
+                && dra_serves(req.asked, n.dra_served()) == DraServes::Nothing =>
+        {
             fit_on_numa(&n.devices, req, ignore, &scoring.device, Some(mask)).map(Some)
         }
         _ => allocate_on(node, req, ignore, scoring),

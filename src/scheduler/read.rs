@@ -15,6 +15,7 @@ use crate::placement::cpu::{
 };
 use crate::placement::device::allocate::FitError;
 use crate::placement::device::deviceless::deviceless_fit;
+use crate::placement::device::dra_served::{DraServes, dra_serves, split_error};
 use crate::placement::device::fast::{self as fast_device, FastRequest};
 use crate::placement::device::request::PodDeviceRequest;
 
@@ -35,6 +36,14 @@ pub fn snapshot_fit(
     scoring: &ScoringConfig,
     shared: &mut FitMemo,
 ) -> Option<Result<(), FitError>> {
+    if let (Some(n), Some(d)) = (node, &needs.devices) {
+        match dra_serves(d.asked, n.dra_served) {
+            DraServes::Nothing => {}
+            DraServes::Part(dra) => return Some(Err(split_error(dra))),
+            // Only the CPU half is ours here: decided in full (rare: a KEP-5004 split).
+            DraServes::Everything => return None,
+        }
+    }
     if partitions_decide(node, needs) {
         return partition_fit(node?, needs, fast?, scoring);
     }

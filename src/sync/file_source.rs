@@ -36,6 +36,9 @@ pub struct ClusterFile {
     pub pods: Vec<crate::model::pod::Pod>,
     pub devices: Vec<Value>,
     pub topologies: Vec<crate::model::nrt::NodeResourceTopology>,
+    pub device_classes: Vec<crate::model::dra::DeviceClass>,
+    pub resource_slices: Vec<crate::model::dra::ResourceSlice>,
+    pub resource_claims: Vec<crate::model::dra::ResourceClaim>,
     /// Documents of kinds this service does not watch (kept count only, for the log).
     pub ignored: usize,
 }
@@ -96,6 +99,15 @@ impl ClusterFile {
             ("NodeResourceTopology", g) if g == NRT_GROUP => self
                 .topologies
                 .push(typed(item, index, path, &kind, &name)?),
+            ("DeviceClass", "resource.k8s.io") => self
+                .device_classes
+                .push(typed(item, index, path, &kind, &name)?),
+            ("ResourceSlice", "resource.k8s.io") => self
+                .resource_slices
+                .push(typed(item, index, path, &kind, &name)?),
+            ("ResourceClaim", "resource.k8s.io") => self
+                .resource_claims
+                .push(typed(item, index, path, &kind, &name)?),
             _ => self.ignored += 1,
         }
         Ok(())
@@ -107,6 +119,9 @@ impl ClusterFile {
             Kind::Pods => self.pods.len(),
             Kind::Devices => self.devices.len(),
             Kind::NodeResourceTopologies => self.topologies.len(),
+            Kind::DeviceClasses => self.device_classes.len(),
+            Kind::ResourceSlices => self.resource_slices.len(),
+            Kind::ResourceClaims => self.resource_claims.len(),
         }
     }
 }

@@ -12,14 +12,25 @@ pub enum Kind {
     Devices,
     #[serde(rename = "noderesourcetopologies")]
     NodeResourceTopologies,
+    /// Kubernetes' own device allocator (DRA, `resource.k8s.io/v1`): what it holds, joined to
+    /// the `Device` entries (`cluster::dra`).
+    #[serde(rename = "deviceclasses")]
+    DeviceClasses,
+    #[serde(rename = "resourceslices")]
+    ResourceSlices,
+    #[serde(rename = "resourceclaims")]
+    ResourceClaims,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Nodes,
         Kind::Pods,
         Kind::Devices,
         Kind::NodeResourceTopologies,
+        Kind::DeviceClasses,
+        Kind::ResourceSlices,
+        Kind::ResourceClaims,
     ];
 
     /// Position in [`Kind::ALL`], for per-kind arrays.
@@ -33,12 +44,23 @@ impl Kind {
             Kind::Pods => "pods",
             Kind::Devices => "devices",
             Kind::NodeResourceTopologies => "noderesourcetopologies",
+            Kind::DeviceClasses => "deviceclasses",
+            Kind::ResourceSlices => "resourceslices",
+            Kind::ResourceClaims => "resourceclaims",
         }
     }
 
     /// Kinds backed by a CRD, which may be absent from a cluster.
     pub fn is_optional(self) -> bool {
-        matches!(self, Kind::Devices | Kind::NodeResourceTopologies)
+        !matches!(self, Kind::Nodes | Kind::Pods)
+    }
+
+    /// The DRA kinds: served together (`resource.k8s.io/v1`) and watched together.
+    pub fn is_dra(self) -> bool {
+        matches!(
+            self,
+            Kind::DeviceClasses | Kind::ResourceSlices | Kind::ResourceClaims
+        )
     }
 
     /// What stops working when this kind is disabled.
@@ -46,6 +68,9 @@ impl Kind {
         match self {
             Kind::Devices => "GPU/RDMA/FPGA sharing (device requests are left to the kubelet)",
             Kind::NodeResourceTopologies => "NUMA-aware CPU placement",
+            Kind::DeviceClasses | Kind::ResourceSlices | Kind::ResourceClaims => {
+                "counting what Kubernetes' own device allocator (DRA) holds (no DRA in this cluster)"
+            }
             Kind::Nodes | Kind::Pods => "everything",
         }
     }
@@ -58,6 +83,9 @@ impl Kind {
             "noderesourcetopologies" | "noderesourcetopology" | "nrt" | "nrts" => {
                 Some(Kind::NodeResourceTopologies)
             }
+            "deviceclasses" | "deviceclass" => Some(Kind::DeviceClasses),
+            "resourceslices" | "resourceslice" => Some(Kind::ResourceSlices),
+            "resourceclaims" | "resourceclaim" => Some(Kind::ResourceClaims),
             _ => None,
         }
     }

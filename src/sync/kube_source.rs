@@ -113,6 +113,25 @@ pub async fn try_discover(
             "noderesourcetopologies.topology.node.k8s.io (v1alpha2 or v1alpha1) is not served",
         ),
     );
+    // DRA: the three kinds together, at the GA version (Kubernetes 1.34+). Older clusters (or
+    // the beta versions alone) mean no DRA allocator the extender could meet on v1 objects.
+    let dra_version = crate::model::dra::DRA_API_VERSION;
+    for (kind, plural) in [
+        (Kind::DeviceClasses, "deviceclasses"),
+        (Kind::ResourceSlices, "resourceslices"),
+        (Kind::ResourceClaims, "resourceclaims"),
+    ] {
+        let served = served(client, dra_version, plural).await?;
+        requirements.insert(
+            kind,
+            requirement(
+                kind,
+                served,
+                insisted,
+                &format!("{plural}.resource.k8s.io/v1 is not served"),
+            ),
+        );
+    }
     Ok(Discovered {
         requirements,
         nrt_version,

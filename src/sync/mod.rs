@@ -3,6 +3,7 @@
 //! caches, and [`readiness`] records when every required kind has applied its first list.
 
 pub(crate) mod client;
+pub(crate) mod dra;
 pub mod file_source;
 pub(crate) mod handlers;
 pub(crate) mod kind;
@@ -24,6 +25,7 @@ pub use readiness::{Readiness, Requirement};
 
 use crate::cluster::ClusterState;
 use crate::metrics::Metrics;
+use dra::{DeviceClassHandler, ResourceClaimHandler, ResourceSliceHandler};
 use file_source::{ClusterFile, fill_identity};
 use handlers::{DeviceHandler, NodeHandler, PodHandler, TopologyHandler};
 use kube_source::WatchMode;
@@ -50,11 +52,22 @@ pub struct SyncContext {
     pub cluster: Arc<ClusterState>,
     pub readiness: Arc<Readiness>,
     pub metrics: Metrics,
+    /// `--allow-dra-extended-resources` (see `sync::dra`).
+    pub allow_dra_extended: bool,
 }
 
 impl SyncContext {
     fn sync<H: store::Handler>(&self, handler: H) -> KindSync<H> {
         KindSync::new(handler, self.readiness.clone(), self.metrics.clone())
+    }
+
+    fn device_class_handler(&self) -> DeviceClassHandler {
+        DeviceClassHandler::new(
+            self.cluster.clone(),
+            self.readiness.clone(),
+            self.metrics.clone(),
+            self.allow_dra_extended,
+        )
     }
 }
 
@@ -222,6 +235,33 @@ fn spawn_watcher(
             mode,
             shutdown.clone(),
         )),
+        Kind::DeviceClasses => tasks.spawn(kube_source::run_watcher(
+            ctx.sync(ctx.device_class_handler()),
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            mode,
+            shutdown.clone(),
+        )),
+        Kind::ResourceSlices => tasks.spawn(kube_source::run_watcher(
+            ctx.sync(ResourceSliceHandler::new(
+                ctx.cluster.clone(),
+                ctx.metrics.clone(),
+            )),
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            mode,
+            shutdown.clone(),
+        )),
+        Kind::ResourceClaims => tasks.spawn(kube_source::run_watcher(
+            ctx.sync(ResourceClaimHandler::new(
+                ctx.cluster.clone(),
+                ctx.metrics.clone(),
+            )),
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            mode,
+            shutdown.clone(),
+        )),
     };
 }
 
@@ -243,6 +283,9 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
         mut pods,
         devices,
         mut topologies,
+        mut device_classes,
+        mut resource_slices,
+        mut resource_claims,
         ignored,
     } = file;
     if ignored > 0 {
@@ -260,6 +303,15 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
     for t in &mut topologies {
         fill_identity(&mut t.metadata, Kind::NodeResourceTopologies);
     }
+    for c in &mut device_classes {
+        fill_identity(&mut c.metadata, Kind::DeviceClasses);
+    }
+    for s in &mut resource_slices {
+        fill_identity(&mut s.metadata, Kind::ResourceSlices);
+    }
+    for c in &mut resource_claims {
+        fill_identity(&mut c.metadata, Kind::ResourceClaims);
+    }
     // Only assigned, non-terminal pods go through the pod sync, as with the live selector.
     let assigned: Vec<_> = pods
         .into_iter()
@@ -275,6 +327,22 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
             ctx.metrics.clone(),
         )),
         topologies,
+    );
+    // DRA before pods, as devices are: the ledgers know what claims hold when pods arrive.
+    replay(ctx.sync(ctx.device_class_handler()), device_classes);
+    replay(
+        ctx.sync(ResourceSliceHandler::new(
+            ctx.cluster.clone(),
+            ctx.metrics.clone(),
+        )),
+        resource_slices,
+    );
+    replay(
+        ctx.sync(ResourceClaimHandler::new(
+            ctx.cluster.clone(),
+            ctx.metrics.clone(),
+        )),
+        resource_claims,
     );
     replay(
         ctx.sync(PodHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),

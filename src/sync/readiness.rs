@@ -136,6 +136,11 @@ pub struct Readiness {
     /// Runs once, when every kind is first synced, before readiness is reported: builds what
     /// the verbs read (the cluster's read snapshot).
     on_bootstrap: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Why the cluster's configuration makes this service refuse to schedule (a DeviceClass
+    /// moving a managed resource name to DRA: `sync::dra`); `refused` mirrors `is_some` for
+    /// the verbs' hot check.
+    refusal: Mutex<Option<String>>,
+    refused: AtomicBool,
     metrics: Metrics,
 }
 
@@ -194,6 +199,8 @@ impl Readiness {
             started: Instant::now(),
             bootstrap_recorded: AtomicBool::new(false),
             on_bootstrap: Mutex::new(None),
+            refusal: Mutex::new(None),
+            refused: AtomicBool::new(false),
             metrics,
         })
     }
@@ -354,6 +361,13 @@ impl Readiness {
             .watch_errors
             .with_label_values(&[kind.as_str()])
             .inc();
+    }
+
+    /// Sets (or clears) the configuration refusal: while set, not ready, with this reason.
+    pub fn set_refusal(&self, reason: Option<String>) {
+        let mut r = self.refusal.lock();
+        self.refused.store(reason.is_some(), Ordering::SeqCst);
+        *r = reason;
     }
 
     pub fn set_shutting_down(&self) {
@@ -532,6 +546,7 @@ impl Readiness {
     /// maps; the same conditions as [`Self::report`], which runs only when not ready.
     pub fn is_ready(&self) -> bool {
         if self.shutting_down.load(Ordering::SeqCst)
+            || self.refused.load(Ordering::SeqCst)
             || !self.is_leader()
             || !self.bootstrap_recorded.load(Ordering::SeqCst)
         {
@@ -571,6 +586,9 @@ impl Readiness {
         let mut reasons = Vec::new();
         if self.shutting_down.load(Ordering::SeqCst) {
             reasons.push("shutting down".to_string());
+        }
+        if let Some(refusal) = self.refusal.lock().clone() {
+            reasons.push(refusal);
         }
         let kinds = self.kinds.lock();
         let waiting: Vec<&str> = kinds

@@ -552,7 +552,7 @@ fn two_gpus_over_a_faulty_api(
         pods: Vec::new(),
         devices: vec![service::gpu_device("n1", 2, 1, &[])],
         topologies: Vec::new(),
-        ignored: 0,
+        ..Default::default()
     });
     assert!(
         loaded.readiness.is_ready(),

@@ -8,6 +8,7 @@ mod api_calls;
 mod binary;
 mod chaos_found;
 mod connections;
+mod dra;
 mod error_metrics;
 mod fake_apiserver;
 mod fuzz;

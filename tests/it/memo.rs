@@ -184,7 +184,7 @@ fn state_of(nodes: &[(String, Template)]) -> Scheduler {
         pods: typed(p),
         devices: d,
         topologies: typed(t),
-        ignored: 0,
+        ..Default::default()
     });
     assert!(loaded.readiness.is_ready());
     loaded.into_scheduler(

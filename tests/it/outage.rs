@@ -151,6 +151,22 @@ async fn outage_keeps_filter_answering_fails_bind_cleanly_and_recovers_without_r
         )
         .unwrap();
     }
+    // The DRA kinds hold nothing here: an object of each stands in for their heartbeats.
+    fake.create(
+        Kind::DeviceClass,
+        json!({"metadata": {"name": "after-outage"}, "spec": {}}),
+    )
+    .unwrap();
+    fake.create(
+        Kind::ResourceSlice,
+        json!({"metadata": {"name": "after-outage"}, "spec": {"driver": "d", "pool": {"name": "p"}, "nodeName": "n1", "devices": []}}),
+    )
+    .unwrap();
+    fake.create(
+        Kind::ResourceClaim,
+        json!({"metadata": {"name": "after-outage", "namespace": "ml"}, "spec": {}}),
+    )
+    .unwrap();
     wait_for("the strict replica to be ready again", async || {
         b.get("/readyz").await.0 == 200
     })

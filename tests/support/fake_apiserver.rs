@@ -71,15 +71,21 @@ pub enum Kind {
     Device,
     NodeResourceTopology,
     Lease,
+    DeviceClass,
+    ResourceSlice,
+    ResourceClaim,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Node,
         Kind::Pod,
         Kind::Device,
         Kind::NodeResourceTopology,
         Kind::Lease,
+        Kind::DeviceClass,
+        Kind::ResourceSlice,
+        Kind::ResourceClaim,
     ];
 
     fn idx(self) -> usize {
@@ -93,12 +99,14 @@ impl Kind {
             Kind::Device => "scheduling.koordinator.sh",
             Kind::NodeResourceTopology => "topology.node.k8s.io",
             Kind::Lease => "coordination.k8s.io",
+            Kind::DeviceClass | Kind::ResourceSlice | Kind::ResourceClaim => "resource.k8s.io",
         }
     }
 
     pub fn versions(self) -> &'static [&'static str] {
         match self {
             Kind::Node | Kind::Pod | Kind::Lease => &["v1"],
+            Kind::DeviceClass | Kind::ResourceSlice | Kind::ResourceClaim => &["v1"],
             Kind::Device => &["v1alpha1"],
             Kind::NodeResourceTopology => &["v1alpha2", "v1alpha1"],
         }
@@ -111,6 +119,9 @@ impl Kind {
             Kind::Device => "devices",
             Kind::NodeResourceTopology => "noderesourcetopologies",
             Kind::Lease => "leases",
+            Kind::DeviceClass => "deviceclasses",
+            Kind::ResourceSlice => "resourceslices",
+            Kind::ResourceClaim => "resourceclaims",
         }
     }
 
@@ -121,11 +132,14 @@ impl Kind {
             Kind::Device => "Device",
             Kind::NodeResourceTopology => "NodeResourceTopology",
             Kind::Lease => "Lease",
+            Kind::DeviceClass => "DeviceClass",
+            Kind::ResourceSlice => "ResourceSlice",
+            Kind::ResourceClaim => "ResourceClaim",
         }
     }
 
     pub fn namespaced(self) -> bool {
-        matches!(self, Kind::Pod | Kind::Lease)
+        matches!(self, Kind::Pod | Kind::Lease | Kind::ResourceClaim)
     }
 
     /// `apiVersion` for a given version of this kind's group.
@@ -440,7 +454,7 @@ impl Gate {
 struct Inner {
     rv: u64,
     floor: u64,
-    kinds: [KindState; 5],
+    kinds: [KindState; Kind::ALL.len()],
     snapshots: BTreeMap<u64, Arc<Snapshot>>,
     next_id: u64,
     bookmark_interval: Duration,

@@ -116,6 +116,8 @@ pub struct NodeView<'a> {
     /// full allocator can answer).
     pub partitions: Option<&'a PartitionFacts>,
     pub cpu: &'a CpuFacts,
+    /// The managed names kube-scheduler serves through DRA here (KEP-5004).
+    pub dra_served: ResourceNameSet,
     /// Of `devices` and `cpu`: decisions that share parts between nodes key them by it.
     pub fingerprint: Fingerprint,
 }
@@ -143,10 +145,11 @@ impl Fingerprint {
         slots: &[SlotGroup],
         sums: &NodeSums,
         partitions: Option<&PartitionFacts>,
+        dra_served: ResourceNameSet,
         cpu: &CpuFacts,
     ) -> Self {
         Fingerprint {
-            devices: hash128(&(devices, slots, sums, partitions)),
+            devices: hash128(&(devices, slots, sums, partitions, dra_served)),
             cpu: hash128(cpu),
         }
     }
@@ -170,7 +173,9 @@ pub struct NodeSummary {
     pub(super) sums: NodeSums,
     pub(super) partitions: Option<Arc<PartitionFacts>>,
     pub(super) cpu: CpuFacts,
-    /// A function of the five fields above.
+    /// The managed names kube-scheduler serves through DRA here (`NodeState::dra_served`).
+    pub(super) dra_served: ResourceNameSet,
+    /// A function of the six fields above.
     pub(super) fingerprint: Fingerprint,
 }
 
@@ -182,15 +187,24 @@ impl NodeSummary {
         slots: Vec<SlotGroup>,
         sums: NodeSums,
         partitions: Option<Arc<PartitionFacts>>,
+        dra_served: ResourceNameSet,
         cpu: CpuFacts,
     ) -> Self {
         NodeSummary {
-            fingerprint: Fingerprint::of(&devices, &slots, &sums, partitions.as_deref(), &cpu),
+            fingerprint: Fingerprint::of(
+                &devices,
+                &slots,
+                &sums,
+                partitions.as_deref(),
+                dra_served,
+                &cpu,
+            ),
             devices,
             slots,
             sums,
             partitions,
             cpu,
+            dra_served,
         }
     }
 
@@ -201,6 +215,7 @@ impl NodeSummary {
             honors_partitions: self.devices.honors_partitions(),
             partitions: self.partitions.as_deref(),
             cpu: &self.cpu,
+            dra_served: self.dra_served,
             fingerprint: self.fingerprint,
         }
     }

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use crate::model::resource_names::ResourceNameSet;
+
 use super::Snapshot;
 use super::facts::*;
 use crate::placement::device::index::{NodeSums, SlotGroup};
@@ -55,6 +57,8 @@ pub(super) struct Slot {
     /// `(start, len)` of this node's device groups in the chunk's `slots`; the ranges in its
     /// `DeviceFacts` are relative to `start`.
     pub(super) slots: (u32, u32),
+    /// The managed names kube-scheduler serves through DRA here.
+    pub(super) dra_served: ResourceNameSet,
 }
 
 /// One node's published facts, borrowed, as a chunk stores them: devices, device groups,
@@ -64,6 +68,7 @@ pub(super) type SlotFacts<'a> = (
     &'a [SlotGroup],
     &'a NodeSums,
     &'a Option<Arc<PartitionFacts>>,
+    ResourceNameSet,
     &'a CpuFacts,
     Fingerprint,
 );
@@ -123,6 +128,7 @@ impl Chunk {
             honors_partitions: devices.honors_partitions(),
             partitions: self.partitions[pos].as_deref(),
             cpu: &self.cpus[pos],
+            dra_served: slot.dra_served,
             fingerprint: self.fingerprints[pos],
         })
     }
@@ -136,6 +142,7 @@ impl Chunk {
             sums: self.sums[pos],
             partitions: self.partitions[pos].clone(),
             cpu: self.cpus[pos].clone(),
+            dra_served: slot.dra_served,
             fingerprint: self.fingerprints[pos],
         })
     }
@@ -166,6 +173,7 @@ impl Chunk {
                             &s.slots[..],
                             &s.sums,
                             &s.partitions,
+                            s.dra_served,
                             &s.cpu,
                             s.fingerprint,
                         )
@@ -178,6 +186,7 @@ impl Chunk {
                         self.node_slots(old),
                         &self.sums[p],
                         &self.partitions[p],
+                        old.dra_served,
                         c,
                         self.fingerprints[p],
                     )),
@@ -197,19 +206,21 @@ impl Chunk {
                     version,
                     devices: None,
                     slots: (start, 0),
+                    dra_served: ResourceNameSet::default(),
                 });
                 self.cpus.push(CpuFacts::absent());
                 self.sums.push(NodeSums::default());
                 self.fingerprints.push(Fingerprint::default());
                 self.partitions.push(None);
             }
-            Some((d, slots, sums, partitions, c, fingerprint)) => {
+            Some((d, slots, sums, partitions, dra_served, c, fingerprint)) => {
                 self.present |= 1 << self.nodes.len();
                 self.slots.extend_from_slice(slots);
                 self.nodes.push(Slot {
                     version,
                     devices: Some(*d),
                     slots: (start, slots.len() as u32),
+                    dra_served,
                 });
                 self.cpus.push(c.clone());
                 self.sums.push(*sums);

@@ -139,6 +139,7 @@ impl Snapshot {
                     &summary.slots,
                     &summary.sums,
                     &summary.partitions,
+                    summary.dra_served,
                     &summary.cpu,
                     summary.fingerprint,
                 )),

@@ -5,6 +5,7 @@
 
 pub(crate) mod allocate;
 pub mod deviceless;
+pub mod dra_served;
 pub(crate) mod fast;
 pub(crate) mod index;
 pub(crate) mod inventory;

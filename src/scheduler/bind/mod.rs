@@ -43,8 +43,11 @@ use crate::model::annotations::{DEVICE_ALLOCATED, RESOURCE_STATUS};
 use crate::model::ids::PodUid;
 use crate::model::koord_cpu::RESOURCE_SPEC;
 use crate::model::pod::Pod;
+use crate::model::resource_names::ResourceNameSet;
 use crate::model::wire::ExtenderBindingArgs;
+use crate::placement::device::dra_served::{DraServes, dra_serves, split_error};
 use crate::placement::device::pod_device_request;
+use crate::placement::device::request::PodDeviceRequest;
 use crate::sync::{Kind, Readiness};
 use commit::AfterFailure;
 
@@ -191,6 +194,7 @@ impl Binder {
         } else {
             None
         };
+        let devices = self.without_dra_served(target, &pod, devices)?;
         let cpu = cpu_needs(
             &pod,
             self.readiness.is_enabled(Kind::NodeResourceTopologies),
@@ -198,6 +202,52 @@ impl Binder {
         )
         .map_err(|e| invalid(e.into()))?;
         Ok((pod, PodNeeds { devices, cpu }))
+    }
+
+    /// The pod's device request less what kube-scheduler serves through DRA (KEP-5004). The
+    /// pod's status is kube-scheduler's own decision, written in PreBind before this bind:
+    /// requests it maps to its claim are DRA's, and the extender allocates no device for the
+    /// pod then. Where the cached DeviceClasses say DRA serves a request here and the pod's
+    /// status does not (a class kube-scheduler has not seen yet, or one this cache has not),
+    /// or either splits the pod's devices, nothing is decided: kube-scheduler retries.
+    fn without_dra_served(
+        &self,
+        target: &Target<'_>,
+        pod: &Pod,
+        devices: Option<PodDeviceRequest>,
+    ) -> Result<Option<PodDeviceRequest>, BindError> {
+        let Some(req) = devices else {
+            return Ok(None);
+        };
+        let refuse = |reason: String| BindError::DraServes {
+            pod: target.key.clone(),
+            node: target.args.node.clone(),
+            reason,
+        };
+        let by_status = pod
+            .dra_extended_resources()
+            .map(|(_, names)| ResourceNameSet::of(names))
+            .unwrap_or_default();
+        let by_cache = self
+            .cluster
+            .node(&target.args.node)
+            .map(|n| n.read().dra_served())
+            .unwrap_or_default();
+        match dra_serves(req.asked, by_status) {
+            DraServes::Everything => Ok(None),
+            DraServes::Part(dra) => Err(refuse(split_error(dra).reason.to_string())),
+            DraServes::Nothing => match dra_serves(req.asked, by_cache) {
+                DraServes::Nothing => Ok(Some(req)),
+                DraServes::Everything | DraServes::Part(_) => Err(refuse(format!(
+                    "a DeviceClass maps {} to DRA and the node does not advertise it, but kube-scheduler did not serve it through DRA (no extendedResourceClaimStatus)",
+                    req.asked
+                        .and(by_cache)
+                        .names()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))),
+            },
+        }
     }
 
     /// A pod already bound: a retry of our own successful bind (it carries our annotations),

@@ -65,6 +65,15 @@ pub enum BindError {
     },
     #[error("invalid device request of pod {pod}: {reason}")]
     InvalidRequestResources { pod: String, reason: String },
+    /// kube-scheduler and the extender disagree on who serves the pod's device requests on
+    /// this node (KEP-5004): the pod's status and the cached DeviceClasses say different
+    /// things, or split one pod between them. Nothing is allocated; kube-scheduler retries.
+    #[error("pod {pod} on node {node}: {reason}")]
+    DraServes {
+        pod: String,
+        node: String,
+        reason: String,
+    },
     #[error("a bind of pod {pod} is already in progress")]
     InProgress { pod: String },
     #[error("not the leader: binds are served by the leader replica")]
@@ -97,6 +106,7 @@ impl BindError {
             BindError::BoundWithoutAllocation { .. } => "bound_without_allocation",
             BindError::DoesNotFit { .. } => "does_not_fit",
             BindError::InvalidRequestResources { .. } => "invalid_resources",
+            BindError::DraServes { .. } => "dra_serves",
             BindError::InProgress { .. } => "in_progress",
             BindError::NotLeader => "not_leader",
             BindError::CacheNotCurrent => "cache_not_current",

@@ -1,0 +1,432 @@
+//! What Kubernetes' own device allocator (DRA) holds, per node, in the terms the device ledger
+//! joins against its `Device` entries: [`DraIndex`] keeps the ResourceSlices (which device of
+//! which driver and pool is which physical device, on which node), the ResourceClaims (which
+//! of those devices an allocation holds) and the DeviceClasses that map a resource name to DRA
+//! (KEP-5004), and answers, after each change, the new [`NodeDraHoldings`] of every node the
+//! change touched.
+//!
+//! The rules (README "Beside DRA"):
+//! - a claim's allocated device is named by `(driver, pool, device)`; the slice that lists it
+//!   says on which node it is and which physical device it is ([`DeviceIdentity`]);
+//! - an allocated device is held whole, whatever the claim consumes of it (consumable
+//!   capacity is never less than the whole for the extender: conservative);
+//! - a device the claims hold stays known after its slice is gone (a driver restarting
+//!   republishes its slices): it is held until no claim holds it;
+//! - a device two slices list (a bad slice, or two drivers naming one device alike) is held
+//!   under every identity and on every node any of them states;
+//! - slices that are no node's (network-attached devices) cannot be a koordinator `Device`
+//!   entry and are not joined.
+//!
+//! Pure data: no locks, no I/O, no placement. `ClusterState` serializes the calls and
+//! applies the answers to the nodes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::model::dra::{DeviceClass, DeviceIdentity, ResourceClaim, ResourceSlice};
+use crate::model::resource_names::ResourceNameSet;
+
+/// A device as a claim's allocation names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct DeviceRef {
+    pub driver: Arc<str>,
+    pub pool: Arc<str>,
+    pub device: Arc<str>,
+}
+
+/// What one node's devices DRA holds: per identity, the claims (`namespace/name`) holding the
+/// device that states it; and the DRA drivers that publish the node's CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NodeDraHoldings {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub held: BTreeMap<DeviceIdentity, BTreeSet<Arc<str>>>,
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub cpu_drivers: BTreeSet<Arc<str>>,
+}
+
+impl NodeDraHoldings {
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty() && self.cpu_drivers.is_empty()
+    }
+}
+
+/// A problem with a DRA object: counted (`dne_dra_problems_total{problem}`), logged, and the
+/// part it concerns is left out; nothing else changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DraProblem {
+    pub object: String,
+    pub problem: &'static str,
+    pub detail: String,
+}
+
+/// One slice as recorded: its node and what each of its devices is.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SliceRecord {
+    pub driver: Arc<str>,
+    pub node: Option<Arc<str>>,
+    pub devices: Vec<(DeviceRef, Vec<DeviceIdentity>)>,
+}
+
+impl SliceRecord {
+    /// Decodes a slice; devices that cannot be joined are left out and reported.
+    pub fn from_slice(slice: &ResourceSlice) -> (Self, Vec<DraProblem>) {
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        let spec = &slice.spec;
+        let mut problems = Vec::new();
+        let problem = |p: &'static str, detail: String| DraProblem {
+            object: format!("resourceslice {name}"),
+            problem: p,
+            detail,
+        };
+        let driver: Arc<str> = Arc::from(spec.driver.as_str());
+        let node = spec
+            .node_name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .map(Arc::from);
+        if spec.driver.is_empty() || spec.pool.name.is_empty() {
+            problems.push(problem(
+                "malformed",
+                "no driver or no pool name: none of its devices can be named by a claim".into(),
+            ));
+            return (SliceRecord::default(), problems);
+        }
+        let pool: Arc<str> = Arc::from(spec.pool.name.as_str());
+        let mut seen = BTreeSet::new();
+        let mut devices = Vec::new();
+        for d in &spec.devices {
+            if d.name.is_empty() {
+                problems.push(problem("malformed", "a device without a name".into()));
+                continue;
+            }
+            if !seen.insert(d.name.as_str()) {
+                problems.push(problem(
+                    "device_named_twice",
+                    format!("device {} is listed twice", d.name),
+                ));
+                continue;
+            }
+            let ids = DeviceIdentity::of_slice_device(d);
+            if ids.is_empty() && node.is_some() {
+                // Not an error of the slice: it is simply not a device a `Device` entry can be.
+                problems.push(problem(
+                    "device_without_identity",
+                    format!("device {} states no uuid or pciBusID", d.name),
+                ));
+            }
+            devices.push((
+                DeviceRef {
+                    driver: Arc::clone(&driver),
+                    pool: Arc::clone(&pool),
+                    device: Arc::from(d.name.as_str()),
+                },
+                ids,
+            ));
+        }
+        (
+            SliceRecord {
+                driver,
+                node,
+                devices,
+            },
+            problems,
+        )
+    }
+}
+
+/// One claim as recorded: the devices its allocation holds (empty: not allocated).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClaimRecord {
+    pub devices: Vec<DeviceRef>,
+}
+
+impl ClaimRecord {
+    pub fn from_claim(claim: &ResourceClaim) -> (Self, Vec<DraProblem>) {
+        let mut problems = Vec::new();
+        let mut devices = Vec::new();
+        for r in claim
+            .status
+            .allocation
+            .iter()
+            .flat_map(|a| &a.devices.results)
+        {
+            if r.driver.is_empty() || r.pool.is_empty() || r.device.is_empty() {
+                problems.push(DraProblem {
+                    object: format!(
+                        "resourceclaim {}/{}",
+                        claim.metadata.namespace.as_deref().unwrap_or_default(),
+                        claim.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                    problem: "malformed",
+                    detail: "an allocation result without driver, pool or device".into(),
+                });
+                continue;
+            }
+            devices.push(DeviceRef {
+                driver: Arc::from(r.driver.as_str()),
+                pool: Arc::from(r.pool.as_str()),
+                device: Arc::from(r.device.as_str()),
+            });
+        }
+        devices.sort();
+        devices.dedup();
+        (ClaimRecord { devices }, problems)
+    }
+}
+
+/// What the slices say of one device ref.
+#[derive(Clone, Debug, Default)]
+struct RefEntry {
+    /// By slice name: the node and identities each listing states.
+    listings: BTreeMap<Arc<str>, (Arc<str>, Vec<DeviceIdentity>)>,
+    /// The last listing, kept while claims hold the device after its slices are gone.
+    last: Option<(Arc<str>, Vec<DeviceIdentity>)>,
+    /// The claims whose allocation holds it.
+    holders: BTreeSet<Arc<str>>,
+}
+
+impl RefEntry {
+    /// The node-local listings in effect: the current ones, or the last one while held.
+    fn effective(&self) -> Vec<&(Arc<str>, Vec<DeviceIdentity>)> {
+        if self.listings.is_empty() {
+            self.last
+                .iter()
+                .filter(|_| !self.holders.is_empty())
+                .collect()
+        } else {
+            self.listings.values().collect()
+        }
+    }
+
+    fn nodes(&self) -> BTreeSet<Arc<str>> {
+        self.effective()
+            .into_iter()
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+}
+
+/// The DRA objects, indexed for the join. See the module header for the rules.
+#[derive(Debug, Default)]
+pub struct DraIndex {
+    slices: HashMap<Arc<str>, SliceRecord>,
+    refs: HashMap<DeviceRef, RefEntry>,
+    by_node: HashMap<Arc<str>, BTreeSet<DeviceRef>>,
+    /// Per node, per CPU driver, how many of its slices publish devices there.
+    cpu_slices: HashMap<Arc<str>, BTreeMap<Arc<str>, usize>>,
+    claims: HashMap<Arc<str>, ClaimRecord>,
+    /// DeviceClass name → the managed resource name it maps (KEP-5004).
+    classes: BTreeMap<Arc<str>, &'static str>,
+    /// The DRA drivers whose slices are a node's CPUs (`--dra-cpu-drivers`).
+    cpu_drivers: BTreeSet<String>,
+}
+
+impl DraIndex {
+    pub fn new(cpu_drivers: impl IntoIterator<Item = String>) -> Self {
+        DraIndex {
+            cpu_drivers: cpu_drivers.into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Changes one ref (its listings or holders) and keeps `by_node` true; returns the nodes
+    /// whose holdings may have changed.
+    fn touch(
+        &mut self,
+        r: &DeviceRef,
+        change: impl FnOnce(&mut RefEntry),
+        affected: &mut BTreeSet<Arc<str>>,
+    ) {
+        let entry = self.refs.entry(r.clone()).or_default();
+        let before = entry.nodes();
+        change(entry);
+        let after = entry.nodes();
+        let gone = entry.listings.is_empty() && entry.holders.is_empty();
+        if gone {
+            self.refs.remove(r);
+        }
+        for n in before.difference(&after) {
+            if let Some(set) = self.by_node.get_mut(n) {
+                set.remove(r);
+                if set.is_empty() {
+                    self.by_node.remove(n);
+                }
+            }
+        }
+        for n in &after {
+            self.by_node.entry(n.clone()).or_default().insert(r.clone());
+        }
+        affected.extend(before);
+        affected.extend(after);
+    }
+
+    /// Sets (`Some`) or removes (`None`) a slice; returns the nodes to recompute.
+    pub fn set_slice(&mut self, name: &str, slice: Option<SliceRecord>) -> BTreeSet<Arc<str>> {
+        let name: Arc<str> = Arc::from(name);
+        let mut affected = BTreeSet::new();
+        if let Some(old) = self.slices.remove(&name) {
+            self.count_cpu_slice(&old, false, &mut affected);
+            for (r, _) in &old.devices {
+                let slice = Arc::clone(&name);
+                self.touch(
+                    r,
+                    |e| {
+                        if let Some(listing) = e.listings.remove(&slice) {
+                            e.last = Some(listing);
+                        }
+                    },
+                    &mut affected,
+                );
+            }
+        }
+        if let Some(new) = slice {
+            self.count_cpu_slice(&new, true, &mut affected);
+            if let Some(node) = &new.node {
+                for (r, ids) in &new.devices {
+                    let listing = (Arc::clone(node), ids.clone());
+                    let slice = Arc::clone(&name);
+                    self.touch(
+                        r,
+                        |e| {
+                            e.listings.insert(slice, listing);
+                        },
+                        &mut affected,
+                    );
+                }
+            }
+            self.slices.insert(name, new);
+        }
+        affected
+    }
+
+    fn count_cpu_slice(&mut self, s: &SliceRecord, add: bool, affected: &mut BTreeSet<Arc<str>>) {
+        let Some(node) = &s.node else { return };
+        if s.devices.is_empty() || !self.cpu_drivers.contains(&*s.driver) {
+            return;
+        }
+        let per_node = self.cpu_slices.entry(Arc::clone(node)).or_default();
+        let n = per_node.entry(Arc::clone(&s.driver)).or_default();
+        if add {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                per_node.remove(&s.driver);
+            }
+            if per_node.is_empty() {
+                self.cpu_slices.remove(node);
+            }
+        }
+        affected.insert(Arc::clone(node));
+    }
+
+    /// Sets (`Some`) or removes (`None`) a claim (`namespace/name`); returns the nodes to
+    /// recompute.
+    pub fn set_claim(&mut self, key: &str, claim: Option<ClaimRecord>) -> BTreeSet<Arc<str>> {
+        let key: Arc<str> = Arc::from(key);
+        let mut affected = BTreeSet::new();
+        let old = self.claims.remove(&key).unwrap_or_default();
+        let new = claim.unwrap_or_default();
+        for r in old.devices.iter().filter(|r| !new.devices.contains(r)) {
+            let k = Arc::clone(&key);
+            self.touch(
+                r,
+                |e| {
+                    e.holders.remove(&k);
+                },
+                &mut affected,
+            );
+        }
+        for r in new.devices.iter().filter(|r| !old.devices.contains(r)) {
+            let k = Arc::clone(&key);
+            self.touch(
+                r,
+                |e| {
+                    e.holders.insert(k);
+                },
+                &mut affected,
+            );
+        }
+        if !new.devices.is_empty() {
+            self.claims.insert(key, new);
+        }
+        affected
+    }
+
+    /// Sets or removes a DeviceClass; true when the set of mapped managed names changed.
+    pub fn set_class(&mut self, name: &str, class: Option<&DeviceClass>) -> bool {
+        let before = self.extended_names();
+        let mapped = class
+            .and_then(|c| c.spec.extended_resource_name.as_deref())
+            .and_then(|n| {
+                crate::model::resource_names::MANAGED_RESOURCES
+                    .iter()
+                    .find(|r| r.name == n)
+            })
+            .map(|r| r.name);
+        match mapped {
+            Some(n) => {
+                self.classes.insert(Arc::from(name), n);
+            }
+            None => {
+                self.classes.remove(name);
+            }
+        }
+        before != self.extended_names()
+    }
+
+    /// The managed names some DeviceClass maps to DRA.
+    pub fn extended_names(&self) -> ResourceNameSet {
+        ResourceNameSet::of(self.classes.values().copied())
+    }
+
+    /// The DeviceClasses that map a managed name, with that name.
+    pub fn extended_classes(&self) -> impl Iterator<Item = (&str, &'static str)> {
+        self.classes.iter().map(|(c, n)| (&**c, *n))
+    }
+
+    /// A node's holdings now.
+    pub fn holdings(&self, node: &str) -> NodeDraHoldings {
+        let mut out = NodeDraHoldings::default();
+        for r in self.by_node.get(node).into_iter().flatten() {
+            let Some(entry) = self.refs.get(r) else {
+                continue;
+            };
+            if entry.holders.is_empty() {
+                continue;
+            }
+            for (n, ids) in entry.effective() {
+                if &**n != node {
+                    continue;
+                }
+                for id in ids {
+                    out.held
+                        .entry(id.clone())
+                        .or_default()
+                        .extend(entry.holders.iter().cloned());
+                }
+            }
+        }
+        if let Some(drivers) = self.cpu_slices.get(node) {
+            out.cpu_drivers.extend(drivers.keys().cloned());
+        }
+        out
+    }
+
+    /// Claims with an allocation, and how many of their devices no slice names (held, but
+    /// not known to be any node's device).
+    pub fn claim_counts(&self) -> (usize, usize) {
+        let unresolved = self
+            .claims
+            .values()
+            .flat_map(|c| &c.devices)
+            .filter(|r| self.refs.get(*r).is_none_or(|e| e.effective().is_empty()))
+            .count();
+        (self.claims.len(), unresolved)
+    }
+}
+
+#[cfg(test)]
+mod tests;

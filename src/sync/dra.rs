@@ -1,0 +1,223 @@
+//! The DRA kinds' handlers: decode ResourceSlices, ResourceClaims and DeviceClasses into the
+//! records `cluster::dra` joins, report what cannot be used, and apply them to the caches.
+//! A DeviceClass that moves a managed resource name to DRA (KEP-5004) is reported here too:
+//! a metric, a log line naming it, and `/readyz` failing unless the split is intended
+//! (`--allow-dra-extended-resources`).
+
+use std::sync::Arc;
+
+use super::kind::Kind;
+use super::readiness::Readiness;
+use super::store::{Decoded, Handler, Invalid};
+use crate::cluster::ClusterState;
+use crate::cluster::dra::{ClaimRecord, DraProblem, SliceRecord};
+use crate::metrics::Metrics;
+use crate::model::dra::{DeviceClass, ResourceClaim, ResourceSlice};
+
+fn identity(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    namespaced: bool,
+) -> Result<(Arc<str>, Arc<str>, String), Invalid> {
+    let name = meta
+        .name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .ok_or(Invalid("missing metadata.name"))?;
+    let uid = meta
+        .uid
+        .as_deref()
+        .filter(|u| !u.is_empty())
+        .ok_or(Invalid("missing metadata.uid"))?;
+    let key = if namespaced {
+        format!("{}/{name}", meta.namespace.as_deref().unwrap_or_default())
+    } else {
+        name.to_string()
+    };
+    Ok((
+        Arc::from(key),
+        Arc::from(uid),
+        meta.resource_version.clone().unwrap_or_default(),
+    ))
+}
+
+fn report(metrics: &Metrics, problems: &[DraProblem]) {
+    for p in problems {
+        tracing::warn!(object = %p.object, problem = p.problem, detail = %p.detail, "DRA object left out of the join in part");
+        metrics.dra_problems.with_label_values(&[p.problem]).inc();
+    }
+}
+
+fn conflicts(metrics: &Metrics, found: Vec<(String, crate::cluster::Overcommitted)>) {
+    for (node, minors) in found {
+        let minors: Vec<String> = minors.iter().map(|(t, m)| format!("{t}/{m}")).collect();
+        tracing::error!(%node, minors = %minors.join(","), "devices held by a DRA claim and by pods' device-allocated annotations at once: both allocators handed them out; counted as used");
+        metrics.dra_conflicts.inc_by(minors.len() as u64);
+    }
+}
+
+pub struct ResourceSliceHandler {
+    cluster: Arc<ClusterState>,
+    metrics: Metrics,
+}
+
+impl ResourceSliceHandler {
+    pub fn new(cluster: Arc<ClusterState>, metrics: Metrics) -> Self {
+        ResourceSliceHandler { cluster, metrics }
+    }
+}
+
+impl Handler for ResourceSliceHandler {
+    type Object = ResourceSlice;
+    type Record = Arc<SliceRecord>;
+    const KIND: Kind = Kind::ResourceSlices;
+
+    fn decode(&self, slice: &ResourceSlice) -> Result<Decoded<Arc<SliceRecord>>, Invalid> {
+        let (key, uid, resource_version) = identity(&slice.metadata, false)?;
+        let (record, problems) = SliceRecord::from_slice(slice);
+        report(&self.metrics, &problems);
+        Ok(Decoded {
+            key,
+            uid,
+            resource_version,
+            record: Arc::new(record),
+        })
+    }
+    fn apply(&self, key: &str, _old: Option<&Arc<SliceRecord>>, new: &Arc<SliceRecord>) {
+        let found = self
+            .cluster
+            .set_resource_slice(key, Some(SliceRecord::clone(new)));
+        conflicts(&self.metrics, found);
+    }
+    fn remove(&self, key: &str, _old: &Arc<SliceRecord>) {
+        let found = self.cluster.set_resource_slice(key, None);
+        conflicts(&self.metrics, found);
+    }
+}
+
+pub struct ResourceClaimHandler {
+    cluster: Arc<ClusterState>,
+    metrics: Metrics,
+}
+
+impl ResourceClaimHandler {
+    pub fn new(cluster: Arc<ClusterState>, metrics: Metrics) -> Self {
+        ResourceClaimHandler { cluster, metrics }
+    }
+
+    fn counts(&self) {
+        let (allocated, unresolved) = self.cluster.dra_claim_counts();
+        let g = &self.metrics.dra_claims;
+        g.with_label_values(&["allocated"]).set(allocated as i64);
+        g.with_label_values(&["unresolved"]).set(unresolved as i64);
+    }
+}
+
+impl Handler for ResourceClaimHandler {
+    type Object = ResourceClaim;
+    type Record = Arc<ClaimRecord>;
+    const KIND: Kind = Kind::ResourceClaims;
+
+    fn decode(&self, claim: &ResourceClaim) -> Result<Decoded<Arc<ClaimRecord>>, Invalid> {
+        let (key, uid, resource_version) = identity(&claim.metadata, true)?;
+        let (record, problems) = ClaimRecord::from_claim(claim);
+        report(&self.metrics, &problems);
+        Ok(Decoded {
+            key,
+            uid,
+            resource_version,
+            record: Arc::new(record),
+        })
+    }
+    fn apply(&self, key: &str, _old: Option<&Arc<ClaimRecord>>, new: &Arc<ClaimRecord>) {
+        let found = self
+            .cluster
+            .set_resource_claim(key, Some(ClaimRecord::clone(new)));
+        conflicts(&self.metrics, found);
+        self.counts();
+    }
+    fn remove(&self, key: &str, _old: &Arc<ClaimRecord>) {
+        let found = self.cluster.set_resource_claim(key, None);
+        conflicts(&self.metrics, found);
+        self.counts();
+    }
+}
+
+pub struct DeviceClassHandler {
+    cluster: Arc<ClusterState>,
+    readiness: Arc<Readiness>,
+    metrics: Metrics,
+    /// `--allow-dra-extended-resources`: the split is intended; report, but stay ready.
+    allow_extended: bool,
+}
+
+impl DeviceClassHandler {
+    pub fn new(
+        cluster: Arc<ClusterState>,
+        readiness: Arc<Readiness>,
+        metrics: Metrics,
+        allow_extended: bool,
+    ) -> Self {
+        DeviceClassHandler {
+            cluster,
+            readiness,
+            metrics,
+            allow_extended,
+        }
+    }
+
+    fn judge(&self, mapping: Vec<(String, &'static str)>) {
+        self.metrics
+            .dra_extended_resource_classes
+            .set(mapping.len() as i64);
+        if mapping.is_empty() {
+            self.readiness.set_refusal(None);
+            return;
+        }
+        let named: Vec<String> = mapping
+            .iter()
+            .map(|(class, name)| format!("DeviceClass {class} maps {name}"))
+            .collect();
+        let message = format!(
+            "{}: kube-scheduler serves it through DRA on nodes that do not advertise it",
+            named.join(", ")
+        );
+        if self.allow_extended {
+            tracing::warn!(classes = %named.join(", "), "managed resource names are served through DRA where nodes do not advertise them (--allow-dra-extended-resources): the extender allocates no device for them there");
+            self.readiness.set_refusal(None);
+        } else {
+            tracing::error!(classes = %named.join(", "), "managed resource names are moved to DRA by a DeviceClass: not ready until the class is removed or --allow-dra-extended-resources says the split is intended");
+            self.readiness.set_refusal(Some(format!(
+                "{message} (start with --allow-dra-extended-resources if the split is intended)"
+            )));
+        }
+    }
+}
+
+impl Handler for DeviceClassHandler {
+    type Object = DeviceClass;
+    type Record = Arc<DeviceClass>;
+    const KIND: Kind = Kind::DeviceClasses;
+
+    fn decode(&self, class: &DeviceClass) -> Result<Decoded<Arc<DeviceClass>>, Invalid> {
+        let (key, uid, resource_version) = identity(&class.metadata, false)?;
+        // Only what the rule reads is kept.
+        let kept = DeviceClass {
+            metadata: Default::default(),
+            spec: class.spec.clone(),
+        };
+        Ok(Decoded {
+            key,
+            uid,
+            resource_version,
+            record: Arc::new(kept),
+        })
+    }
+    fn apply(&self, key: &str, _old: Option<&Arc<DeviceClass>>, new: &Arc<DeviceClass>) {
+        let mapping = self.cluster.set_device_class(key, Some(new));
+        self.judge(mapping);
+    }
+    fn remove(&self, key: &str, _old: &Arc<DeviceClass>) {
+        let mapping = self.cluster.set_device_class(key, None);
+        self.judge(mapping);
+    }
+}
