@@ -146,6 +146,7 @@ fn state(nodes: usize) -> Scheduler {
         readiness: readiness.clone(),
         metrics: metrics.clone(),
         allow_dra_extended: false,
+        dra_ownership: None,
     };
     sync::run_file(&ctx, file);
     assert!(readiness.is_ready(), "{:?}", readiness.not_ready_reason());

@@ -48,7 +48,20 @@ pub const API_CALLS: &[ApiCall] = &[
         resource: "resourceclaims",
         verbs: &["list", "watch"],
     },
+    ApiCall {
+        group: "resource.k8s.io",
+        resource: "devicetaintrules",
+        verbs: &["list", "watch"],
+    },
 ];
+/// Only with `--dra-ownership` (the default): the leader keeps its `NoSchedule`
+/// DeviceTaintRule on every DRA pool that publishes devices of a `Device` object
+/// (`crate::scheduler::dra_owner`).
+pub const DRA_OWNERSHIP_API_CALLS: &[ApiCall] = &[ApiCall {
+    group: "resource.k8s.io",
+    resource: "devicetaintrules",
+    verbs: &["create", "delete"],
+}];
 /// Only with `--leader-elect` (get, create, update) / `--follow-scheduler-lease` (get).
 pub const LEADER_ELECTION_API_CALLS: &[ApiCall] = &[ApiCall {
     group: "coordination.k8s.io",

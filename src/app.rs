@@ -201,6 +201,7 @@ impl Service {
             readiness: readiness.clone(),
             metrics: metrics.clone(),
             allow_dra_extended: args.allow_dra_extended_resources,
+            dra_ownership: args.dra_ownership.then_some(args.dra_handover_grace),
         };
         let shutdown = CancellationToken::new();
         let scoring = args.scoring.config()?;
@@ -272,6 +273,19 @@ impl Service {
                                 interval: args.requeue_interval,
                                 unknown_after_takeover: args.requeue_after_takeover,
                             },
+                            metrics.clone(),
+                            shutdown.clone(),
+                        ));
+                    }
+                    if args.dra_ownership {
+                        tokio::spawn(crate::scheduler::dra_owner::run(
+                            cluster.clone(),
+                            readiness.clone(),
+                            Arc::new(crate::scheduler::dra_owner::KubeTaintRuleApi::new(
+                                client.clone(),
+                                args.request_timeout,
+                            )),
+                            std::time::Duration::from_secs(1),
                             metrics.clone(),
                             shutdown.clone(),
                         ));

@@ -181,6 +181,20 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_ALLOW_DRA_EXTENDED_RESOURCES")]
     pub allow_dra_extended_resources: bool,
 
+    /// Keep DRA off the devices the extender hands out: one DeviceTaintRule (`NoSchedule`)
+    /// per DRA driver pool that publishes devices of a node's `Device` object; a device both
+    /// publish is the extender's only while that rule is in effect (README "Beside DRA").
+    /// false: DRA's holders are counted, nothing is written, and a device DRA allocates in
+    /// kube-scheduler's memory before its claim is written can be handed out twice.
+    #[arg(long, env = "DNE_DRA_OWNERSHIP", action = clap::ArgAction::Set, default_value_t = true)]
+    pub dra_ownership: bool,
+
+    /// How long after the extender's DeviceTaintRule is created its pool becomes the
+    /// extender's: kube-scheduler must have seen the rule, and an allocation it made in
+    /// memory before must have reached its claim's status (and this cache).
+    #[arg(long, env = "DNE_DRA_HANDOVER_GRACE", value_parser = parse_duration, default_value = "30s")]
+    pub dra_handover_grace: Duration,
+
     /// DRA drivers whose ResourceSlices are a node's CPUs: on a node where one publishes,
     /// the extender places no cpusets (two allocators would pin the same cores).
     #[arg(

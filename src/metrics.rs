@@ -65,6 +65,10 @@ pub struct Metrics {
     pub dra_claims: IntGaugeVec,
     /// DeviceClasses that map a resource name the extender manages to DRA (KEP-5004).
     pub dra_extended_resource_classes: IntGauge,
+    /// The extender's DeviceTaintRule writes, by `op` (create, delete) and `result`.
+    pub dra_taint_rule_writes: IntCounterVec,
+    /// The extender's DeviceTaintRules in the cache (DRA pools it owns or is taking).
+    pub dra_taint_rules: IntGauge,
     /// NRT CPU annotations and zones that could not be used, by annotation and problem.
     pub nrt_problems: IntCounterVec,
     /// Connections per listener (`verbs`, `probes`): open now, accepted, refused or cut off
@@ -300,6 +304,17 @@ impl Metrics {
                 "dra_extended_resource_classes",
                 "DeviceClasses whose extendedResourceName is a resource name the extender manages (KEP-5004): kube-scheduler serves it through DRA on nodes that do not advertise it."
             )),
+            dra_taint_rule_writes: reg!(IntCounterVec::new(
+                Opts::new(
+                    "dra_taint_rule_writes_total",
+                    "The extender's DeviceTaintRule writes (keeping DRA off the pools it owns), by op (create, delete) and result (ok, error)."
+                ),
+                &["op", "result"]
+            )),
+            dra_taint_rules: reg!(IntGauge::new(
+                "dra_taint_rules",
+                "The extender's DeviceTaintRules in its cache: DRA driver pools it owns or is taking over."
+            )),
             nrt_problems: reg!(IntCounterVec::new(
                 Opts::new(
                     "nrt_problems_total",
@@ -387,6 +402,7 @@ impl Metrics {
             "deviceclasses",
             "resourceslices",
             "resourceclaims",
+            "devicetaintrules",
         ] {
             self.relists.with_label_values(&[kind]);
             self.watch_errors.with_label_values(&[kind]);
@@ -413,6 +429,11 @@ impl Metrics {
         }
         for state in ["allocated", "unresolved"] {
             self.dra_claims.with_label_values(&[state]);
+        }
+        for op in ["create", "delete"] {
+            for result in ["ok", "error"] {
+                self.dra_taint_rule_writes.with_label_values(&[op, result]);
+            }
         }
         for outcome in ["ok", "error"] {
             self.tls_reloads.with_label_values(&[outcome]);

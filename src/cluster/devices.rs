@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::dra::NodeDraHoldings;
+use super::dra::{DevicePool, NodeDraHoldings};
 use super::ledger::{Entries, Entry};
 use crate::model::device::{DeviceAllocations, DeviceResources, DeviceType};
 use crate::model::dra::DeviceIdentity;
@@ -60,6 +60,11 @@ pub struct DeviceLedger {
     /// The slots a DRA claim holds (their identity is one `dra` holds), with the claims: never
     /// free for the extender, whatever the annotations say. Derived from `devices` and `dra`.
     dra_blocked: BTreeMap<(DeviceType, i32), BTreeSet<Arc<str>>>,
+    /// The slots a DRA slice also publishes whose pool is not the extender's now (no rule of
+    /// its in effect, or the node handed to DRA): not free for the extender either.
+    dra_unowned: BTreeMap<(DeviceType, i32), DevicePool>,
+    /// The pools the `Device` entries join to, with the joined slots.
+    dra_pools: BTreeMap<DevicePool, Vec<(DeviceType, i32)>>,
 }
 
 fn apply(used: &mut UsedMap, allocs: &DeviceAllocations, add: bool) {
@@ -117,12 +122,18 @@ impl DeviceLedger {
     /// The join (README "Beside DRA"): a `Device` entry is held by DRA when one of its
     /// identities (`id` as UUID or PCI address, `topology.busID`) is one a claim holds. Any
     /// type: GPUs join by UUID or bus ID, RDMA and FPGA by bus ID.
+    ///
+    /// With ownership enforced, a slot DRA also publishes is the extender's only while its
+    /// pool is `owned` (the extender's DeviceTaintRule keeps DRA off it, in effect for the
+    /// hand-over grace); otherwise it is not free for the extender either.
     fn join_dra(&mut self) {
         self.dra_blocked.clear();
+        self.dra_unowned.clear();
+        self.dra_pools.clear();
         let Some(devices) = &self.devices else {
             return;
         };
-        if self.dra.held.is_empty() {
+        if self.dra.held.is_empty() && self.dra.published.is_empty() {
             return;
         }
         for t in devices.types() {
@@ -138,9 +149,33 @@ impl DeviceLedger {
                             .or_default()
                             .extend(claims.iter().cloned());
                     }
+                    if let Some(pool) = self.dra.published.get(&id) {
+                        self.dra_pools
+                            .entry(pool.clone())
+                            .or_default()
+                            .push((t.clone(), slot.minor));
+                        if self.dra.enforced && !self.dra.owned.contains(pool) {
+                            self.dra_unowned
+                                .insert((t.clone(), slot.minor), pool.clone());
+                        }
+                    }
                 }
             }
         }
+    }
+
+    /// The DRA pools this node's `Device` entries join to, with whether an annotation holds
+    /// one of the joined devices (see `ClusterState::dra_ownership_plan`).
+    pub fn joined_pools(&self) -> impl Iterator<Item = (DevicePool, bool)> + '_ {
+        self.dra_pools.iter().map(|(p, slots)| {
+            let in_use = slots.iter().any(|(t, m)| {
+                self.used
+                    .get(t)
+                    .and_then(|u| u.get(m))
+                    .is_some_and(|r| !r.is_empty())
+            });
+            (p.clone(), in_use)
+        })
     }
 
     /// The Node's GPU partition labels (built-in table, policy); default without a Node.
@@ -343,7 +378,9 @@ impl DeviceLedger {
             let by_minor = out.entry(t.clone()).or_default();
             for slot in devices.slots(t) {
                 let mut free = DeviceResources::new();
-                let held_by_dra = self.dra_blocked.contains_key(&(t.clone(), slot.minor));
+                let key = (t.clone(), slot.minor);
+                let held_by_dra =
+                    self.dra_blocked.contains_key(&key) || self.dra_unowned.contains_key(&key);
                 if !blocked && !held_by_dra {
                     free = slot.total.clone();
                     let used = self.used.get(t).and_then(|m| m.get(&slot.minor));
@@ -394,6 +431,10 @@ impl DeviceLedger {
                                 .flatten()
                                 .map(|c| c.to_string())
                                 .collect(),
+                            dra_pool_not_owned: self
+                                .dra_unowned
+                                .get(&(t.clone(), s.minor))
+                                .map(|p| p.to_string()),
                         },
                     );
                 }
@@ -411,6 +452,7 @@ impl DeviceLedger {
                         used: BTreeMap::new(),
                         free: BTreeMap::new(),
                         dra_claims: Vec::new(),
+                        dra_pool_not_owned: None,
                     })
                     .used = render(used);
             }
@@ -534,6 +576,10 @@ pub struct MinorView {
     /// The DRA claims (`namespace/name`) holding this device: it is not free for the extender.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dra_claims: Vec<String>,
+    /// A DRA pool publishes this device and the extender does not own the pool now (no
+    /// DeviceTaintRule of its in effect, or the node is handed to DRA): not free for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dra_pool_not_owned: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

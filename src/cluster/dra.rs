@@ -20,12 +20,16 @@
 //! Pure data: no locks, no I/O, no placement. `ClusterState` serializes the calls and
 //! applies the answers to the nodes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use crate::model::dra::{DeviceClass, DeviceIdentity, ResourceClaim, ResourceSlice};
+use crate::model::dra::{
+    DeviceClass, DeviceIdentity, DeviceTaintRule, MANAGED_BY, MANAGED_BY_LABEL, OWNED_TAINT_KEY,
+    ResourceClaim, ResourceSlice,
+};
 use crate::model::resource_names::ResourceNameSet;
 
 /// A device as a claim's allocation names it.
@@ -36,19 +40,96 @@ pub struct DeviceRef {
     pub device: Arc<str>,
 }
 
-/// What one node's devices DRA holds: per identity, the claims (`namespace/name`) holding the
-/// device that states it; and the DRA drivers that publish the node's CPUs.
+/// A driver's pool: what one of the extender's DeviceTaintRules selects.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DevicePool {
+    pub driver: Arc<str>,
+    pub pool: Arc<str>,
+}
+
+impl std::fmt::Display for DevicePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.driver, self.pool)
+    }
+}
+
+impl Serialize for DevicePool {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// What DRA means for one node's devices: per identity, the claims (`namespace/name`) holding
+/// the device that states it; every device a slice publishes here, with its pool; which of
+/// those pools are the extender's now (its DeviceTaintRule in effect, the node not handed to
+/// DRA); and the DRA drivers that publish the node's CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct NodeDraHoldings {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub held: BTreeMap<DeviceIdentity, BTreeSet<Arc<str>>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub published: BTreeMap<DeviceIdentity, DevicePool>,
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub owned: BTreeSet<DevicePool>,
+    /// Ownership is enforced (DeviceTaintRules served, `--dra-ownership`): a published device
+    /// whose pool is not `owned` is not the extender's to hand out.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub enforced: bool,
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     pub cpu_drivers: BTreeSet<Arc<str>>,
 }
 
 impl NodeDraHoldings {
     pub fn is_empty(&self) -> bool {
-        self.held.is_empty() && self.cpu_drivers.is_empty()
+        self.held.is_empty() && self.published.is_empty() && self.cpu_drivers.is_empty()
+    }
+}
+
+/// One of the extender's DeviceTaintRules, as recorded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleRecord {
+    pub pool: DevicePool,
+    /// When kube-scheduler is taken to avoid the pool: the rule's creation plus the hand-over
+    /// grace (`--dra-handover-grace`).
+    pub created: SystemTime,
+}
+
+impl RuleRecord {
+    /// The extender's rule (its label, its taint key, `NoSchedule`, a whole pool), or `None`
+    /// for anyone else's.
+    pub fn from_rule(rule: &DeviceTaintRule) -> Option<Self> {
+        let ours = rule
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY_LABEL))
+            .is_some_and(|v| v == MANAGED_BY);
+        let spec = &rule.spec;
+        let selector = spec.device_selector.as_ref()?;
+        if !ours
+            || spec.taint.key != OWNED_TAINT_KEY
+            || spec.taint.effect != "NoSchedule"
+            || selector.device.is_some()
+        {
+            return None;
+        }
+        let (Some(driver), Some(pool)) = (&selector.driver, &selector.pool) else {
+            return None;
+        };
+        // No creation time (a cluster file): as old as can be.
+        let created = rule
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| SystemTime::from(t.0))
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        Some(RuleRecord {
+            pool: DevicePool {
+                driver: Arc::from(driver.as_str()),
+                pool: Arc::from(pool.as_str()),
+            },
+            created,
+        })
     }
 }
 
@@ -221,6 +302,17 @@ pub struct DraIndex {
     classes: BTreeMap<Arc<str>, &'static str>,
     /// The DRA drivers whose slices are a node's CPUs (`--dra-cpu-drivers`).
     cpu_drivers: BTreeSet<String>,
+    /// Per pool, the nodes its devices are on (with how many of its refs each).
+    pool_nodes: HashMap<DevicePool, BTreeMap<Arc<str>, usize>>,
+    /// The extender's DeviceTaintRules by name.
+    rules: HashMap<Arc<str>, RuleRecord>,
+    /// Nodes handed to DRA (`DEVICE_OWNER_LABEL: dra`).
+    dra_nodes: HashSet<Arc<str>>,
+    /// `Some(grace)`: ownership enforced, a rule in effect `grace` after its creation.
+    ownership: Option<Duration>,
+    /// Pools whose rule was recorded before it came into effect, by when it does: their
+    /// nodes are recomputed then ([`Self::take_due`]).
+    pending: BTreeMap<SystemTime, BTreeSet<DevicePool>>,
 }
 
 impl DraIndex {
@@ -247,6 +339,10 @@ impl DraIndex {
         if gone {
             self.refs.remove(r);
         }
+        let pool = DevicePool {
+            driver: Arc::clone(&r.driver),
+            pool: Arc::clone(&r.pool),
+        };
         for n in before.difference(&after) {
             if let Some(set) = self.by_node.get_mut(n) {
                 set.remove(r);
@@ -254,9 +350,26 @@ impl DraIndex {
                     self.by_node.remove(n);
                 }
             }
+            if let Some(nodes) = self.pool_nodes.get_mut(&pool) {
+                if let Some(c) = nodes.get_mut(n) {
+                    *c -= 1;
+                    if *c == 0 {
+                        nodes.remove(n);
+                    }
+                }
+                if nodes.is_empty() {
+                    self.pool_nodes.remove(&pool);
+                }
+            }
         }
-        for n in &after {
+        for n in after.difference(&before) {
             self.by_node.entry(n.clone()).or_default().insert(r.clone());
+            *self
+                .pool_nodes
+                .entry(pool.clone())
+                .or_default()
+                .entry(n.clone())
+                .or_default() += 1;
         }
         affected.extend(before);
         affected.extend(after);
@@ -387,25 +500,117 @@ impl DraIndex {
         self.classes.iter().map(|(c, n)| (&**c, *n))
     }
 
-    /// A node's holdings now.
-    pub fn holdings(&self, node: &str) -> NodeDraHoldings {
-        let mut out = NodeDraHoldings::default();
+    /// Enforces ownership (`Some(grace)`) or not (`None`); returns every node to recompute.
+    pub fn set_ownership(&mut self, ownership: Option<Duration>) -> BTreeSet<Arc<str>> {
+        self.ownership = ownership;
+        self.by_node.keys().cloned().collect()
+    }
+
+    /// Sets (`Some`) or removes (`None`) one of the extender's rules; returns the nodes to
+    /// recompute.
+    pub fn set_rule(&mut self, name: &str, rule: Option<RuleRecord>) -> BTreeSet<Arc<str>> {
+        if let (Some(r), Some(grace)) = (&rule, self.ownership) {
+            let at = r.created + grace;
+            if at > SystemTime::now() {
+                self.pending.entry(at).or_default().insert(r.pool.clone());
+            }
+        }
+        let old = match rule {
+            Some(r) => self
+                .rules
+                .insert(Arc::from(name), r.clone())
+                .into_iter()
+                .chain([r])
+                .collect::<Vec<_>>(),
+            None => self.rules.remove(name).into_iter().collect(),
+        };
+        old.iter().flat_map(|r| self.nodes_of(&r.pool)).collect()
+    }
+
+    fn nodes_of(&self, pool: &DevicePool) -> Vec<Arc<str>> {
+        self.pool_nodes
+            .get(pool)
+            .map(|n| n.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether `node` is handed to DRA; returns the nodes to recompute (it, when it changed).
+    pub fn set_node_owner(&mut self, node: &str, to_dra: bool) -> BTreeSet<Arc<str>> {
+        let changed = if to_dra {
+            self.dra_nodes.insert(Arc::from(node))
+        } else {
+            self.dra_nodes.remove(node)
+        };
+        if changed {
+            BTreeSet::from([Arc::from(node)])
+        } else {
+            BTreeSet::new()
+        }
+    }
+
+    /// The extender's rules by pool (name), for the reconciler.
+    pub fn rules_by_pool(&self) -> BTreeMap<DevicePool, Arc<str>> {
+        self.rules
+            .iter()
+            .map(|(n, r)| (r.pool.clone(), Arc::clone(n)))
+            .collect()
+    }
+
+    /// The nodes of the pools whose rules came into effect by `now` since they were recorded
+    /// (to recompute), and when the next one does.
+    pub fn take_due(&mut self, now: SystemTime) -> (BTreeSet<Arc<str>>, Option<SystemTime>) {
+        let later = self.pending.split_off(&now);
+        let due = std::mem::replace(&mut self.pending, later);
+        // `split_off` keeps `now` itself in the later half.
+        let mut nodes: BTreeSet<Arc<str>> = due
+            .values()
+            .flatten()
+            .flat_map(|p| self.nodes_of(p))
+            .collect();
+        if let Some(pools) = self.pending.remove(&now) {
+            nodes.extend(pools.iter().flat_map(|p| self.nodes_of(p)));
+        }
+        (nodes, self.pending.keys().next().copied())
+    }
+
+    /// A node's holdings at `now`.
+    pub fn holdings(&self, node: &str, now: SystemTime) -> NodeDraHoldings {
+        let mut out = NodeDraHoldings {
+            enforced: self.ownership.is_some(),
+            ..Default::default()
+        };
+        let in_effect: BTreeSet<&DevicePool> = match self.ownership {
+            Some(grace) if !self.dra_nodes.contains(node) => self
+                .rules
+                .values()
+                .filter(|r| r.created + grace <= now)
+                .map(|r| &r.pool)
+                .collect(),
+            _ => BTreeSet::new(),
+        };
         for r in self.by_node.get(node).into_iter().flatten() {
             let Some(entry) = self.refs.get(r) else {
                 continue;
             };
-            if entry.holders.is_empty() {
-                continue;
+            let pool = DevicePool {
+                driver: Arc::clone(&r.driver),
+                pool: Arc::clone(&r.pool),
+            };
+            if in_effect.contains(&pool) {
+                out.owned.insert(pool.clone());
             }
             for (n, ids) in entry.effective() {
                 if &**n != node {
                     continue;
                 }
                 for id in ids {
-                    out.held
-                        .entry(id.clone())
-                        .or_default()
-                        .extend(entry.holders.iter().cloned());
+                    out.published.insert(id.clone(), pool.clone());
+                    if !entry.holders.is_empty() {
+                        out.held
+                            .entry(id.clone())
+                            .or_default()
+                            .extend(entry.holders.iter().cloned());
+                    }
                 }
             }
         }

@@ -12,7 +12,7 @@ use parking_lot::RwLock;
 use super::assumed::{AssumedPod, Assumptions};
 use super::cpus::{NodeCpuLabels, RecordedCpus};
 use super::devices::{EntryState, NodeDevices, NodeGpuLabels, RecordedAllocation};
-use super::dra::{ClaimRecord, DraIndex, SliceRecord};
+use super::dra::{ClaimRecord, DevicePool, DraIndex, RuleRecord, SliceRecord};
 use super::node::{NodeEntry, NodeState};
 use super::parallel::on_cores;
 use super::pod::{PodCpus, PodDevices, PodRecord};
@@ -21,6 +21,14 @@ use super::returns::CapacityReturns;
 use super::snapshot::{ReadSnapshots, Snapshot};
 use crate::model::ids::PodUid;
 use crate::model::resource_names::ResourceNameSet;
+
+/// What `scheduler::dra_owner` reconciles (see [`ClusterState::dra_ownership_plan`]).
+#[derive(Debug, Default)]
+pub struct DraOwnershipPlan {
+    pub wanted: std::collections::BTreeSet<DevicePool>,
+    pub in_use: std::collections::BTreeSet<DevicePool>,
+    pub rules: BTreeMap<DevicePool, Arc<str>>,
+}
 
 /// The shared cache. Cloning the `Arc<ClusterState>` is how every component sees it.
 #[derive(Debug, Default)]
@@ -186,6 +194,15 @@ impl ClusterState {
 
     pub fn set_node(&self, name: &str, node: Option<NodeRecord>) {
         let removed = node.is_none();
+        {
+            let to_dra = node
+                .as_ref()
+                .and_then(|n| n.labels.get(crate::model::dra::DEVICE_OWNER_LABEL))
+                .is_some_and(|v| v == "dra");
+            let mut dra = self.dra.lock();
+            let affected = dra.set_node_owner(name, to_dra);
+            self.write_dra(&dra, affected);
+        }
         self.with_node(name, |s| {
             let before = s.checks_plain_pods();
             s.cpus.set_labels(
@@ -324,6 +341,70 @@ impl ClusterState {
             .collect()
     }
 
+    /// Applies one of the extender's DeviceTaintRules (`None`: deleted, or not the extender's).
+    pub fn set_device_taint_rule(
+        &self,
+        name: &str,
+        rule: Option<RuleRecord>,
+    ) -> Vec<(String, Overcommitted)> {
+        let mut dra = self.dra.lock();
+        let affected = dra.set_rule(name, rule);
+        self.write_dra(&dra, affected)
+    }
+
+    /// Enforces device ownership against DRA (`Some(grace)`: DeviceTaintRules are served and
+    /// `--dra-ownership` is on) or not.
+    pub fn set_dra_ownership(&self, ownership: Option<std::time::Duration>) {
+        let mut dra = self.dra.lock();
+        let affected = dra.set_ownership(ownership);
+        self.write_dra(&dra, affected);
+    }
+
+    /// Recomputes the nodes whose pools' rules came into effect by now; returns when the next
+    /// one does.
+    pub fn refresh_dra_ownership(&self) -> Option<std::time::SystemTime> {
+        let mut dra = self.dra.lock();
+        let (due, next) = dra.take_due(std::time::SystemTime::now());
+        let _ = self.write_dra(&dra, due);
+        next
+    }
+
+    /// What the ownership reconciler needs: per pool, whether some node the extender owns has
+    /// a `Device` entry joined to it (the pool should carry the extender's rule), whether an
+    /// annotation holds one of its joined devices (its rule must stay), and the extender's
+    /// rules by pool.
+    pub fn dra_ownership_plan(&self) -> DraOwnershipPlan {
+        let rules = self.dra.lock().rules_by_pool();
+        let entries: Vec<Arc<NodeEntry>> = self.nodes.read().values().cloned().collect();
+        let mut plan = DraOwnershipPlan {
+            rules,
+            ..Default::default()
+        };
+        for entry in entries {
+            let state = entry.read();
+            let to_dra = state
+                .node
+                .as_ref()
+                .and_then(|n| n.labels.get(crate::model::dra::DEVICE_OWNER_LABEL))
+                .is_some_and(|v| v == "dra");
+            for (pool, in_use) in state.devices.joined_pools() {
+                if !to_dra {
+                    plan.wanted.insert(pool.clone());
+                }
+                if in_use {
+                    plan.in_use.insert(pool);
+                }
+            }
+            // Without its Device object a node's recorded holdings cannot be joined: while
+            // any remain, every pool published there keeps its rule.
+            if state.devices.devices().is_none() && !state.devices.is_empty() {
+                plan.in_use
+                    .extend(state.devices.dra().published.values().cloned());
+            }
+        }
+        plan
+    }
+
     /// Claims with an allocation, and allocated devices no slice names.
     pub fn dra_claim_counts(&self) -> (usize, usize) {
         self.dra.lock().claim_counts()
@@ -337,7 +418,7 @@ impl ClusterState {
         let names = dra.extended_names();
         let mut conflicts = Vec::new();
         for n in affected {
-            let holdings = dra.holdings(&n);
+            let holdings = dra.holdings(&n, std::time::SystemTime::now());
             if holdings.is_empty() && self.node(&n).is_none() {
                 continue;
             }

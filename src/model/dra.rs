@@ -142,6 +142,64 @@ pub struct DeviceClassSpec {
     pub extended_resource_name: Option<String>,
 }
 
+/// A taint on the devices a selector picks; with effect `NoSchedule` the DRA allocator never
+/// picks them for a claim that does not tolerate it. The extender keeps DRA off the devices it
+/// hands out with one such rule per driver pool (`scheduler::dra_owner`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct DeviceTaintRule {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: DeviceTaintRuleSpec,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceTaintRuleSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_selector: Option<DeviceTaintSelector>,
+    #[serde(default)]
+    pub taint: DeviceTaint,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct DeviceTaintSelector {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct DeviceTaint {
+    #[serde(default)]
+    pub key: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    #[serde(default)]
+    pub effect: String,
+}
+
+/// The taint key of the extender's rules.
+pub const OWNED_TAINT_KEY: &str = "device-numa-extender.io/owned";
+/// The label that marks a DeviceTaintRule as the extender's.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "device-numa-extender";
+/// A Node label: `dra` hands the node's devices that DRA also publishes to DRA; anything
+/// else (or none) leaves them the extender's.
+pub const DEVICE_OWNER_LABEL: &str = "device-numa-extender.io/device-owner";
+
+static_resource!(
+    DeviceTaintRule,
+    kind = "DeviceTaintRule",
+    group = "resource.k8s.io",
+    version = "v1",
+    plural = "devicetaintrules",
+    scope = kube::core::ClusterResourceScope
+);
+
 static_resource!(
     ResourceSlice,
     kind = "ResourceSlice",
@@ -237,13 +295,15 @@ impl DeviceIdentity {
                 continue;
             };
             let short = name.rsplit('/').next().unwrap_or(name);
-            let identity = if short.eq_ignore_ascii_case("uuid") {
-                DeviceIdentity::uuid(text)
-            } else if short.eq_ignore_ascii_case("pciBusID") {
-                DeviceIdentity::pci_bus_id(text)
-            } else {
-                None
-            };
+            // A MIG device names the GPU it is carved from: holding it holds that GPU.
+            let identity =
+                if short.eq_ignore_ascii_case("uuid") || short.eq_ignore_ascii_case("parentUUID") {
+                    DeviceIdentity::uuid(text)
+                } else if short.eq_ignore_ascii_case("pciBusID") {
+                    DeviceIdentity::pci_bus_id(text)
+                } else {
+                    None
+                };
             out.extend(identity);
         }
         out.sort();

@@ -45,6 +45,7 @@ impl Loaded {
             readiness: self.readiness.clone(),
             metrics: self.metrics.clone(),
             allow_dra_extended: true,
+            dra_ownership: None,
         }
     }
 

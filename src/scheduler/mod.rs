@@ -25,6 +25,7 @@ mod amplified_tests;
 pub mod bind;
 mod config;
 mod decide;
+pub mod dra_owner;
 mod memo;
 mod needs;
 #[cfg(test)]

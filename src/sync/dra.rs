@@ -10,9 +10,9 @@ use super::kind::Kind;
 use super::readiness::Readiness;
 use super::store::{Decoded, Handler, Invalid};
 use crate::cluster::ClusterState;
-use crate::cluster::dra::{ClaimRecord, DraProblem, SliceRecord};
+use crate::cluster::dra::{ClaimRecord, DraProblem, RuleRecord, SliceRecord};
 use crate::metrics::Metrics;
-use crate::model::dra::{DeviceClass, ResourceClaim, ResourceSlice};
+use crate::model::dra::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 
 fn identity(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -219,5 +219,58 @@ impl Handler for DeviceClassHandler {
     fn remove(&self, key: &str, _old: &Arc<DeviceClass>) {
         let mapping = self.cluster.set_device_class(key, None);
         self.judge(mapping);
+    }
+}
+
+/// The extender's DeviceTaintRules (others are recorded as `None` and change nothing).
+pub struct DeviceTaintRuleHandler {
+    cluster: Arc<ClusterState>,
+    metrics: Metrics,
+}
+
+impl DeviceTaintRuleHandler {
+    pub fn new(cluster: Arc<ClusterState>, metrics: Metrics) -> Self {
+        DeviceTaintRuleHandler { cluster, metrics }
+    }
+}
+
+impl Handler for DeviceTaintRuleHandler {
+    type Object = DeviceTaintRule;
+    type Record = Option<Arc<RuleRecord>>;
+    const KIND: Kind = Kind::DeviceTaintRules;
+
+    fn decode(&self, rule: &DeviceTaintRule) -> Result<Decoded<Option<Arc<RuleRecord>>>, Invalid> {
+        let (key, uid, resource_version) = identity(&rule.metadata, false)?;
+        Ok(Decoded {
+            key,
+            uid,
+            resource_version,
+            record: RuleRecord::from_rule(rule).map(Arc::new),
+        })
+    }
+    fn apply(
+        &self,
+        key: &str,
+        old: Option<&Option<Arc<RuleRecord>>>,
+        new: &Option<Arc<RuleRecord>>,
+    ) {
+        if new.is_none() && old.is_none_or(Option::is_none) {
+            return;
+        }
+        let found = self
+            .cluster
+            .set_device_taint_rule(key, new.as_deref().cloned());
+        conflicts(&self.metrics, found);
+    }
+    fn remove(&self, key: &str, old: &Option<Arc<RuleRecord>>) {
+        if old.is_none() {
+            return;
+        }
+        tracing::info!(
+            rule = key,
+            "the extender's DeviceTaintRule is gone: its pool is not the extender's until the rule is back and in effect"
+        );
+        let found = self.cluster.set_device_taint_rule(key, None);
+        conflicts(&self.metrics, found);
     }
 }

@@ -39,6 +39,7 @@ pub struct ClusterFile {
     pub device_classes: Vec<crate::model::dra::DeviceClass>,
     pub resource_slices: Vec<crate::model::dra::ResourceSlice>,
     pub resource_claims: Vec<crate::model::dra::ResourceClaim>,
+    pub device_taint_rules: Vec<crate::model::dra::DeviceTaintRule>,
     /// Documents of kinds this service does not watch (kept count only, for the log).
     pub ignored: usize,
 }
@@ -108,6 +109,9 @@ impl ClusterFile {
             ("ResourceClaim", "resource.k8s.io") => self
                 .resource_claims
                 .push(typed(item, index, path, &kind, &name)?),
+            ("DeviceTaintRule", "resource.k8s.io") => self
+                .device_taint_rules
+                .push(typed(item, index, path, &kind, &name)?),
             _ => self.ignored += 1,
         }
         Ok(())
@@ -122,6 +126,7 @@ impl ClusterFile {
             Kind::DeviceClasses => self.device_classes.len(),
             Kind::ResourceSlices => self.resource_slices.len(),
             Kind::ResourceClaims => self.resource_claims.len(),
+            Kind::DeviceTaintRules => self.device_taint_rules.len(),
         }
     }
 }

@@ -20,10 +20,13 @@ pub enum Kind {
     ResourceSlices,
     #[serde(rename = "resourceclaims")]
     ResourceClaims,
+    /// The extender's own DeviceTaintRules (and anyone's, ignored): which DRA pools it owns.
+    #[serde(rename = "devicetaintrules")]
+    DeviceTaintRules,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Nodes,
         Kind::Pods,
         Kind::Devices,
@@ -31,6 +34,7 @@ impl Kind {
         Kind::DeviceClasses,
         Kind::ResourceSlices,
         Kind::ResourceClaims,
+        Kind::DeviceTaintRules,
     ];
 
     /// Position in [`Kind::ALL`], for per-kind arrays.
@@ -47,6 +51,7 @@ impl Kind {
             Kind::DeviceClasses => "deviceclasses",
             Kind::ResourceSlices => "resourceslices",
             Kind::ResourceClaims => "resourceclaims",
+            Kind::DeviceTaintRules => "devicetaintrules",
         }
     }
 
@@ -59,7 +64,10 @@ impl Kind {
     pub fn is_dra(self) -> bool {
         matches!(
             self,
-            Kind::DeviceClasses | Kind::ResourceSlices | Kind::ResourceClaims
+            Kind::DeviceClasses
+                | Kind::ResourceSlices
+                | Kind::ResourceClaims
+                | Kind::DeviceTaintRules
         )
     }
 
@@ -70,6 +78,9 @@ impl Kind {
             Kind::NodeResourceTopologies => "NUMA-aware CPU placement",
             Kind::DeviceClasses | Kind::ResourceSlices | Kind::ResourceClaims => {
                 "counting what Kubernetes' own device allocator (DRA) holds (no DRA in this cluster)"
+            }
+            Kind::DeviceTaintRules => {
+                "keeping DRA off the devices the extender hands out (DRA holders are still counted)"
             }
             Kind::Nodes | Kind::Pods => "everything",
         }
@@ -86,6 +97,7 @@ impl Kind {
             "deviceclasses" | "deviceclass" => Some(Kind::DeviceClasses),
             "resourceslices" | "resourceslice" => Some(Kind::ResourceSlices),
             "resourceclaims" | "resourceclaim" => Some(Kind::ResourceClaims),
+            "devicetaintrules" | "devicetaintrule" => Some(Kind::DeviceTaintRules),
             _ => None,
         }
     }

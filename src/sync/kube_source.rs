@@ -120,6 +120,7 @@ pub async fn try_discover(
         (Kind::DeviceClasses, "deviceclasses"),
         (Kind::ResourceSlices, "resourceslices"),
         (Kind::ResourceClaims, "resourceclaims"),
+        (Kind::DeviceTaintRules, "devicetaintrules"),
     ] {
         let served = served(client, dra_version, plural).await?;
         requirements.insert(

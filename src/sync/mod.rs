@@ -25,7 +25,7 @@ pub use readiness::{Readiness, Requirement};
 
 use crate::cluster::ClusterState;
 use crate::metrics::Metrics;
-use dra::{DeviceClassHandler, ResourceClaimHandler, ResourceSliceHandler};
+use dra::{DeviceClassHandler, DeviceTaintRuleHandler, ResourceClaimHandler, ResourceSliceHandler};
 use file_source::{ClusterFile, fill_identity};
 use handlers::{DeviceHandler, NodeHandler, PodHandler, TopologyHandler};
 use kube_source::WatchMode;
@@ -54,6 +54,9 @@ pub struct SyncContext {
     pub metrics: Metrics,
     /// `--allow-dra-extended-resources` (see `sync::dra`).
     pub allow_dra_extended: bool,
+    /// `--dra-ownership` on: its hand-over grace (`--dra-handover-grace`); enforced once
+    /// DeviceTaintRules are served (see `scheduler::dra_owner`).
+    pub dra_ownership: Option<Duration>,
 }
 
 impl SyncContext {
@@ -235,6 +238,21 @@ fn spawn_watcher(
             mode,
             shutdown.clone(),
         )),
+        Kind::DeviceTaintRules => {
+            // Enforced from the first list on: until it is applied the node's pools are not
+            // owned, and readiness waits for that list anyway.
+            ctx.cluster.set_dra_ownership(ctx.dra_ownership);
+            tasks.spawn(kube_source::run_watcher(
+                ctx.sync(DeviceTaintRuleHandler::new(
+                    ctx.cluster.clone(),
+                    ctx.metrics.clone(),
+                )),
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                mode,
+                shutdown.clone(),
+            ))
+        }
         Kind::DeviceClasses => tasks.spawn(kube_source::run_watcher(
             ctx.sync(ctx.device_class_handler()),
             Api::all(client.clone()),
@@ -286,6 +304,7 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
         mut device_classes,
         mut resource_slices,
         mut resource_claims,
+        mut device_taint_rules,
         ignored,
     } = file;
     if ignored > 0 {
@@ -312,6 +331,9 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
     for c in &mut resource_claims {
         fill_identity(&mut c.metadata, Kind::ResourceClaims);
     }
+    for r in &mut device_taint_rules {
+        fill_identity(&mut r.metadata, Kind::DeviceTaintRules);
+    }
     // Only assigned, non-terminal pods go through the pod sync, as with the live selector.
     let assigned: Vec<_> = pods
         .into_iter()
@@ -330,6 +352,14 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
     );
     // DRA before pods, as devices are: the ledgers know what claims hold when pods arrive.
     replay(ctx.sync(ctx.device_class_handler()), device_classes);
+    // Offline nothing writes rules: ownership is not enforced, the file's rules are recorded.
+    replay(
+        ctx.sync(DeviceTaintRuleHandler::new(
+            ctx.cluster.clone(),
+            ctx.metrics.clone(),
+        )),
+        device_taint_rules,
+    );
     replay(
         ctx.sync(ResourceSliceHandler::new(
             ctx.cluster.clone(),

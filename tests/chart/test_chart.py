@@ -97,7 +97,8 @@ def parse_api_calls() -> dict[str, set[tuple[str, str, str]]]:
             for verb in re.findall(r'"([^"]+)"', verbs):
                 rows.add((group, resource, verb))
         tables[name] = rows
-    assert {"API_CALLS", "LEADER_ELECTION_API_CALLS", "REQUEUE_API_CALLS"} <= tables.keys(), tables.keys()
+    assert {"API_CALLS", "LEADER_ELECTION_API_CALLS", "REQUEUE_API_CALLS",
+            "DRA_OWNERSHIP_API_CALLS"} <= tables.keys(), tables.keys()
     assert tables["API_CALLS"] and tables["LEADER_ELECTION_API_CALLS"]
     return tables
 
@@ -217,6 +218,9 @@ CASES = {
     "standalone-prefix": {"mode": "standalone", "extender": {"pathPrefix": "/gpu/v1"}},
     "no-pdb": {"podDisruptionBudget": {"enabled": False}},
     "no-requeue": {"extender": {"requeue": {"enabled": False}}},
+    "no-dra-ownership": {"extender": {"dra": {"ownership": False, "handoverGrace": "30s",
+                                              "allowExtendedResources": True,
+                                              "cpuDrivers": ["dra.cpu", "cpu.example.com"]}}},
     "scheduler-tls-secrets": {"tls": {"secretName": "dne-serving", "clientSecretName": "dne-client"},
                               "extender": {"port": 9443, "probePort": 9090, "pathPrefix": "/dne"}},
     "scheduler-tls-cert-manager": {"tls": {"certManager": {"enabled": True, "issuerRef": {
@@ -340,7 +344,9 @@ def test_extender_rbac_is_exactly_api_calls(chart, case):
     sa = one(objects, "ServiceAccount")["metadata"]["name"]
     cr = one(objects, "ClusterRole", f"{R.RELEASE}-extender")
     requeue = ((values or {}).get("extender") or {}).get("requeue", {}).get("enabled", True)
-    expected = tables["API_CALLS"] | (tables["REQUEUE_API_CALLS"] if requeue else set())
+    ownership = ((values or {}).get("extender") or {}).get("dra", {}).get("ownership", True)
+    expected = (tables["API_CALLS"] | (tables["REQUEUE_API_CALLS"] if requeue else set())
+                | (tables["DRA_OWNERSHIP_API_CALLS"] if ownership else set()))
     assert rbac_rows(cr["rules"]) == expected
     cluster, ns = bound_rules(objects, sa)
     assert cluster == expected

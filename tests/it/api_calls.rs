@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use device_numa_extender::api_calls::{API_CALLS, REQUEUE_API_CALLS};
+use device_numa_extender::api_calls::{API_CALLS, DRA_OWNERSHIP_API_CALLS, REQUEUE_API_CALLS};
 use serde_json::json;
 
 use crate::support::service::{self, Http, wait_for_all_watches};
@@ -81,9 +81,13 @@ async fn every_request_of_a_bootstrap_and_bind_is_granted_by_api_calls() {
 
     // The service runs with --requeue (the default): its calls are granted too.
     let granted = |r: &RbacRequest| {
-        API_CALLS.iter().chain(REQUEUE_API_CALLS).any(|c| {
-            c.group == r.group && c.resource == r.resource && c.verbs.contains(&r.verb.as_str())
-        })
+        API_CALLS
+            .iter()
+            .chain(REQUEUE_API_CALLS)
+            .chain(DRA_OWNERSHIP_API_CALLS)
+            .any(|c| {
+                c.group == r.group && c.resource == r.resource && c.verbs.contains(&r.verb.as_str())
+            })
     };
     let seen = fake.rbac_requests();
     let missing: Vec<&RbacRequest> = seen.iter().filter(|r| !granted(r)).collect();

@@ -88,6 +88,7 @@ async fn a_gpu_a_claim_holds_is_never_handed_out_by_filter_bind_or_preempt() {
     assert!(env.bind(&one, "n1").await.is_err());
     assert_eq!(annotation_of(&fake, &one), None);
 
+    ownership::wait_owned(&env, "n1", true).await;
     // Preempt: evicting the annotated holder frees one GPU, never the claim's: a pod asking
     // two has no candidate here, one asking one keeps its victim.
     let meta = json!({"Pods": [{"UID": "uid-low"}], "NumPDBViolations": 0});
@@ -124,6 +125,7 @@ async fn a_gpu_a_claim_holds_is_never_handed_out_by_filter_bind_or_preempt() {
             .is_some_and(|n| n["devices"]["types"]["gpu"]["0"]["dra_claims"].is_null())
     })
     .await;
+    ownership::wait_owned(&env, "n1", true).await;
     env.bind(&one, "n1").await.expect("GPU 0 is free now");
     let shares = gpu_shares(&annotation_of(&fake, &one).unwrap());
     assert_eq!(shares.iter().map(|s| s.0).collect::<Vec<_>>(), vec![0]);
@@ -307,4 +309,219 @@ async fn a_node_whose_cpus_a_dra_driver_publishes_gets_no_cpuset() {
         "{f}"
     );
     env.svc.shutdown().await.unwrap();
+}
+
+/// The hand-over (`scheduler::dra_owner`): a device a DRA slice also publishes is the
+/// extender's only once its pool's rule exists; a rule deleted by someone else is written
+/// again; a node handed to DRA keeps its rule until no pod of the extender's holds a device of
+/// the pool, then loses it.
+mod ownership {
+    use super::*;
+
+    fn rules(fake: &FakeApiServer) -> Vec<Value> {
+        fake.list(Kind::DeviceTaintRule)
+    }
+
+    pub(super) async fn wait_owned(env: &Env, node: &str, owned: bool) {
+        let cluster = env.svc.state.scheduler.cluster.clone();
+        service::eventually(
+            crate::gpu::WAIT,
+            &format!("{node}'s pool owned: {owned}"),
+            || {
+                cluster.debug_dump().get(node).is_some_and(|n| {
+                    n["devices"]["types"]["gpu"].as_object().is_some_and(|m| {
+                        m.values()
+                            .all(|g| g["dra_pool_not_owned"].is_null() == owned)
+                    })
+                })
+            },
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_pool_is_the_extenders_only_once_its_rule_is_in_effect() {
+        let fake = FakeApiServer::new();
+        add_gpu_node(&fake, "n1", 1, &[]);
+        fake.create(Kind::ResourceSlice, slice("n1", &[0])).unwrap();
+        let one = pending("one", whole_gpus(1));
+        fake.create(Kind::Pod, one.clone()).unwrap();
+        // The rule cannot be written yet.
+        fake.fail_writes(Kind::DeviceTaintRule, 503, 1_000_000);
+        let env = Env::start(&fake, &[]).await;
+        let f = env.filter(&one, &["n1"]).await;
+        assert!(names(&f).is_empty(), "no rule, not the extender's: {f}");
+        assert!(env.bind(&one, "n1").await.is_err());
+        service::eventually(crate::gpu::WAIT, "a failed rule write is counted", || {
+            let text = env.svc.state.scheduler.metrics.encode();
+            crate::gpu::metric_value(&text, "dne_dra_taint_rule_writes_total", "result=\"error\"")
+                > 0.0
+        })
+        .await;
+        let ledger = env.ledger("n1").await;
+        assert_eq!(
+            ledger["types"]["gpu"]["0"]["dra_pool_not_owned"],
+            json!(format!("{DRIVER}/n1")),
+            "{ledger}"
+        );
+
+        // Writes work again: the rule lands, and once it is seen the GPU is the extender's.
+        fake.fail_writes(Kind::DeviceTaintRule, 503, 0);
+        wait_owned(&env, "n1", true).await;
+        let written = rules(&fake);
+        assert_eq!(written.len(), 1, "{written:?}");
+        let rule = &written[0];
+        assert_eq!(
+            rule["spec"]["deviceSelector"],
+            json!({"driver": DRIVER, "pool": "n1"})
+        );
+        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        env.bind(&one, "n1").await.expect("the extender's GPU now");
+        env.svc.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_deleted_rule_is_recreated_and_waits_out_the_grace_again() {
+        let fake = FakeApiServer::new();
+        add_gpu_node(&fake, "n1", 1, &[]);
+        fake.create(Kind::ResourceSlice, slice("n1", &[0])).unwrap();
+        let one = pending("one", whole_gpus(1));
+        fake.create(Kind::Pod, one.clone()).unwrap();
+        let env = Env::start(&fake, &[]).await;
+        wait_owned(&env, "n1", true).await;
+        let first = rules(&fake)[0]["metadata"]["uid"].clone();
+
+        // Someone deletes it while its creation is held back: not the extender's meanwhile.
+        fake.fail_writes(Kind::DeviceTaintRule, 503, 1_000_000);
+        let name = rules(&fake)[0]["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        fake.delete(Kind::DeviceTaintRule, "", &name).unwrap();
+        wait_owned(&env, "n1", false).await;
+        let f = env.filter(&one, &["n1"]).await;
+        assert!(names(&f).is_empty(), "{f}");
+        fake.fail_writes(Kind::DeviceTaintRule, 503, 0);
+        wait_owned(&env, "n1", true).await;
+        let again = rules(&fake);
+        assert_eq!(again.len(), 1);
+        assert_ne!(again[0]["metadata"]["uid"], first, "written anew");
+        env.bind(&one, "n1").await.expect("owned again");
+        env.svc.shutdown().await.unwrap();
+    }
+
+    /// Restart and failover: the rule is an API object with its creation time, so a new
+    /// process owns what its predecessor owned as soon as it has listed it, and writes nothing.
+    #[tokio::test]
+    async fn a_restart_owns_at_once_what_its_predecessor_owned() {
+        let fake = FakeApiServer::new();
+        add_gpu_node(&fake, "n1", 1, &[]);
+        fake.create(Kind::ResourceSlice, slice("n1", &[0])).unwrap();
+        let pool = device_numa_extender::cluster::dra::DevicePool {
+            driver: DRIVER.into(),
+            pool: "n1".into(),
+        };
+        let mut rule =
+            serde_json::to_value(device_numa_extender::scheduler::dra_owner::rule_for(&pool))
+                .unwrap();
+        rule["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        fake.create(Kind::DeviceTaintRule, rule).unwrap();
+        let env = Env::start(&fake, &["--dra-handover-grace", "1h"]).await;
+        let ledger = env.ledger("n1").await;
+        assert!(
+            ledger["types"]["gpu"]["0"]["dra_pool_not_owned"].is_null(),
+            "a rule older than the grace is in effect at once: {ledger}"
+        );
+        let one = pending("one", whole_gpus(1));
+        fake.create(Kind::Pod, one.clone()).unwrap();
+        env.bind(&one, "n1").await.expect("owned");
+        assert_eq!(
+            env.metric("dne_dra_taint_rule_writes_total", "op=\"create\"")
+                .await,
+            0.0
+        );
+        env.svc.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_young_rule_waits_out_the_grace() {
+        let fake = FakeApiServer::new();
+        add_gpu_node(&fake, "n1", 1, &[]);
+        fake.create(Kind::ResourceSlice, slice("n1", &[0])).unwrap();
+        let env = Env::start(&fake, &["--dra-handover-grace", "1h"]).await;
+        service::eventually(crate::gpu::WAIT, "the rule is written", || {
+            rules(&fake).len() == 1
+        })
+        .await;
+        // Written and seen, but an hour is not over: DRA may still have it in memory.
+        service::eventually(crate::gpu::WAIT, "the rule is seen", || {
+            env.svc
+                .state
+                .scheduler
+                .metrics
+                .encode()
+                .contains("dne_dra_taint_rules 1")
+        })
+        .await;
+        let ledger = env.ledger("n1").await;
+        assert_eq!(
+            ledger["types"]["gpu"]["0"]["dra_pool_not_owned"],
+            json!(format!("{DRIVER}/n1")),
+            "{ledger}"
+        );
+        env.svc.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_node_handed_to_dra_keeps_its_rule_until_no_pod_of_ours_holds_its_devices() {
+        let fake = FakeApiServer::new();
+        add_gpu_node(&fake, "n1", 2, &[]);
+        fake.create(Kind::ResourceSlice, slice("n1", &[0, 1]))
+            .unwrap();
+        fake.create(Kind::Pod, annotated_holder("ours", "n1", 0))
+            .unwrap();
+        let one = pending("one", whole_gpus(1));
+        fake.create(Kind::Pod, one.clone()).unwrap();
+        let env = Env::start(&fake, &[]).await;
+        env.wait_committed("n1", "uid-ours").await;
+        wait_owned(&env, "n1", true).await;
+
+        fake.patch_merge(
+            Kind::Node,
+            "",
+            "n1",
+            json!({"metadata": {"labels": {"device-numa-extender.io/device-owner": "dra"}}}),
+        )
+        .unwrap();
+        wait_owned(&env, "n1", false).await;
+        let f = env.filter(&one, &["n1"]).await;
+        assert!(names(&f).is_empty(), "handed to DRA: {f}");
+        // Our pod still holds GPU 0: the rule stays (ticks pass; it is never deleted).
+        let before = env
+            .metric("dne_dra_taint_rule_writes_total", "op=\"delete\"")
+            .await;
+        service::eventually(crate::gpu::WAIT, "a few reconcile ticks", || {
+            env.svc
+                .state
+                .scheduler
+                .metrics
+                .encode()
+                .contains("dne_dra_taint_rules 1")
+        })
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        assert_eq!(rules(&fake).len(), 1, "kept while our pod holds a device");
+        assert_eq!(
+            env.metric("dne_dra_taint_rule_writes_total", "op=\"delete\"")
+                .await,
+            before
+        );
+        // It goes: the rule goes.
+        fake.delete(Kind::Pod, "ml", "ours").unwrap();
+        service::eventually(crate::gpu::WAIT, "the rule is deleted", || {
+            rules(&fake).is_empty()
+        })
+        .await;
+        env.svc.shutdown().await.unwrap();
+    }
 }

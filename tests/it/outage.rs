@@ -167,6 +167,11 @@ async fn outage_keeps_filter_answering_fails_bind_cleanly_and_recovers_without_r
         json!({"metadata": {"name": "after-outage", "namespace": "ml"}, "spec": {}}),
     )
     .unwrap();
+    fake.create(
+        Kind::DeviceTaintRule,
+        json!({"metadata": {"name": "after-outage"}, "spec": {"taint": {"key": "k", "effect": "None"}}}),
+    )
+    .unwrap();
     wait_for("the strict replica to be ready again", async || {
         b.get("/readyz").await.0 == 200
     })

@@ -74,10 +74,11 @@ pub enum Kind {
     DeviceClass,
     ResourceSlice,
     ResourceClaim,
+    DeviceTaintRule,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Node,
         Kind::Pod,
         Kind::Device,
@@ -86,6 +87,7 @@ impl Kind {
         Kind::DeviceClass,
         Kind::ResourceSlice,
         Kind::ResourceClaim,
+        Kind::DeviceTaintRule,
     ];
 
     fn idx(self) -> usize {
@@ -99,14 +101,20 @@ impl Kind {
             Kind::Device => "scheduling.koordinator.sh",
             Kind::NodeResourceTopology => "topology.node.k8s.io",
             Kind::Lease => "coordination.k8s.io",
-            Kind::DeviceClass | Kind::ResourceSlice | Kind::ResourceClaim => "resource.k8s.io",
+            Kind::DeviceClass
+            | Kind::ResourceSlice
+            | Kind::ResourceClaim
+            | Kind::DeviceTaintRule => "resource.k8s.io",
         }
     }
 
     pub fn versions(self) -> &'static [&'static str] {
         match self {
             Kind::Node | Kind::Pod | Kind::Lease => &["v1"],
-            Kind::DeviceClass | Kind::ResourceSlice | Kind::ResourceClaim => &["v1"],
+            Kind::DeviceClass
+            | Kind::ResourceSlice
+            | Kind::ResourceClaim
+            | Kind::DeviceTaintRule => &["v1"],
             Kind::Device => &["v1alpha1"],
             Kind::NodeResourceTopology => &["v1alpha2", "v1alpha1"],
         }
@@ -122,6 +130,7 @@ impl Kind {
             Kind::DeviceClass => "deviceclasses",
             Kind::ResourceSlice => "resourceslices",
             Kind::ResourceClaim => "resourceclaims",
+            Kind::DeviceTaintRule => "devicetaintrules",
         }
     }
 
@@ -135,6 +144,7 @@ impl Kind {
             Kind::DeviceClass => "DeviceClass",
             Kind::ResourceSlice => "ResourceSlice",
             Kind::ResourceClaim => "ResourceClaim",
+            Kind::DeviceTaintRule => "DeviceTaintRule",
         }
     }
 

@@ -44,6 +44,9 @@ pub fn serve_args(extra: &[&str]) -> ServeArgs {
     if !elects {
         argv.extend_from_slice(&["--takeover-window", "0s"]);
     }
+    // Nothing allocates in a fake API server's scheduler memory: a DRA pool is the extender's
+    // as soon as its rule is seen. Tests of the hand-over set their own (the last flag wins).
+    argv.extend_from_slice(&["--dra-handover-grace", "0s"]);
     argv.extend_from_slice(extra);
     match Cli::try_parse_from(argv).expect("valid test flags").command {
         Command::Serve(args) => *args,

@@ -202,6 +202,10 @@ extenders:
 {{- $args = append $args (printf "--assume-ttl=%s" $e.assumeTtl) }}
 {{- $args = append $args (printf "--requeue=%t" $e.requeue.enabled) }}
 {{- if $e.requeue.enabled }}{{ $args = append $args (printf "--requeue-interval=%s" $e.requeue.interval) }}{{ end }}
+{{- $args = append $args (printf "--dra-ownership=%t" $e.dra.ownership) }}
+{{- if $e.dra.ownership }}{{ $args = append $args (printf "--dra-handover-grace=%s" $e.dra.handoverGrace) }}{{ end }}
+{{- if $e.dra.allowExtendedResources }}{{ $args = append $args "--allow-dra-extended-resources" }}{{ end }}
+{{- $args = append $args (printf "--dra-cpu-drivers=%s" (join "," $e.dra.cpuDrivers)) }}
 {{- with $e.scoreStrategy }}{{ $args = append $args (printf "--score-strategy=%s" .) }}{{ end }}
 {{- with $e.scoreWeights }}
 {{- $pairs := list }}

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use serde_json::json;
 
+use std::time::SystemTime;
+
 use super::*;
 
 fn slice(node: &str, driver: &str, pool: &str, devices: &[(&str, &str)]) -> ResourceSlice {
@@ -52,14 +54,16 @@ fn a_claim_holds_the_physical_device_its_slice_names_until_it_lets_go() {
         index.set_slice("s1", Some(s)),
         BTreeSet::from([Arc::from("n1")])
     );
-    assert!(index.holdings("n1").is_empty());
+    let published = index.holdings("n1", SystemTime::now());
+    assert!(published.held.is_empty());
+    assert_eq!(published.published.len(), 2);
 
     let (c, _) = ClaimRecord::from_claim(&claim(&[("gpu.nvidia.com", "n1", "gpu-1")]));
     assert_eq!(
         index.set_claim("ns/c", Some(c)),
         BTreeSet::from([Arc::from("n1")])
     );
-    let held = index.holdings("n1");
+    let held = index.holdings("n1", SystemTime::now());
     assert_eq!(held.held.keys().collect::<Vec<_>>(), vec![&uuid("GPU-B")]);
     assert_eq!(
         held.held[&uuid("GPU-B")],
@@ -70,7 +74,7 @@ fn a_claim_holds_the_physical_device_its_slice_names_until_it_lets_go() {
     // The driver restarts: its slice goes and comes back; the claim's device stays held.
     index.set_slice("s1", None);
     assert_eq!(
-        index.holdings("n1").held.len(),
+        index.holdings("n1", SystemTime::now()).held.len(),
         1,
         "held while its slice is gone"
     );
@@ -81,7 +85,7 @@ fn a_claim_holds_the_physical_device_its_slice_names_until_it_lets_go() {
         index.set_claim("ns/c", None),
         BTreeSet::from([Arc::from("n1")])
     );
-    assert!(index.holdings("n1").is_empty());
+    assert!(index.holdings("n1", SystemTime::now()).is_empty());
     assert_eq!(index.claim_counts(), (0, 0));
 }
 
@@ -96,7 +100,7 @@ fn a_claim_on_a_device_no_slice_names_is_held_once_its_slice_arrives() {
         index.set_slice("s", Some(s)),
         BTreeSet::from([Arc::from("n2")])
     );
-    assert_eq!(index.holdings("n2").held.len(), 1);
+    assert_eq!(index.holdings("n2", SystemTime::now()).held.len(), 1);
     assert_eq!(index.claim_counts(), (1, 0));
 }
 
@@ -141,11 +145,16 @@ fn the_cpu_driver_marks_the_nodes_it_publishes() {
     let (s, _) = SliceRecord::from_slice(&slice("n1", "dra.cpu", "n1", &[("cpudevnuma0", "")]));
     index.set_slice("c1", Some(s));
     assert_eq!(
-        index.holdings("n1").cpu_drivers,
+        index.holdings("n1", SystemTime::now()).cpu_drivers,
         BTreeSet::from([Arc::from("dra.cpu")])
     );
     index.set_slice("c1", None);
-    assert!(index.holdings("n1").is_empty());
+    assert!(
+        index
+            .holdings("n1", SystemTime::now())
+            .cpu_drivers
+            .is_empty()
+    );
 }
 
 #[test]
@@ -313,7 +322,7 @@ proptest! {
             let want = oracle(&world);
             for node in NODES {
                 let got: BTreeSet<String> = index
-                    .holdings(node)
+                    .holdings(node, SystemTime::now())
                     .held
                     .keys()
                     .map(|id| match id {

@@ -1,0 +1,230 @@
+//! Device ownership beside DRA: the leader keeps one `NoSchedule` DeviceTaintRule on every
+//! DRA driver pool that publishes devices of a node's `Device` object (so kube-scheduler's DRA
+//! allocator never picks them), and takes it away only when no pod's annotation holds one of
+//! the pool's devices and the node is handed to DRA (or no `Device` entry joins the pool any
+//! more).
+//!
+//! The rule it protects (README "Beside DRA"; enforced in `cluster::devices` by the join):
+//! a device both allocators can see is the extender's only while its pool's rule has existed
+//! for `--dra-handover-grace` (kube-scheduler has seen the rule, and whatever it allocated in
+//! memory before has reached its claim's status and this cache) and no claim holds it. Until
+//! then, and when the rule is deleted by someone else (until it is back and in effect again),
+//! the device is not free for the extender. The reverse hand-over: the rule is deleted only
+//! once no annotation holds a device of the pool, so DRA never picks a device a pod of ours
+//! holds.
+//!
+//! What can interleave, and the test that covers it (`tests/it/dra.rs`):
+//! - DRA allocates a device in memory (Reserve) before the rule exists: its claim's status
+//!   arrives within the grace, and the device is counted as the claim's from then on
+//!   (`a_pool_is_the_extenders_only_once_its_rule_is_in_effect`);
+//! - a claim tolerating the taint (or allocated before the rule) holds a device of an owned
+//!   pool: counted as held, never handed out (`a_gpu_a_claim_holds_is_never_handed_out…`);
+//! - the rule is deleted by someone else: not owned at once, recreated on the next tick, in
+//!   effect after the grace (`a_deleted_rule_is_recreated_and_waits_out_the_grace_again`);
+//! - restart or failover: rules are API objects with their creation time; a new leader owns
+//!   what its predecessor owned as soon as it has listed them (same test, restart);
+//! - a write fails or its answer is lost: counted (`dne_dra_taint_rule_writes_total`) and
+//!   retried on the next tick; a create that landed answers 409 then, which is success (the
+//!   name is a function of the pool);
+//! - a standby or a replica still syncing writes nothing.
+//!
+//! This module decides only which rules should exist; it never decides placement.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::ClusterState;
+use crate::cluster::dra::DevicePool;
+use crate::metrics::Metrics;
+use crate::model::dra::{
+    DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector, MANAGED_BY,
+    MANAGED_BY_LABEL, OWNED_TAINT_KEY,
+};
+use crate::sync::{Kind, Readiness};
+
+/// The writes behind [`run`] (the Kubernetes client in `serve`; tests record the calls).
+pub trait TaintRuleApi: Send + Sync {
+    fn create<'a>(&'a self, rule: &'a DeviceTaintRule) -> BoxFuture<'a, Result<(), String>>;
+    fn delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>>;
+}
+
+pub struct KubeTaintRuleApi {
+    client: kube::Client,
+    timeout: Duration,
+}
+
+impl KubeTaintRuleApi {
+    pub fn new(client: kube::Client, timeout: Duration) -> Self {
+        KubeTaintRuleApi { client, timeout }
+    }
+}
+
+impl TaintRuleApi for KubeTaintRuleApi {
+    fn create<'a>(&'a self, rule: &'a DeviceTaintRule) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let api: kube::Api<DeviceTaintRule> = kube::Api::all(self.client.clone());
+            let params = kube::api::PostParams::default();
+            let call = api.create(&params, rule);
+            match tokio::time::timeout(self.timeout, call).await {
+                Ok(Ok(_)) => Ok(()),
+                // The name is a function of the pool: it is ours, written by an earlier try.
+                Ok(Err(kube::Error::Api(s))) if s.code == 409 => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+            }
+        })
+    }
+    fn delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let api: kube::Api<DeviceTaintRule> = kube::Api::all(self.client.clone());
+            let params = kube::api::DeleteParams::default();
+            let call = api.delete(name, &params);
+            match tokio::time::timeout(self.timeout, call).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(kube::Error::Api(s))) if s.code == 404 => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+            }
+        })
+    }
+}
+
+/// The extender's rule for `pool`, named after it: `dne-owned-` and a stable 64-bit FNV-1a
+/// hash of `driver/pool` (a pool name may be longer than a name allows, and any replica must
+/// arrive at the same name).
+pub fn rule_for(pool: &DevicePool) -> DeviceTaintRule {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in format!("{}/{}", pool.driver, pool.pool).bytes() {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut rule = DeviceTaintRule::default();
+    rule.metadata.name = Some(format!("dne-owned-{hash:016x}"));
+    rule.metadata.labels = Some([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())].into());
+    rule.spec = DeviceTaintRuleSpec {
+        device_selector: Some(DeviceTaintSelector {
+            driver: Some(pool.driver.to_string()),
+            pool: Some(pool.pool.to_string()),
+            device: None,
+        }),
+        taint: DeviceTaint {
+            key: OWNED_TAINT_KEY.to_string(),
+            value: "extender".to_string(),
+            effect: "NoSchedule".to_string(),
+        },
+    };
+    rule
+}
+
+/// One reconciliation: the writes that make the extender's rules what the caches want.
+/// Returns `(created, deleted)` pools.
+pub async fn reconcile(
+    cluster: &ClusterState,
+    api: &dyn TaintRuleApi,
+    metrics: &Metrics,
+) -> (Vec<DevicePool>, Vec<DevicePool>) {
+    let plan = cluster.dra_ownership_plan();
+    let mut created = Vec::new();
+    let mut deleted = Vec::new();
+    let have: BTreeSet<&DevicePool> = plan.rules.keys().collect();
+    for pool in plan.wanted.iter().filter(|p| !have.contains(p)) {
+        let rule = rule_for(pool);
+        let result = api.create(&rule).await;
+        count(metrics, "create", &result);
+        match result {
+            Ok(()) => {
+                tracing::info!(%pool, rule = ?rule.metadata.name, "DRA pool taken by the extender: DeviceTaintRule written; its devices are the extender's once the hand-over grace has passed");
+                created.push(pool.clone());
+            }
+            Err(error) => {
+                tracing::warn!(%pool, %error, "writing the extender's DeviceTaintRule failed; retried on the next tick")
+            }
+        }
+    }
+    for (pool, name) in &plan.rules {
+        if plan.wanted.contains(pool) || plan.in_use.contains(pool) {
+            continue;
+        }
+        let result = api.delete(name).await;
+        count(metrics, "delete", &result);
+        match result {
+            Ok(()) => {
+                tracing::info!(%pool, rule = %name, "DRA pool handed to DRA: no pod of the extender's holds its devices; DeviceTaintRule deleted");
+                deleted.push(pool.clone());
+            }
+            Err(error) => {
+                tracing::warn!(%pool, %error, "deleting the extender's DeviceTaintRule failed; retried on the next tick")
+            }
+        }
+    }
+    metrics.dra_taint_rules.set(plan.rules.len() as i64);
+    (created, deleted)
+}
+
+fn count(metrics: &Metrics, op: &str, result: &Result<(), String>) {
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    metrics
+        .dra_taint_rule_writes
+        .with_label_values(&[op, outcome])
+        .inc();
+}
+
+/// Reconciles every `interval` while this replica is the synced leader and DeviceTaintRules
+/// are served, and recomputes the nodes whose pools came into the extender's hands on time.
+pub async fn run(
+    cluster: Arc<ClusterState>,
+    readiness: Arc<Readiness>,
+    api: Arc<dyn TaintRuleApi>,
+    interval: Duration,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    let mut next_effective: Option<SystemTime> = None;
+    loop {
+        let wait = next_effective
+            .and_then(|at| at.duration_since(SystemTime::now()).ok())
+            .map_or(interval, |d| d.min(interval));
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        next_effective = cluster.refresh_dra_ownership();
+        if !readiness.is_enabled(Kind::DeviceTaintRules)
+            || !readiness.is_leader()
+            || !readiness.all_synced()
+        {
+            continue;
+        }
+        reconcile(&cluster, api.as_ref(), &metrics).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pools_rule_has_one_name_whoever_writes_it() {
+        let pool = DevicePool {
+            driver: Arc::from("gpu.nvidia.com"),
+            pool: Arc::from("node-a"),
+        };
+        let a = rule_for(&pool);
+        let b = rule_for(&pool.clone());
+        assert_eq!(a.metadata.name, b.metadata.name);
+        let name = a.metadata.name.clone().unwrap();
+        assert!(name.starts_with("dne-owned-") && name.len() == "dne-owned-".len() + 16);
+        let other = rule_for(&DevicePool {
+            driver: Arc::from("gpu.nvidia.com"),
+            pool: Arc::from("node-b"),
+        });
+        assert_ne!(other.metadata.name, a.metadata.name);
+        // What the watch reads back is the extender's rule for that pool.
+        let back = crate::cluster::dra::RuleRecord::from_rule(&a).expect("ours");
+        assert_eq!(back.pool, pool);
+    }
+}
