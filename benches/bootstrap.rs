@@ -9,6 +9,8 @@
 //!   assigned-pod field selector);
 //! - `service`: `Service::start` to the first `/readyz` 200.
 //!
+//! `BOOTSTRAP_DRA=1` adds 5,000 ResourceSlices and 50,000 ResourceClaims (`common::dra_objects`);
+//! the `baseline` phase does not list them, so compare the service phase across the two runs.
 //! Phases alternate for `ROUNDS` rounds; the report takes the best time per phase and the largest
 //! peak RSS. Run: `cargo bench --bench bootstrap` (see BENCHMARKS.md).
 
@@ -101,6 +103,13 @@ fn parent() {
         fake.create_many(Kind::NodeResourceTopology, c.topologies)
             .expect("nrts");
         fake.create_many(Kind::Pod, c.pods).expect("pods");
+        // BOOTSTRAP_DRA=1: 5,000 ResourceSlices and 50,000 ResourceClaims beside the cluster.
+        if std::env::var("BOOTSTRAP_DRA").is_ok_and(|v| v == "1") {
+            let (slices, claims) = common::dra_objects(NODES, 10);
+            println!("DRA: {} ResourceSlices, {} ResourceClaims", slices.len(), claims.len());
+            fake.create_many(Kind::ResourceSlice, slices).expect("slices");
+            fake.create_many(Kind::ResourceClaim, claims).expect("claims");
+        }
         println!(
             "fake API server: {} nodes, {} pods ({} with device-allocated), {} Devices, {} NRTs; loaded in {:.1?}, parent RSS {} MiB",
             counts.0,

@@ -13,6 +13,8 @@
 //! summary build, and `fast_feasible` over 5,000 summaries. Run only it with
 //! `PLACEMENT_NUMA_ONLY=1 cargo bench --bench placement -- numa`.
 //!
+//! `PLACEMENT_DRA=1` adds DRA beside the cluster: a ResourceSlice per node and 10 claims per
+//! node, one holding a GPU (the read path with DRA objects present).
 //! `PLACEMENT_CLUSTER=distinct` runs everything on a cluster where no two nodes share a state
 //! (the per-request memo's worst case); `--bench none` skips criterion, leaving percentiles;
 //! `PLACEMENT_CASES` (comma-separated case labels) picks the percentile cases.
@@ -131,13 +133,20 @@ fn state(nodes: usize) -> Scheduler {
             .map(|o| serde_json::from_value(o).expect("fixture decodes"))
             .collect()
     }
-    let file = ClusterFile {
+    let mut file = ClusterFile {
         nodes: typed(c.nodes),
         pods: typed(c.pods),
         devices: c.devices,
         topologies: typed(c.topologies),
         ..Default::default()
     };
+    // PLACEMENT_DRA=1: a ResourceSlice per node (every GPU joined) and 10 claims per node, one
+    // of them holding a GPU (`common::dra_objects`).
+    if std::env::var("PLACEMENT_DRA").is_ok_and(|v| v == "1") {
+        let (slices, claims) = common::dra_objects(nodes, 10);
+        file.resource_slices = typed(slices);
+        file.resource_claims = typed(claims);
+    }
     let metrics = Metrics::new();
     let cluster = Arc::new(ClusterState::new());
     let readiness = Readiness::new(sync::declared_kinds(), None, metrics.clone());

@@ -477,10 +477,10 @@ fn parse_kind(s: &str) -> Result<Kind, String> {
     match Kind::parse(s) {
         Some(k) if k.is_optional() => Ok(k),
         Some(k) => Err(format!(
-            "{k} are always required; list only devices or noderesourcetopologies"
+            "{k} are always required; list only optional kinds (devices, noderesourcetopologies, deviceclasses, resourceslices, resourceclaims, devicetaintrules)"
         )),
         None => Err(format!(
-            "unknown kind {s:?}: expected devices or noderesourcetopologies"
+            "unknown kind {s:?}: expected devices, noderesourcetopologies, deviceclasses, resourceslices, resourceclaims or devicetaintrules"
         )),
     }
 }

@@ -439,3 +439,44 @@ pub fn machine() -> String {
         .unwrap_or_else(|| "unknown CPU".into());
     format!("{cpus} CPUs available, {model}")
 }
+
+/// DRA beside the synthetic cluster (`PLACEMENT_DRA=1`, `BOOTSTRAP_DRA=1`): one ResourceSlice per
+/// node publishing its 8 GPUs by the UUIDs its Device gives them (so every GPU joins), and
+/// `claims_per_node` claims per node: on a node that is not full the first holds GPU 7 (free in
+/// `occupancy`), the rest are pending (no allocation).
+pub fn dra_objects(nodes: usize, claims_per_node: usize) -> (Vec<Value>, Vec<Value>) {
+    let mut slices = Vec::with_capacity(nodes);
+    let mut claims = Vec::with_capacity(nodes * claims_per_node);
+    for i in 0..nodes {
+        let node = node_name(i);
+        let devices: Vec<Value> = (0..GPUS_PER_NODE)
+            .map(|m| {
+                json!({"name": format!("gpu-{m}"), "attributes": {
+                    "uuid": {"string": format!("GPU-{node}-{m}")},
+                    "resource.kubernetes.io/pciBusID": {"string": format!("0000:{:02x}:00.0", m)},
+                    "index": {"int": m}}})
+            })
+            .collect();
+        slices.push(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-gpu.nvidia.com"), "uid": format!("slice-{i:05}")},
+            "spec": {"driver": "gpu.nvidia.com", "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "nodeName": node, "devices": devices}
+        }));
+        for c in 0..claims_per_node {
+            let mut claim = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": format!("claim-{i:05}-{c:02}"), "namespace": "dra",
+                             "uid": format!("claim-{i:05}-{c:02}")},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
+            });
+            if c == 0 && i % 10 != 9 {
+                claim["status"] = json!({"allocation": {"devices": {"results": [
+                    {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": "gpu-7"}
+                ]}}});
+            }
+            claims.push(claim);
+        }
+    }
+    (slices, claims)
+}

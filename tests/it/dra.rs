@@ -260,6 +260,46 @@ async fn where_kube_scheduler_serves_a_request_through_dra_the_extender_allocate
         .await
         .expect("the extender's node");
     assert!(annotation_of(&fake, &unserved).is_some());
+    // A status left by an earlier attempt on `dra` (kube-scheduler leaves it when that bind
+    // failed) does not make `adv` DRA's: found on the real control plane, a pod bound to an
+    // advertising node with no device at all.
+    let stale = pending("stale", whole_gpus(1));
+    fake.create(Kind::Pod, stale.clone()).unwrap();
+    fake.patch_merge(
+        Kind::Pod,
+        "ml",
+        "stale",
+        json!({"status": {"extendedResourceClaimStatus": {
+            "resourceClaimName": "stale-extended-resources-abc",
+            "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]
+        }}}),
+    )
+    .unwrap();
+    let f = env.filter(&stale, &["adv"]).await;
+    assert!(
+        names(&f).is_empty(),
+        "adv's only GPU is unserved's now: {f}"
+    );
+    fake.delete(Kind::Pod, "ml", "unserved").unwrap();
+    service::eventually(crate::gpu::WAIT, "adv's GPU is free again", || {
+        env.svc
+            .state
+            .scheduler
+            .cluster
+            .debug_dump()
+            .get("adv")
+            .is_some_and(|n| {
+                n["devices"]["entries"]
+                    .as_object()
+                    .is_some_and(|e| e.is_empty())
+            })
+    })
+    .await;
+    env.bind(&stale, "adv").await.expect("allocated on adv");
+    assert!(
+        annotation_of(&fake, &stale).is_some(),
+        "the device is the extender's there"
+    );
     env.svc.shutdown().await.unwrap();
 }
 

@@ -204,12 +204,14 @@ impl Binder {
         Ok((pod, PodNeeds { devices, cpu }))
     }
 
-    /// The pod's device request less what kube-scheduler serves through DRA (KEP-5004). The
-    /// pod's status is kube-scheduler's own decision, written in PreBind before this bind:
-    /// requests it maps to its claim are DRA's, and the extender allocates no device for the
-    /// pod then. Where the cached DeviceClasses say DRA serves a request here and the pod's
-    /// status does not (a class kube-scheduler has not seen yet, or one this cache has not),
-    /// or either splits the pod's devices, nothing is decided: kube-scheduler retries.
+    /// The pod's device request less what kube-scheduler serves through DRA (KEP-5004), by
+    /// the one rule (`dra_serves`) on this node, checked against the pod's status: where DRA
+    /// serves all of it here, the pod's `extendedResourceClaimStatus` (written by
+    /// kube-scheduler's PreBind, before this bind) must say so, and the extender allocates no
+    /// device for it; where the status says so but the node advertises the names, the status
+    /// is an earlier attempt's on another node (kube-scheduler leaves it when a bind fails),
+    /// and the extender allocates as anywhere. Where DRA would serve part of the pod, or the
+    /// classes say DRA and the status does not, nothing is decided: kube-scheduler retries.
     fn without_dra_served(
         &self,
         target: &Target<'_>,
@@ -233,20 +235,14 @@ impl Binder {
             .node(&target.args.node)
             .map(|n| n.read().dra_served())
             .unwrap_or_default();
-        match dra_serves(req.asked, by_status) {
-            DraServes::Everything => Ok(None),
+        match dra_serves(req.asked, by_cache) {
+            DraServes::Nothing => Ok(Some(req)),
             DraServes::Part(dra) => Err(refuse(split_error(dra).reason.to_string())),
-            DraServes::Nothing => match dra_serves(req.asked, by_cache) {
-                DraServes::Nothing => Ok(Some(req)),
-                DraServes::Everything | DraServes::Part(_) => Err(refuse(format!(
-                    "a DeviceClass maps {} to DRA and the node does not advertise it, but kube-scheduler did not serve it through DRA (no extendedResourceClaimStatus)",
-                    req.asked
-                        .and(by_cache)
-                        .names()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))),
-            },
+            DraServes::Everything if by_status.covers(req.asked) => Ok(None),
+            DraServes::Everything => Err(refuse(format!(
+                "a DeviceClass maps {} to DRA and the node does not advertise it, but kube-scheduler did not serve it through DRA (no extendedResourceClaimStatus)",
+                req.asked.names().collect::<Vec<_>>().join(", ")
+            ))),
         }
     }
 
