@@ -114,6 +114,11 @@ impl DeviceLedger {
         &self.dra
     }
 
+    /// The slots a DRA pool publishes that the extender does not own now, with the pool.
+    pub fn dra_unowned(&self) -> &BTreeMap<(DeviceType, i32), DevicePool> {
+        &self.dra_unowned
+    }
+
     /// The slots DRA claims hold, with the claims.
     pub fn dra_blocked(&self) -> &BTreeMap<(DeviceType, i32), BTreeSet<Arc<str>>> {
         &self.dra_blocked

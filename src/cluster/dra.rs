@@ -306,6 +306,8 @@ pub struct DraIndex {
     pool_nodes: HashMap<DevicePool, BTreeMap<Arc<str>, usize>>,
     /// The extender's DeviceTaintRules by name.
     rules: HashMap<Arc<str>, RuleRecord>,
+    /// The same by pool: when each of its rules was created (one, unless copied by hand).
+    rule_times: HashMap<DevicePool, BTreeMap<Arc<str>, SystemTime>>,
     /// Nodes handed to DRA (`DEVICE_OWNER_LABEL: dra`).
     dra_nodes: HashSet<Arc<str>>,
     /// `Some(grace)`: ownership enforced, a rule in effect `grace` after its creation.
@@ -313,6 +315,8 @@ pub struct DraIndex {
     /// Pools whose rule was recorded before it came into effect, by when it does: their
     /// nodes are recomputed then ([`Self::take_due`]).
     pending: BTreeMap<SystemTime, BTreeSet<DevicePool>>,
+    /// Claim holdings of devices no slice lists (kept by [`Self::touch`]).
+    unresolved: usize,
 }
 
 impl DraIndex {
@@ -332,9 +336,18 @@ impl DraIndex {
         affected: &mut BTreeSet<Arc<str>>,
     ) {
         let entry = self.refs.entry(r.clone()).or_default();
+        let unresolved = |e: &RefEntry| {
+            if e.effective().is_empty() {
+                e.holders.len()
+            } else {
+                0
+            }
+        };
+        self.unresolved -= unresolved(entry);
         let before = entry.nodes();
         change(entry);
         let after = entry.nodes();
+        self.unresolved += unresolved(entry);
         let gone = entry.listings.is_empty() && entry.holders.is_empty();
         if gone {
             self.refs.remove(r);
@@ -524,6 +537,20 @@ impl DraIndex {
                 .collect::<Vec<_>>(),
             None => self.rules.remove(name).into_iter().collect(),
         };
+        for r in &old {
+            if let Some(times) = self.rule_times.get_mut(&r.pool) {
+                times.remove(name);
+                if times.is_empty() {
+                    self.rule_times.remove(&r.pool);
+                }
+            }
+        }
+        if let Some(r) = self.rules.get(name) {
+            self.rule_times
+                .entry(r.pool.clone())
+                .or_default()
+                .insert(Arc::from(name), r.created);
+        }
         old.iter().flat_map(|r| self.nodes_of(&r.pool)).collect()
     }
 
@@ -579,14 +606,14 @@ impl DraIndex {
             enforced: self.ownership.is_some(),
             ..Default::default()
         };
-        let in_effect: BTreeSet<&DevicePool> = match self.ownership {
-            Some(grace) if !self.dra_nodes.contains(node) => self
-                .rules
-                .values()
-                .filter(|r| r.created + grace <= now)
-                .map(|r| &r.pool)
-                .collect(),
-            _ => BTreeSet::new(),
+        let owner_grace = self.ownership.filter(|_| !self.dra_nodes.contains(node));
+        let in_effect = |pool: &DevicePool| {
+            owner_grace.is_some_and(|grace| {
+                self.rule_times
+                    .get(pool)
+                    .and_then(|t| t.values().min())
+                    .is_some_and(|created| *created + grace <= now)
+            })
         };
         for r in self.by_node.get(node).into_iter().flatten() {
             let Some(entry) = self.refs.get(r) else {
@@ -596,7 +623,7 @@ impl DraIndex {
                 driver: Arc::clone(&r.driver),
                 pool: Arc::clone(&r.pool),
             };
-            if in_effect.contains(&pool) {
+            if in_effect(&pool) {
                 out.owned.insert(pool.clone());
             }
             for (n, ids) in entry.effective() {
@@ -623,13 +650,7 @@ impl DraIndex {
     /// Claims with an allocation, and how many of their devices no slice names (held, but
     /// not known to be any node's device).
     pub fn claim_counts(&self) -> (usize, usize) {
-        let unresolved = self
-            .claims
-            .values()
-            .flat_map(|c| &c.devices)
-            .filter(|r| self.refs.get(*r).is_none_or(|e| e.effective().is_empty()))
-            .count();
-        (self.claims.len(), unresolved)
+        (self.claims.len(), self.unresolved)
     }
 }
 

@@ -69,9 +69,11 @@ pub struct Holder {
     /// watch has not shown yet).
     pub pod: String,
     pub uid: String,
-    /// `committed` (seen on the pod by the watch), `assumed` (recorded by a bind, unconfirmed)
-    /// or `unknown-identity` (a pod without an annotation, counted where the allocator would put
-    /// it: the card it really uses is not known).
+    /// `committed` (seen on the pod by the watch), `assumed` (recorded by a bind, unconfirmed),
+    /// `unknown-identity` (a pod without an annotation, counted where the allocator would put
+    /// it: the card it really uses is not known), `dra-claim` (`pod` names a DRA ResourceClaim
+    /// holding the whole device) or `dra-not-owned` (`pod` names the DRA pool that publishes
+    /// it, which the extender does not own now: README "Beside DRA").
     pub entry: String,
     /// GPU only.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -482,7 +484,16 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeReport {
     if let Some(devices) = devices {
         for t in [DeviceType::Gpu, DeviceType::Rdma, DeviceType::Fpga] {
             for slot in devices.slots(&t) {
-                let slot_used = used.get(&t).and_then(|m| m.get(&slot.minor));
+                let key = (t.clone(), slot.minor);
+                // Held by a DRA claim, or published by a DRA pool the extender does not own:
+                // wholly used as far as the extender is concerned (its free is empty).
+                let dra = ledger.dra_blocked().contains_key(&key)
+                    || ledger.dra_unowned().contains_key(&key);
+                let slot_used = if dra {
+                    Some(&slot.total)
+                } else {
+                    used.get(&t).and_then(|m| m.get(&slot.minor))
+                };
                 let slot_free = free.get(&t).and_then(|m| m.get(&slot.minor));
                 let state = if !slot.healthy {
                     DeviceState::Unhealthy
@@ -589,6 +600,30 @@ pub fn node_view(name: &str, state: &NodeState) -> NodeReport {
                         .collect(),
                 });
             }
+        }
+    }
+    // What DRA holds, and what it publishes that the extender does not own now, as holders.
+    let dra_holder = |pod: String, entry: &str| Holder {
+        pod,
+        uid: String::new(),
+        entry: entry.to_string(),
+        core_percent: None,
+        memory_bytes: None,
+        share_percent: None,
+        vfs: Vec::new(),
+    };
+    for ((t, minor), claims) in ledger.dra_blocked() {
+        if let Some(row) = rows.get_mut(t).and_then(|r| r.get_mut(minor)) {
+            for c in claims {
+                row.holders
+                    .push(dra_holder(format!("claim {c}"), "dra-claim"));
+            }
+        }
+    }
+    for ((t, minor), pool) in ledger.dra_unowned() {
+        if let Some(row) = rows.get_mut(t).and_then(|r| r.get_mut(minor)) {
+            row.holders
+                .push(dra_holder(format!("DRA pool {pool}"), "dra-not-owned"));
         }
     }
     blocked_by.sort();

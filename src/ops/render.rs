@@ -112,12 +112,14 @@ fn holder_text(h: &Holder, wide: bool) -> (String, Option<&'static str>) {
         if !parts.is_empty() {
             let _ = write!(s, " ({})", parts.join(", "));
         }
-        if !h.pod.is_empty() {
+        if !h.pod.is_empty() && !h.uid.is_empty() {
             let _ = write!(s, " uid={}", h.uid);
         }
     }
     if h.entry == "assumed" {
         s.push_str(" [assumed]");
+        (s, Some(YELLOW))
+    } else if h.entry.starts_with("dra-") {
         (s, Some(YELLOW))
     } else {
         (s, None)

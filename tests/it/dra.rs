@@ -565,3 +565,35 @@ mod ownership {
         env.svc.shutdown().await.unwrap();
     }
 }
+
+/// `inspect` names the claim that holds a GPU, from a cluster file with DRA objects in it
+/// (through the same sync handlers as the service).
+#[test]
+fn inspect_names_the_claim_that_holds_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster.json");
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": [
+        service::node("n1"),
+        service::gpu_device("n1", 2, 1, &[]),
+        slice("n1", &[0, 1]),
+        claim("dra-0", "n1", 1),
+    ]});
+    std::fs::write(&file, list.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
+        .args(["inspect", "--cluster-file"])
+        .arg(&file)
+        .args(["-o", "json"])
+        .output()
+        .expect("run the binary");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let view: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let gpus = &view["nodes"][0]["gpus"];
+    assert_eq!(gpus[0]["holders"], json!([]), "{view}");
+    assert_eq!(gpus[1]["holders"][0]["pod"], "claim ml/dra-0", "{view}");
+    assert_eq!(gpus[1]["holders"][0]["entry"], "dra-claim", "{view}");
+    assert_eq!(gpus[1]["state"], "full", "{view}");
+}
