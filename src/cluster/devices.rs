@@ -811,4 +811,62 @@ mod tests {
         assert_eq!(l.len(), 2);
         assert_eq!(l.used()[&DeviceType::Gpu][&0][GPU_MEMORY_RATIO], q("20"));
     }
+
+    /// The join by PCI address: an RDMA entry whose `id` is its bus ID (and a GPU by its
+    /// `topology.busID` in NVML's 8-digit form) is held by the claim whose slice names that
+    /// address; ownership blocks a published slot whose pool is not owned; a slot no slice
+    /// publishes is untouched.
+    #[test]
+    fn dra_holdings_join_any_device_type_by_bus_id() {
+        use crate::cluster::dra::{DevicePool, NodeDraHoldings};
+        let device: Device = serde_json::from_value(serde_json::json!({"spec": {"devices": [
+            {"type": "gpu", "id": "GPU-x", "minor": 0, "health": true,
+             "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100", "koordinator.sh/gpu-memory": "80Gi"},
+             "topology": {"busID": "00000000:3B:00.0"}},
+            {"type": "gpu", "id": "GPU-y", "minor": 1, "health": true,
+             "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100", "koordinator.sh/gpu-memory": "80Gi"}},
+            {"type": "rdma", "id": "0000:3d:00.0", "minor": 0, "health": true,
+             "resources": {"koordinator.sh/rdma": "100"}}
+        ]}}))
+        .unwrap();
+        let (nd, problems) = NodeDevices::from_device(&device);
+        assert!(problems.is_empty(), "{problems:?}");
+        let mut ledger = DeviceLedger::new();
+        ledger.set_devices(Some(nd));
+        let pool = DevicePool {
+            driver: Arc::from("d"),
+            pool: Arc::from("p"),
+        };
+        let claim: BTreeSet<Arc<str>> = [Arc::from("ns/c")].into();
+        let gpu_bus = DeviceIdentity::pci_bus_id("0000:3b:00.0").unwrap();
+        let nic_bus = DeviceIdentity::pci_bus_id("3d:00.0").unwrap();
+        ledger.set_dra(NodeDraHoldings {
+            held: [(nic_bus.clone(), claim.clone())].into(),
+            published: [(nic_bus, pool.clone()), (gpu_bus, pool.clone())].into(),
+            owned: [pool.clone()].into(),
+            enforced: true,
+            cpu_drivers: Default::default(),
+        });
+        let free = ledger.free(&[]);
+        assert!(
+            free[&DeviceType::Rdma][&0].is_empty(),
+            "the claim holds the NIC"
+        );
+        assert!(!free[&DeviceType::Gpu][&0].is_empty(), "owned and unheld");
+        assert!(
+            !free[&DeviceType::Gpu][&1].is_empty(),
+            "published by nobody"
+        );
+        // The pool is no longer the extender's: its published GPU is not free either.
+        let mut holdings = ledger.dra().clone();
+        holdings.owned.clear();
+        ledger.set_dra(holdings);
+        let free = ledger.free(&[]);
+        assert!(free[&DeviceType::Gpu][&0].is_empty());
+        assert!(!free[&DeviceType::Gpu][&1].is_empty());
+        assert_eq!(
+            ledger.joined_pools().collect::<Vec<_>>(),
+            vec![(pool, false)]
+        );
+    }
 }
