@@ -115,14 +115,22 @@ pub async fn try_discover(
     );
     // DRA: the three kinds together, at the GA version (Kubernetes 1.34+). Older clusters (or
     // the beta versions alone) mean no DRA allocator the extender could meet on v1 objects.
-    let dra_version = crate::model::dra::DRA_API_VERSION;
+    // One discovery call for the group's four kinds.
+    let dra = match client
+        .list_api_group_resources(crate::model::dra::DRA_API_VERSION)
+        .await
+    {
+        Ok(list) => list.resources.into_iter().map(|r| r.name).collect(),
+        Err(kube::Error::Api(status)) if status.code == 404 => BTreeSet::new(),
+        Err(e) => return Err(e),
+    };
     for (kind, plural) in [
         (Kind::DeviceClasses, "deviceclasses"),
         (Kind::ResourceSlices, "resourceslices"),
         (Kind::ResourceClaims, "resourceclaims"),
         (Kind::DeviceTaintRules, "devicetaintrules"),
     ] {
-        let served = served(client, dra_version, plural).await?;
+        let served = dra.contains(plural);
         requirements.insert(
             kind,
             requirement(
