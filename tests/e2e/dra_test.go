@@ -498,7 +498,8 @@ func TestAClassThatMapsAManagedNameIsReportedAndNeverDoubleServed(t *testing.T) 
 		names = append(names, name)
 		cp.createPod(podSpec{name: name, limits: map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}})
 	}
-	cp.waitSettled(names)
+	// 12 pods, 8 GPUs per node: both allocators must serve some, and every pod binds.
+	cp.waitBound(names...)
 	if v := cp.draViolations(m); len(v) > 0 {
 		t.Fatalf("a GPU held beyond itself:\n  %s", strings.Join(v, "\n  "))
 	}
@@ -549,10 +550,11 @@ func (cp *controlPlane) createNodeObjectsExceptNode(name string, m machine) {
 }
 
 // waitLeader waits until the extender serves the verbs (its kube-scheduler leads, the
-// caches are synced): plain /readyz answers 200.
+// caches are synced: plain /readyz answers 200) and binds too (the takeover window after a
+// start or a leadership change is over).
 func (e *extenderProc) waitLeader() {
 	err := wait.PollUntilContextTimeout(e.cp.ctx, 100*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
-		return e.readyzPlain() == http.StatusOK, nil
+		return e.readyzPlain() == http.StatusOK && e.readyzField("binds_wait_for_pod_relist") == "false", nil
 	})
 	if err != nil {
 		e.cp.t.Fatalf("extender never led: %v: %s", err, e.probeBody("/readyz"))
