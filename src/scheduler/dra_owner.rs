@@ -26,7 +26,10 @@
 //! - a write fails or its answer is lost: counted (`dne_dra_taint_rule_writes_total`) and
 //!   retried on the next tick; a create that landed answers 409 then, which is success (the
 //!   name is a function of the pool);
-//! - a standby or a replica still syncing writes nothing.
+//! - a standby or a replica still syncing writes nothing; a new leader (or a restarted process)
+//!   deletes no rule until its pod cache is current (`Readiness::pods_current`): a binding the
+//!   previous binder may still land could hold a device of the pool
+//!   (`tests::no_rule_is_deleted_while_the_pod_cache_may_miss_a_binding`).
 //!
 //! This module decides only which rules should exist; it never decides placement.
 
@@ -121,11 +124,14 @@ pub fn rule_for(pool: &DevicePool) -> DeviceTaintRule {
 }
 
 /// One reconciliation: the writes that make the extender's rules what the caches want.
-/// Returns `(created, deleted)` pools.
+/// `may_delete`: the pod cache holds every binding a previous binder may still land
+/// (`Readiness::pods_current`); until then a pool "no pod of ours holds" may hold one the cache
+/// has not seen, so rules are only created. Returns `(created, deleted)` pools.
 pub async fn reconcile(
     cluster: &ClusterState,
     api: &dyn TaintRuleApi,
     metrics: &Metrics,
+    may_delete: bool,
 ) -> (Vec<DevicePool>, Vec<DevicePool>) {
     let plan = cluster.dra_ownership_plan();
     let mut created = Vec::new();
@@ -145,7 +151,7 @@ pub async fn reconcile(
             }
         }
     }
-    for (pool, name) in &plan.rules {
+    for (pool, name) in plan.rules.iter().filter(|_| may_delete) {
         if plan.wanted.contains(pool) || plan.in_use.contains(pool) {
             continue;
         }
@@ -199,13 +205,84 @@ pub async fn run(
         {
             continue;
         }
-        reconcile(&cluster, api.as_ref(), &metrics).await;
+        reconcile(&cluster, api.as_ref(), &metrics, readiness.pods_current()).await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parking_lot::Mutex;
+
+    /// Records the writes.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<String>>);
+
+    impl TaintRuleApi for Recorded {
+        fn create<'a>(&'a self, rule: &'a DeviceTaintRule) -> BoxFuture<'a, Result<(), String>> {
+            let name = rule.metadata.name.clone().unwrap_or_default();
+            Box::pin(async move {
+                self.0.lock().push(format!("create {name}"));
+                Ok(())
+            })
+        }
+        fn delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
+            Box::pin(async move {
+                self.0.lock().push(format!("delete {name}"));
+                Ok(())
+            })
+        }
+    }
+
+    /// A node handed to DRA whose pool still carries the extender's rule, and no pod of ours
+    /// seen there: the rule goes only once the pod cache is current.
+    #[tokio::test]
+    async fn no_rule_is_deleted_while_the_pod_cache_may_miss_a_binding() {
+        use crate::cluster::NodeRecord;
+        use crate::cluster::dra::{RuleRecord, SliceRecord};
+        let cluster = ClusterState::new();
+        let node: crate::model::node::Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "uid": "u", "labels": {crate::model::dra::DEVICE_OWNER_LABEL: "dra"}}
+        }))
+        .unwrap();
+        cluster.set_node("n1", Some(NodeRecord::from_node(&node)));
+        let device: crate::model::device::Device = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1"},
+            "spec": {"devices": [{"type": "gpu", "id": "GPU-a", "minor": 0, "health": true,
+                "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100",
+                              "koordinator.sh/gpu-memory": "80Gi"}}]}
+        }))
+        .unwrap();
+        let (devices, _) = crate::cluster::devices::NodeDevices::from_device(&device);
+        cluster.set_devices_shared("n1", Some(Arc::new(devices)));
+        let slice: crate::model::dra::ResourceSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "s"},
+            "spec": {"driver": "d", "pool": {"name": "n1"}, "nodeName": "n1",
+                     "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-a"}}}]}
+        }))
+        .unwrap();
+        cluster.set_resource_slice("s", Some(SliceRecord::from_slice(&slice).0));
+        cluster.set_dra_ownership(Some(Duration::ZERO));
+        let pool = DevicePool {
+            driver: Arc::from("d"),
+            pool: Arc::from("n1"),
+        };
+        let rule = rule_for(&pool);
+        let name = rule.metadata.name.clone().unwrap();
+        cluster.set_device_taint_rule(&name, RuleRecord::from_rule(&rule));
+
+        let api = Recorded::default();
+        let metrics = Metrics::new();
+        let (created, deleted) = reconcile(&cluster, &api, &metrics, false).await;
+        assert!(
+            created.is_empty() && deleted.is_empty(),
+            "{:?}",
+            api.0.lock()
+        );
+        let (_, deleted) = reconcile(&cluster, &api, &metrics, true).await;
+        assert_eq!(deleted, vec![pool]);
+        assert_eq!(*api.0.lock(), vec![format!("delete {name}")]);
+    }
 
     #[test]
     fn a_pools_rule_has_one_name_whoever_writes_it() {
