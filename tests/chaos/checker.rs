@@ -9,7 +9,10 @@
 //! 2. no allocation first seen after a device was unhealthy, removed, or its node's Device
 //!    object missing (at the start of the scheduling round) names that device;
 //! 3. no CPU is in two pods' exclusive cpusets (`resource-status` `cpuset`) on one node;
-//! 4. at quiescence, the service's `/debug/nodes/{name}` ledger equals this view.
+//! 4. at quiescence, the service's `/debug/nodes/{name}` ledger equals this view;
+//! 5. every new allocation carries exactly what its pod asked (summed per asked dimension,
+//!    whole GPUs as distinct cards), and an exclusive cpuset is as large as the CPU request:
+//!    capacity sums alone pass an allocator that records less than it hands out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -209,6 +212,92 @@ pub fn unknown_holders(pods: &[Value]) -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     out
+}
+
+/// What a pod asks of managed devices, summed over its containers (an init container's ask
+/// counts where it is larger, as kube-scheduler counts it), in milli-units, keyed by the name
+/// koordinator records it under (`reference/koord-deviceshare.md` §2.2: whole-GPU names become
+/// `gpu-core` and `gpu-memory-ratio` of N×100 each and N cards; `koordinator.sh/gpu` both of v;
+/// deprecated `kubernetes.io/*` names their `koordinator.sh/*` twins). `"cards"` is the number
+/// of distinct GPUs the pod must hold (whole GPUs or `gpu.shared`), where it says.
+pub fn device_asks(pod: &Value) -> BTreeMap<String, i128> {
+    fn of(c: &Value) -> BTreeMap<String, i128> {
+        let mut out: BTreeMap<String, i128> = BTreeMap::new();
+        let requests = c["resources"]["requests"].as_object();
+        let limits = c["resources"]["limits"].as_object();
+        let mut names: BTreeSet<&String> = BTreeSet::new();
+        names.extend(requests.into_iter().flatten().map(|(k, _)| k));
+        names.extend(limits.into_iter().flatten().map(|(k, _)| k));
+        for n in names {
+            // Extended resources: a limit without a request is the request.
+            let q = requests
+                .and_then(|r| r.get(n))
+                .or_else(|| limits.and_then(|l| l.get(n)))
+                .and_then(Value::as_str)
+                .and_then(parse_quantity)
+                .unwrap_or(0);
+            let name = n
+                .strip_prefix("kubernetes.io/")
+                .map_or(n.clone(), |rest| format!("koordinator.sh/{rest}"));
+            let mut add = |k: &str, v: i128| *out.entry(k.to_string()).or_default() += v;
+            match name.as_str() {
+                "nvidia.com/gpu" | "amd.com/gpu" | "dcu.com/gpu" => {
+                    add("koordinator.sh/gpu-core", q * 100);
+                    add("koordinator.sh/gpu-memory-ratio", q * 100);
+                    add("cards", q);
+                }
+                "koordinator.sh/gpu" => {
+                    add("koordinator.sh/gpu-core", q);
+                    add("koordinator.sh/gpu-memory-ratio", q);
+                }
+                "koordinator.sh/gpu.shared" => add("cards", q),
+                "koordinator.sh/gpu-core"
+                | "koordinator.sh/gpu-memory"
+                | "koordinator.sh/gpu-memory-ratio"
+                | "koordinator.sh/rdma"
+                | "koordinator.sh/fpga" => add(&name, q),
+                _ => {}
+            }
+        }
+        out.retain(|_, v| *v > 0);
+        out
+    }
+    let mut total: BTreeMap<String, i128> = BTreeMap::new();
+    for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
+        for (k, v) in of(c) {
+            *total.entry(k).or_default() += v;
+        }
+    }
+    for c in pod["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for (k, v) in of(c) {
+            let t = total.entry(k).or_default();
+            *t = (*t).max(v);
+        }
+    }
+    total
+}
+
+/// Why an allocation does not carry what its pod asked (`None`: it does): every asked
+/// dimension summed over the recorded entries equals the ask (`"cards"`: that many distinct
+/// GPUs). Under-recording passes every capacity sum; this is the check that catches it. Only
+/// dimensions the pod names are judged: koordinator fills others (a ratio's GPU memory).
+pub fn carries_what_was_asked(asks: &BTreeMap<String, i128>, alloc: &Allocation) -> Option<String> {
+    let mut problems = Vec::new();
+    for (dim, want) in asks {
+        let got: i128 = if dim == "cards" {
+            1000 * alloc.keys().filter(|(ty, _)| ty == "gpu").count() as i128
+        } else {
+            alloc.values().filter_map(|r| r.get(dim)).sum()
+        };
+        if got != *want {
+            problems.push(format!("{dim}: asked {want}, recorded {got} (milli)"));
+        }
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
 }
 
 /// One Device entry: health and capacity.
@@ -414,6 +503,16 @@ impl Checker {
             let Ok(alloc) = parse_device_allocated(a) else {
                 continue;
             };
+            // Invariant 5: the allocation carries what the pod asked.
+            let asks = device_asks(pod);
+            if !asks.is_empty()
+                && let Some(why) = carries_what_was_asked(&asks, &alloc)
+            {
+                self.violations.push(format!(
+                    "step {step}: pod {} on {node} holds less or more than it asked: {why}: {a}",
+                    name(pod)
+                ));
+            }
             let candidates = rounds(uid(pod));
             if candidates.is_empty() {
                 continue;

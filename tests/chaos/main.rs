@@ -99,6 +99,7 @@ mod checker_self_test {
     }
 
     const HALF: &str = r#"{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-memory":"40Gi","koordinator.sh/gpu-memory-ratio":"50"}}]}"#;
+    const WHOLE1: &str = r#"{"gpu":[{"minor":1,"resources":{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory":"80Gi","koordinator.sh/gpu-memory-ratio":"100"}}]}"#;
     const WHOLE0: &str = r#"{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory":"80Gi","koordinator.sh/gpu-memory-ratio":"100"}}]}"#;
 
     #[test]
@@ -140,6 +141,59 @@ mod checker_self_test {
         );
         assert!(
             c.violations.iter().any(|v| v.contains("OVER-ALLOCATION")),
+            "{:?}",
+            c.violations
+        );
+    }
+
+    /// Invariant 5: within capacity is not enough; what is recorded must be what was asked.
+    #[test]
+    fn an_allocation_short_of_the_ask_is_a_violation() {
+        let asking = |name: &str, alloc: &str, requests: Value| {
+            let mut p = pod(name, "n", Some(alloc), None);
+            p["spec"]["containers"] = json!([{"name": "c", "resources": {"requests": requests}}]);
+            p
+        };
+        let mut c = Checker::default();
+        let f = c.observe_devices(&[device("n", &[(0, true), (1, true)])], &["n".into()]);
+        let ok = [
+            asking(
+                "half",
+                HALF,
+                json!({"koordinator.sh/gpu-memory-ratio": "50"}),
+            ),
+            asking("old-name", WHOLE1, json!({"kubernetes.io/gpu": "100"})),
+        ];
+        c.check(1, &ok, &f);
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        // Two GPUs asked, one recorded (within capacity, so invariant 1 is silent).
+        let mut c = Checker::default();
+        let f = c.observe_devices(&[device("n", &[(0, true), (1, true)])], &["n".into()]);
+        c.check(
+            1,
+            &[asking("two", WHOLE0, json!({"nvidia.com/gpu": "2"}))],
+            &f,
+        );
+        assert!(
+            c.violations
+                .iter()
+                .any(|v| v.contains("cards: asked 2000, recorded 1000")),
+            "{:?}",
+            c.violations
+        );
+        // 60 % asked, 50 % recorded.
+        let mut c = Checker::default();
+        let f = c.observe_devices(&[device("n", &[(0, true)])], &["n".into()]);
+        let short = asking(
+            "short",
+            HALF,
+            json!({"koordinator.sh/gpu-memory-ratio": "60"}),
+        );
+        c.check(1, &[short], &f);
+        assert!(
+            c.violations
+                .iter()
+                .any(|v| v.contains("asked 60000, recorded 50000")),
             "{:?}",
             c.violations
         );

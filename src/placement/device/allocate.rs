@@ -1856,6 +1856,53 @@ mod tests {
         Ok(())
     }
 
+    /// The allocation's annotation carries what the request asked, read from the test's own
+    /// description of it (never the parsed request): whole GPUs as that many distinct cards at
+    /// 100 % core and memory; a ratio as that ratio on one card; GPU memory as those bytes on
+    /// one card; a shared ask as that many cards at that ratio each. Capacity sums pass an
+    /// allocator that records less than it hands out; this does not.
+    fn assert_carries_the_ask(r: &Req, annotation: &str) -> Result<(), TestCaseError> {
+        let v: serde_json::Value = serde_json::from_str(annotation).expect("annotation JSON");
+        let entries = v["gpu"].as_array().expect("gpu list");
+        let minors: BTreeSet<i64> = entries.iter().filter_map(|e| e["minor"].as_i64()).collect();
+        let each = |name: &str| -> Vec<i128> {
+            entries
+                .iter()
+                .map(|e| e["resources"][name].as_str().map_or(0, milli))
+                .collect()
+        };
+        let (cards, per_card): (usize, Vec<(&str, i128)>) = match r {
+            Req::Whole(n) => (
+                usize::from(*n),
+                vec![(GPU_CORE, 100_000), (GPU_MEMORY_RATIO, 100_000)],
+            ),
+            Req::Ratio(p) => (1, vec![(GPU_MEMORY_RATIO, i128::from(*p) * 1000)]),
+            Req::Mem(g) => (1, vec![(GPU_MEMORY, (i128::from(*g) << 30) * 1000)]),
+            Req::Shared(n, p) => (
+                usize::from(*n),
+                vec![(GPU_MEMORY_RATIO, i128::from(*p) * 1000)],
+            ),
+        };
+        prop_assert_eq!(
+            (entries.len(), minors.len()),
+            (cards, cards),
+            "{:?} recorded as {}",
+            r,
+            annotation
+        );
+        for (name, want) in per_card {
+            prop_assert!(
+                each(name).iter().all(|got| *got == want),
+                "{:?}: every card must carry {} {} (milli), recorded {}",
+                r,
+                want,
+                name,
+                annotation
+            );
+        }
+        Ok(())
+    }
+
     /// Brute force from the model: healthy GPUs nothing holds any of.
     fn model_whole_free(facts: &[GpuFact], held: &BTreeMap<(i64, String), i128>) -> usize {
         facts
@@ -1864,6 +1911,44 @@ mod tests {
                 f.3 && !held
                     .iter()
                     .any(|((m, _), a)| *m == i64::from(f.0) && *a > 0)
+            })
+            .count()
+    }
+
+    /// Brute force from the model for shares: how many healthy GPUs surely take one card of
+    /// `r` on top of what the annotations hold (ratio and memory within capacity, the one the
+    /// pod does not name filled in proportion and rounded up, so this never demands a fit
+    /// that rounding could refuse).
+    fn model_cards_that_take(
+        facts: &[GpuFact],
+        held: &BTreeMap<(i64, String), i128>,
+        r: &Req,
+    ) -> usize {
+        let up = |a: i128, b: i128| (a + b - 1) / b;
+        let held_of = |m: i32, name: &str| {
+            held.get(&(i64::from(m), name.to_string()))
+                .copied()
+                .unwrap_or(0)
+        };
+        facts
+            .iter()
+            .filter(|(minor, _, _, healthy, mem_gi)| {
+                let mem = (i128::from(*mem_gi) << 30) * 1000;
+                let (ratio, bytes) = match r {
+                    Req::Ratio(p) | Req::Shared(_, p) => {
+                        let p = i128::from(*p);
+                        (p * 1000, up(mem * p, 100))
+                    }
+                    Req::Mem(g) => {
+                        let b = (i128::from(*g) << 30) * 1000;
+                        (up(b * 100, mem) * 1000, b)
+                    }
+                    Req::Whole(_) => (100_000, mem),
+                };
+                *healthy
+                    && held_of(*minor, GPU_MEMORY_RATIO) + ratio <= 100_000
+                    && held_of(*minor, GPU_MEMORY) + bytes <= mem
+                    && held_of(*minor, GPU_CORE) <= 100_000
             })
             .count()
     }
@@ -1896,8 +1981,12 @@ mod tests {
 
         /// Independent: the capacity model sums what every recorded pod holds from its
         /// `device-allocated` annotation (plain JSON, quantities read by the test) and judges
-        /// capacity and the whole-GPU brute force by it; a planted bug (the ledger counting
-        /// only a pod's first device) passed the ledger's own checks and fails this.
+        /// capacity, the whole-GPU brute force (fits exactly when enough cards are free) and
+        /// the share brute force (a share that surely fits is never refused) by it; every
+        /// allocation must carry what was asked. Planted bugs each of these catches: the ledger
+        /// counting only a pod's first device (passed the ledger's own checks); a share
+        /// recorded 10 % short (passed every capacity sum); shares refused on any partly held
+        /// GPU (passed the whole-GPU-only brute force).
         /// Regression only: the ledger's `used` within its totals, removal restoring state.
         #[test]
         fn never_over_capacity_complete_for_whole_gpus_and_removal_restores(
@@ -1913,16 +2002,26 @@ mod tests {
             for (i, r) in reqs.iter().enumerate() {
                 let parsed = r.parse();
                 let res = fit(&l, &parsed, &[]);
-                if let Req::Whole(n) = r {
-                    let model = model_whole_free(&layout, &held_by_annotations(&annotations));
-                    prop_assert_eq!(res.is_ok(), model >= usize::from(*n),
-                        "whole-GPU fit disagrees with brute force ({} free, asked {})", model, n);
+                let held = held_by_annotations(&annotations);
+                match r {
+                    Req::Whole(n) => {
+                        let model = model_whole_free(&layout, &held);
+                        prop_assert_eq!(res.is_ok(), model >= usize::from(*n),
+                            "whole-GPU fit disagrees with brute force ({} free, asked {})", model, n);
+                    }
+                    Req::Ratio(_) | Req::Mem(_) | Req::Shared(..) => {
+                        let cards = if let Req::Shared(n, _) = r { usize::from(*n) } else { 1 };
+                        let model = model_cards_that_take(&layout, &held, r);
+                        prop_assert!(res.is_ok() || model < cards,
+                            "{:?} refused ({:?}) although {} GPUs surely take it", r, res.as_ref().err(), model);
+                    }
                 }
                 if let Ok(a) = res {
                     let gpus = &a.0[&DeviceType::Gpu];
                     let ms: BTreeSet<i32> = gpus.iter().map(|e| e.minor).collect();
                     prop_assert_eq!(ms.len(), parsed.types[&DeviceType::Gpu].count);
                     let uid = PodUid::new(format!("p{i}"));
+                    assert_carries_the_ask(r, &a.to_annotation())?;
                     annotations.insert(uid.clone(), a.to_annotation());
                     l.record(uid.clone(), RecordedAllocation::Allocated(a), EntryState::Committed);
                     assert_model_within_capacity(&layout, &held_by_annotations(&annotations))?;
