@@ -134,7 +134,7 @@ func (cp *controlPlane) draViolations(m machine) []string {
 	// Pods first: kube-scheduler allocates a pod's claims (PreBind) before it binds the pod,
 	// so every pod listed bound has its claims allocated in the lists that follow, while
 	// pending pods keep binding as this runs.
-	generic := cp.violations(m)
+	generic := cp.violations()
 	allPods, err := cp.admin.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		cp.t.Fatal(err)

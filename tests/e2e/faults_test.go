@@ -30,7 +30,7 @@ func TestFaultsLeaveTheLedgerEqualToThePods(t *testing.T) {
 	}
 	all := wave("a", 8)
 	cp.waitBound(all...)
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 
 	// 1. SIGKILL with binds in flight, then a restart on the same address.
 	b := wave("b", 8)
@@ -39,7 +39,7 @@ func TestFaultsLeaveTheLedgerEqualToThePods(t *testing.T) {
 	ext = cp.startExtender(ext.listen)
 	ext.waitReady()
 	cp.waitBound(all...)
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 
 	// 2. etcd compacted, kube-apiserver restarted on it: watches resume from compacted
 	// revisions and must relist.
@@ -49,7 +49,7 @@ func TestFaultsLeaveTheLedgerEqualToThePods(t *testing.T) {
 	cp.stopAPIServer()
 	cp.startAPIServer()
 	cp.waitBound(all...)
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 
 	// 3. kube-scheduler restarted: pods created while it is down wait for the new one.
 	cp.stopScheduler()
@@ -57,7 +57,7 @@ func TestFaultsLeaveTheLedgerEqualToThePods(t *testing.T) {
 	all = append(all, d...)
 	cp.startScheduler(ext.urlPrefix())
 	cp.waitBound(all...)
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 
 	// Capacity probe: 2 nodes x 8 GPUs x 4 quarters = 64, 32 held.
 	room := 2*m.gpus*4 - len(all)
@@ -66,6 +66,6 @@ func TestFaultsLeaveTheLedgerEqualToThePods(t *testing.T) {
 	if len(bound) != len(all)+room {
 		t.Fatalf("%d pods bound after the faults, want %d (the %d held + %d of room)", len(bound), len(all)+room, len(all), room)
 	}
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 	t.Logf("relists seen by the extender: %s", metricLines(ext.metrics(), "relist"))
 }

@@ -92,7 +92,7 @@ func TestStandaloneLeaderElectionHandsOverWithoutDoubleAllocation(t *testing.T) 
 	}
 	all := wave("a", 16)
 	cp.waitBound(all...)
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 	leader, standby := a, b
 	if a.readyzPlain() != http.StatusOK {
 		leader, standby = b, a
@@ -111,7 +111,7 @@ func TestStandaloneLeaderElectionHandsOverWithoutDoubleAllocation(t *testing.T) 
 	leader.kill()
 	svc.setReplicas(standby)
 	cp.waitBound(all...)
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 	t.Logf("after the handover, new leader binds: %s", standby.binds())
 
 	// Capacity probe: 2 nodes x 8 GPUs x 4 quarters = 64, 32 held.
@@ -121,5 +121,5 @@ func TestStandaloneLeaderElectionHandsOverWithoutDoubleAllocation(t *testing.T) 
 	if len(bound) != len(all)+room {
 		t.Fatalf("%d pods bound after the handover, want %d", len(bound), len(all)+room)
 	}
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 }

@@ -1,8 +1,10 @@
 package e2e
 
 // The independent oracle: what koordlet would enforce, computed from the API server's objects
-// alone. It parses koordinator's annotation formats itself (never the crate's parsers) and
-// checks that no GPU, RDMA NIC or CPU is promised beyond its capacity by the pods that hold it.
+// alone (pods, Device objects, NodeResourceTopologies). It parses koordinator's annotation
+// formats itself (never the crate's parsers) and checks that no GPU, RDMA NIC, CPU or NUMA
+// node is promised beyond what its node publishes, and that every pod holds what it asked.
+// ledger_oracle_test.go feeds it planted violations: each must be caught.
 
 import (
 	"context"
@@ -15,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 const (
@@ -94,28 +97,260 @@ func holds(pod *corev1.Pod) bool {
 	return pod.Spec.NodeName != "" && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
 }
 
-// violations lists every over-allocation among the API server's pods against the nodes' Device
-// objects and the machine m every node of the test runs. Empty means koordlet could enforce
-// every allocation at once.
-func (cp *controlPlane) violations(m machine) []string {
+// clusterObjects is what the oracle reads: the API server's pods, Device objects and
+// NodeResourceTopologies, nothing else (not the machine a test meant to build, not the crate).
+type clusterObjects struct {
+	pods    []corev1.Pod
+	devices []unstructured.Unstructured
+	nrts    []unstructured.Unstructured
+}
+
+// violations lists everything koordlet could not enforce at once among the API server's
+// objects (see ledgerViolations). Empty means every allocation is sound.
+func (cp *controlPlane) violations() []string {
 	ctx := context.Background()
 	pods, err := cp.admin.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		cp.t.Fatal(err)
 	}
+	devices, err := cp.dyn.Resource(deviceGVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	nrts, err := cp.dyn.Resource(nrtGVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	return ledgerViolations(clusterObjects{pods: pods.Items, devices: devices.Items, nrts: nrts.Items})
+}
+
+// deviceSlot is one Device entry as koordlet publishes it.
+type deviceSlot struct {
+	healthy  bool
+	capacity map[string]int64 // milli-units
+}
+
+// deviceSlots reads every node's Device entries: node -> "type/minor" -> slot.
+func deviceSlots(devices []unstructured.Unstructured) (map[string]map[string]deviceSlot, []string) {
+	out := map[string]map[string]deviceSlot{}
+	var problems []string
+	for _, d := range devices {
+		list, _, _ := unstructured.NestedSlice(d.Object, "spec", "devices")
+		slots := map[string]deviceSlot{}
+		for _, raw := range list {
+			e, _ := raw.(map[string]any)
+			kind, _ := e["type"].(string)
+			minor, ok := e["minor"].(int64)
+			if !ok {
+				problems = append(problems, fmt.Sprintf("Device %s: an entry without an integer minor: %v", d.GetName(), e))
+				continue
+			}
+			healthy, _ := e["health"].(bool)
+			slot := deviceSlot{healthy: healthy, capacity: map[string]int64{}}
+			res, _ := e["resources"].(map[string]any)
+			for name, q := range res {
+				qs, _ := q.(string)
+				v, err := resource.ParseQuantity(qs)
+				if err != nil {
+					problems = append(problems, fmt.Sprintf("Device %s %s/%d: %s %v: %v", d.GetName(), kind, minor, name, q, err))
+					continue
+				}
+				slot.capacity[name] = v.MilliValue()
+			}
+			key := fmt.Sprintf("%s/%d", kind, minor)
+			if _, dup := slots[key]; !dup {
+				slots[key] = slot
+			}
+		}
+		out[d.GetName()] = slots
+	}
+	return out, problems
+}
+
+// numaZones reads every NRT's CPU ids (koordlet's cpu-topology annotation) and its NUMA zones'
+// allocatable (zone "node-N"): node -> CPU ids, node -> NUMA node -> resource -> milli-units.
+func numaZones(nrts []unstructured.Unstructured) (map[string]map[int]bool, map[string]map[int]map[string]int64) {
+	cpus := map[string]map[int]bool{}
+	zones := map[string]map[int]map[string]int64{}
+	for _, n := range nrts {
+		var topo struct {
+			Detail []struct {
+				ID int `json:"id"`
+			} `json:"detail"`
+		}
+		if raw, ok := n.GetAnnotations()["node.koordinator.sh/cpu-topology"]; ok && json.Unmarshal([]byte(raw), &topo) == nil {
+			ids := map[int]bool{}
+			for _, c := range topo.Detail {
+				ids[c.ID] = true
+			}
+			cpus[n.GetName()] = ids
+		}
+		list, _, _ := unstructured.NestedSlice(n.Object, "zones")
+		byNuma := map[int]map[string]int64{}
+		for _, raw := range list {
+			z, _ := raw.(map[string]any)
+			name, _ := z["name"].(string)
+			var numa int
+			if _, err := fmt.Sscanf(name, "node-%d", &numa); err != nil {
+				continue
+			}
+			res := map[string]int64{}
+			rl, _ := z["resources"].([]any)
+			for _, r := range rl {
+				rm, _ := r.(map[string]any)
+				rn, _ := rm["name"].(string)
+				qs, _ := rm["allocatable"].(string)
+				if v, err := resource.ParseQuantity(qs); err == nil {
+					res[rn] = v.MilliValue()
+				}
+			}
+			byNuma[numa] = res
+		}
+		zones[n.GetName()] = byNuma
+	}
+	return cpus, zones
+}
+
+// deviceAsks is what a pod asks of managed devices, summed over its containers (an init
+// container's where larger), in milli-units, keyed by the name koordinator records it under
+// (reference/koord-deviceshare.md §2.2): whole-GPU names become gpu-core and gpu-memory-ratio
+// of N×100 and N "cards"; koordinator.sh/gpu both of v; deprecated kubernetes.io/* names their
+// koordinator.sh/* twins. Names kube-scheduler served through DRA (the pod status's request
+// mappings) are left out: their devices are in a claim, not the annotation.
+func deviceAsks(pod *corev1.Pod) map[string]int64 {
+	served := map[string]bool{}
+	if st := pod.Status.ExtendedResourceClaimStatus; st != nil {
+		for _, m := range st.RequestMappings {
+			served[m.ResourceName] = true
+		}
+	}
+	of := func(c corev1.Container) map[string]int64 {
+		out := map[string]int64{}
+		names := map[corev1.ResourceName]resource.Quantity{}
+		for n, q := range c.Resources.Limits {
+			names[n] = q
+		}
+		for n, q := range c.Resources.Requests {
+			names[n] = q
+		}
+		for n, q := range names {
+			if served[string(n)] {
+				continue
+			}
+			name := string(n)
+			if rest, ok := strings.CutPrefix(name, "kubernetes.io/"); ok {
+				name = "koordinator.sh/" + rest
+			}
+			v := q.MilliValue()
+			switch name {
+			case "nvidia.com/gpu", "amd.com/gpu", "dcu.com/gpu":
+				out["koordinator.sh/gpu-core"] += 100 * v
+				out["koordinator.sh/gpu-memory-ratio"] += 100 * v
+				out["cards"] += v
+			case "koordinator.sh/gpu":
+				out["koordinator.sh/gpu-core"] += v
+				out["koordinator.sh/gpu-memory-ratio"] += v
+			case "koordinator.sh/gpu.shared":
+				out["cards"] += v
+			case "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory", "koordinator.sh/gpu-memory-ratio",
+				"koordinator.sh/rdma", "koordinator.sh/fpga":
+				out[name] += v
+			}
+		}
+		return out
+	}
+	total := map[string]int64{}
+	for _, c := range pod.Spec.Containers {
+		for k, v := range of(c) {
+			total[k] += v
+		}
+	}
+	for _, c := range pod.Spec.InitContainers {
+		for k, v := range of(c) {
+			if v > total[k] {
+				total[k] = v
+			}
+		}
+	}
+	for k, v := range total {
+		if v <= 0 {
+			delete(total, k)
+		}
+	}
+	return total
+}
+
+// carriesWhatWasAsked says how an allocation differs from its pod's ask ("" if it does not):
+// every asked dimension summed over the entries equals the ask, "cards" as distinct GPUs. Only
+// dimensions the pod names: koordinator fills the others (a ratio's bytes).
+func carriesWhatWasAsked(asks map[string]int64, devs map[string][]deviceEntry) string {
+	var problems []string
+	for dim, want := range asks {
+		var got int64
+		if dim == "cards" {
+			minors := map[int]bool{}
+			for _, e := range devs["gpu"] {
+				minors[e.Minor] = true
+			}
+			got = 1000 * int64(len(minors))
+		} else {
+			for _, entries := range devs {
+				for _, e := range entries {
+					if q, ok := e.Resources[dim]; ok {
+						if v, err := resource.ParseQuantity(q); err == nil {
+							got += v.MilliValue()
+						}
+					}
+				}
+			}
+		}
+		if got != want {
+			problems = append(problems, fmt.Sprintf("%s: asked %d, recorded %d (milli)", dim, want, got))
+		}
+	}
+	sort.Strings(problems)
+	return strings.Join(problems, "; ")
+}
+
+// podCPUMilli is the pod's CPU request summed over its containers (requests, else limits).
+func podCPUMilli(pod *corev1.Pod) int64 {
+	var milli int64
+	for _, c := range pod.Spec.Containers {
+		q, ok := c.Resources.Requests[corev1.ResourceCPU]
+		if !ok {
+			q = c.Resources.Limits[corev1.ResourceCPU]
+		}
+		milli += q.MilliValue()
+	}
+	return milli
+}
+
+// ledgerViolations is the oracle, from the API objects alone. Per node:
+//  1. device shares: per type and minor, the sum of every resource over holding pods is within
+//     what the node's Device object lists for that minor; a minor the Device does not list, an
+//     unhealthy minor, or a node with no Device object holds nothing;
+//  2. every allocation carries exactly what its pod asked (capacity sums pass an allocator that
+//     records less than it hands out), and a pod asking for devices has an allocation;
+//  3. exclusive cpusets: disjoint, on CPUs the NRT's topology lists, as large as the pod's
+//     (whole) CPU request;
+//  4. NUMA: per NUMA node, the cpu and memory of every holder's numaNodeResources within the
+//     NRT zone's allocatable.
+func ledgerViolations(o clusterObjects) []string {
+	slots, out := deviceSlots(o.devices)
+	cpuIDs, zones := numaZones(o.nrts)
 	type key struct {
-		node, kind string
-		minor      int
+		node, slot string
 	}
 	used := map[key]map[string]int64{}
 	holders := map[key][]string{}
+	numaUsed := map[string]map[int]map[string]int64{}
 	cpuOwner := map[string]map[int]string{}
-	var out []string
-	for i := range pods.Items {
-		pod := &pods.Items[i]
+	for i := range o.pods {
+		pod := &o.pods[i]
 		if !holds(pod) {
 			continue
 		}
+		node := pod.Spec.NodeName
 		devs, err := parseDeviceAllocated(pod)
 		if err != nil {
 			out = append(out, err.Error())
@@ -123,7 +358,7 @@ func (cp *controlPlane) violations(m machine) []string {
 		}
 		for kind, entries := range devs {
 			for _, e := range entries {
-				k := key{pod.Spec.NodeName, kind, e.Minor}
+				k := key{node, fmt.Sprintf("%s/%d", kind, e.Minor)}
 				if used[k] == nil {
 					used[k] = map[string]int64{}
 				}
@@ -133,59 +368,101 @@ func (cp *controlPlane) violations(m machine) []string {
 						out = append(out, fmt.Sprintf("pod %s: %s %q: %v", pod.Name, name, q, err))
 						continue
 					}
-					used[k][name] += v.Value()
+					used[k][name] += v.MilliValue()
 				}
 				holders[k] = append(holders[k], pod.Name)
 			}
 		}
-		// A pod that asked for GPUs and is bound must say which (koordlet needs the minors).
-		if wantsDevices(pod) && len(devs) == 0 {
-			out = append(out, fmt.Sprintf("pod %s asks for devices, is bound to %s, and has no %s", pod.Name, pod.Spec.NodeName, annDeviceAllocated))
+		asks := deviceAsks(pod)
+		switch {
+		// A pod that asked for devices and is bound must say which (koordlet needs the minors).
+		case wantsDevices(pod) && len(devs) == 0 && len(asks) > 0:
+			out = append(out, fmt.Sprintf("pod %s asks for devices, is bound to %s, and has no %s", pod.Name, node, annDeviceAllocated))
+		case len(devs) > 0 && len(asks) > 0:
+			if why := carriesWhatWasAsked(asks, devs); why != "" {
+				out = append(out, fmt.Sprintf("pod %s on %s holds other than it asked: %s: %s", pod.Name, node, why, pod.Annotations[annDeviceAllocated]))
+			}
 		}
 		rs, err := parseResourceStatus(pod)
 		if err != nil {
 			out = append(out, err.Error())
 			continue
 		}
-		if rs != nil && rs.CPUSet != "" {
-			cpus, err := parseCPUList(rs.CPUSet)
-			if err != nil {
-				out = append(out, fmt.Sprintf("pod %s: %v", pod.Name, err))
-				continue
+		if rs == nil {
+			continue
+		}
+		for _, n := range rs.NUMANodeResources {
+			if numaUsed[node] == nil {
+				numaUsed[node] = map[int]map[string]int64{}
 			}
-			owners := cpuOwner[pod.Spec.NodeName]
-			if owners == nil {
-				owners = map[int]string{}
-				cpuOwner[pod.Spec.NodeName] = owners
+			if numaUsed[node][n.Node] == nil {
+				numaUsed[node][n.Node] = map[string]int64{}
 			}
-			for _, c := range cpus {
-				if c < 0 || c >= m.cpus() {
-					out = append(out, fmt.Sprintf("pod %s: cpu %d is not on node %s", pod.Name, c, pod.Spec.NodeName))
+			for name, q := range n.Resources {
+				v, err := resource.ParseQuantity(q)
+				if err != nil {
+					out = append(out, fmt.Sprintf("pod %s: numaNodeResources %s %q: %v", pod.Name, name, q, err))
+					continue
 				}
-				if other, taken := owners[c]; taken {
-					out = append(out, fmt.Sprintf("cpu %d of %s is in the cpusets of %s and %s", c, pod.Spec.NodeName, other, pod.Name))
-				}
-				owners[c] = pod.Name
+				numaUsed[node][n.Node][name] += v.MilliValue()
 			}
 		}
-	}
-	capacity := map[string]int64{
-		"koordinator.sh/gpu-core":         100,
-		"koordinator.sh/gpu-memory-ratio": 100,
-		"koordinator.sh/gpu-memory":       int64(m.gpuMemoryGi) << 30,
-		"koordinator.sh/rdma":             100,
+		if rs.CPUSet == "" {
+			continue
+		}
+		cpus, err := parseCPUList(rs.CPUSet)
+		if err != nil {
+			out = append(out, fmt.Sprintf("pod %s: %v", pod.Name, err))
+			continue
+		}
+		if want := podCPUMilli(pod); want%1000 != 0 || int64(len(cpus)) != want/1000 {
+			out = append(out, fmt.Sprintf("pod %s asked for %dm CPU and holds cpuset %q (%d CPUs)", pod.Name, want, rs.CPUSet, len(cpus)))
+		}
+		owners := cpuOwner[node]
+		if owners == nil {
+			owners = map[int]string{}
+			cpuOwner[node] = owners
+		}
+		for _, c := range cpus {
+			if !cpuIDs[node][c] {
+				out = append(out, fmt.Sprintf("pod %s: cpu %d is not in node %s's CPU topology", pod.Name, c, node))
+			}
+			if other, taken := owners[c]; taken {
+				out = append(out, fmt.Sprintf("cpu %d of %s is in the cpusets of %s and %s", c, node, other, pod.Name))
+			}
+			owners[c] = pod.Name
+		}
 	}
 	for k, u := range used {
-		max := m.gpus
-		if k.kind == "rdma" {
-			max = m.gpus / 2
-		}
-		if k.minor < 0 || k.minor >= max {
-			out = append(out, fmt.Sprintf("%s %s minor %d does not exist (holders %v)", k.node, k.kind, k.minor, holders[k]))
+		nodeSlots, hasDevice := slots[k.node]
+		slot, listed := nodeSlots[k.slot]
+		switch {
+		case !hasDevice:
+			out = append(out, fmt.Sprintf("%s has no Device object and %s is held (holders %v)", k.node, k.slot, holders[k]))
+			continue
+		case !listed:
+			out = append(out, fmt.Sprintf("%s %s is not in the node's Device object (holders %v)", k.node, k.slot, holders[k]))
+			continue
+		case !slot.healthy:
+			out = append(out, fmt.Sprintf("%s %s is unhealthy and held (holders %v)", k.node, k.slot, holders[k]))
 		}
 		for name, v := range u {
-			if c, ok := capacity[name]; ok && v > c {
-				out = append(out, fmt.Sprintf("%s %s %d: %s %d > %d (holders %v)", k.node, k.kind, k.minor, name, v, c, holders[k]))
+			if c := slot.capacity[name]; v > c {
+				out = append(out, fmt.Sprintf("%s %s: %s %d > %d milli (holders %v)", k.node, k.slot, name, v, c, holders[k]))
+			}
+		}
+	}
+	for node, byNuma := range numaUsed {
+		for numa, u := range byNuma {
+			zone, ok := zones[node][numa]
+			if !ok {
+				out = append(out, fmt.Sprintf("%s NUMA node %d is held but its NRT has no zone node-%d", node, numa, numa))
+				continue
+			}
+			for name, v := range u {
+				if c, ok := zone[name]; ok && v > c {
+					out = append(out, fmt.Sprintf("%s NUMA node %d: %s %d > %d milli", node, numa, name, v, c))
+				}
 			}
 		}
 	}
@@ -209,9 +486,9 @@ func wantsDevices(pod *corev1.Pod) bool {
 	return false
 }
 
-func (cp *controlPlane) assertNoViolations(m machine) {
+func (cp *controlPlane) assertNoViolations() {
 	cp.t.Helper()
-	if v := cp.violations(m); len(v) > 0 {
+	if v := cp.violations(); len(v) > 0 {
 		cp.t.Fatalf("over-allocation on the API server:\n  %s", strings.Join(v, "\n  "))
 	}
 }

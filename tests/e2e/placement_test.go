@@ -74,7 +74,7 @@ func TestEveryPlacementKindThroughTheStockScheduler(t *testing.T) {
 		}
 	}
 	bound := cp.waitBound(names...)
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 
 	devs := func(name string) map[string][]deviceEntry {
 		d, err := parseDeviceAllocated(bound[name])

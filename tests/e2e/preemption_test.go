@@ -30,7 +30,7 @@ func (cp *controlPlane) priorityClass(name string, value int32) {
 func (cp *controlPlane) playKubeletUntil(m machine, done func() bool) (victims []string) {
 	cp.t.Helper()
 	err := wait.PollUntilContextTimeout(cp.ctx, 100*time.Millisecond, hangGuard, true, func(ctx context.Context) (bool, error) {
-		cp.assertNoViolations(m)
+		cp.assertNoViolations()
 		pods, err := cp.admin.CoreV1().Pods(testNamespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil
@@ -83,7 +83,7 @@ func TestPreemptionThroughTheExtender(t *testing.T) {
 	if err != nil || len(d["gpu"]) != 1 || d["gpu"][0].Minor != minorOf[victims[0]] {
 		t.Fatalf("high-gpu holds %v, want the victim %s's GPU %d", d, victims[0], minorOf[victims[0]])
 	}
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 
 	// cpusets: LSR holders of 8 CPUs (4 whole cores) fill the 64 CPUs; a high-priority LSR pod
 	// needs one victim's whole cores.
@@ -111,5 +111,5 @@ func TestPreemptionThroughTheExtender(t *testing.T) {
 	if len(cpus) != 8 {
 		t.Fatalf("high-cpuset: cpuset %q, want 8 CPUs", rs.CPUSet)
 	}
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 }

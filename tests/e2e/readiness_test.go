@@ -102,5 +102,5 @@ func TestReadinessGateHoldsARealSchedulerUntilTheCRDsAreSynced(t *testing.T) {
 	for v := range violations {
 		t.Fatal(v)
 	}
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 }

@@ -120,7 +120,7 @@ func healScenario(t *testing.T, pods int, requeue bool, guard time.Duration) (ti
 		t.Fatalf("requeue=%t: %d of %d pods bound %v after the GPUs healed (signals written: %d; %s)",
 			requeue, len(cp.boundPods()), pods, took, writes, metricLines(ext.metrics(), "dne_requeue"))
 	}
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 	if requeue {
 		// The signal is where kube-scheduler saw it: on a healed node.
 		annotated := 0

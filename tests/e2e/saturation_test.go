@@ -43,7 +43,7 @@ func TestSaturationAndLiveness(t *testing.T) {
 	if len(bound) != capacity {
 		t.Fatalf("%d pods bound, capacity %d", len(bound), capacity)
 	}
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 
 	// A holder deleted: the deletion is a cluster event, so a pending pod is retried at once.
 	victim := bound[0]
@@ -51,7 +51,7 @@ func TestSaturationAndLiveness(t *testing.T) {
 	cp.deletePodNow(victim.Name)
 	took := cp.waitBoundCount(capacity, victim.Name)
 	t.Logf("capacity returns -> pending pod bound: pod deleted: %v", took.Sub(before))
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 
 	// A GPU turns healthy (gpu-1 minor 7) and a Device grows (gpu-2 to 8 GPUs), at once: each
 	// adds capacity only on its node, so the node a pod lands on says which return it was.
@@ -78,7 +78,7 @@ func TestSaturationAndLiveness(t *testing.T) {
 	t.Logf("capacity returns -> pending pod bound: GPU turned healthy: %v; Device grown: %v (first pod); "+
 		"kube-scheduler retries an extender-rejected pod only on a cluster event it watches or after "+
 		"podMaxInUnschedulablePodsDuration (5m), and a Device change is neither", landed["gpu-1"], landed["gpu-2"])
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 	if got := len(cp.boundPods()); got != 8+8+8 {
 		t.Fatalf("%d pods bound after capacity returned, want 24", got)
 	}

@@ -210,7 +210,7 @@ func TestARestartWithoutALeaderNeverGivesAwayABindingStillInFlight(t *testing.T)
 	if first == "" {
 		hold.letGo()
 		cp.waitBound("x")
-		t.Fatalf("the restarted process bound y before x's binding could land; violations: %v", cp.violations(m))
+		t.Fatalf("the restarted process bound y before x's binding could land; violations: %v", cp.violations())
 	}
 	if !strings.Contains(first, "catching up") {
 		t.Fatalf("y's first bind after the restart: %q, want a refusal while the pod cache catches up", first)
@@ -221,13 +221,13 @@ func TestARestartWithoutALeaderNeverGivesAwayABindingStillInFlight(t *testing.T)
 	cp.proxy.setDetach(false)
 	last := bindUntilDecided(t, ext, y, "gpu-0")
 	if last == "" {
-		t.Fatalf("y was bound after x's binding landed; violations: %v", cp.violations(m))
+		t.Fatalf("y was bound after x's binding landed; violations: %v", cp.violations())
 	}
 	t.Logf("y after the fence: %s", last)
 	if p := cp.getPod("y"); p.Spec.NodeName != "" {
 		t.Fatalf("y is bound to %s", p.Spec.NodeName)
 	}
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 	if !strings.Contains(metricLines(ext.metrics(), "dne_pod_fences_total"), `reason="started"} 1`) {
 		t.Fatalf("no start fence in the restarted process's metrics:\n%s", metricLines(ext.metrics(), "dne_pod_fences_total"))
 	}
@@ -268,7 +268,7 @@ func TestSharePodsAreNeverBoundToANodeThatDoesNotAdvertiseTheirDevice(t *testing
 			t.Fatalf("%s was bound to %s", p.Name, p.Spec.NodeName)
 		}
 	}
-	cp.assertNoViolations(m)
+	cp.assertNoViolations()
 }
 
 // Issue 36 §8. RBAC grants the extender `patch nodes` for the requeue signal; the chart's
