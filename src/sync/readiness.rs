@@ -505,6 +505,18 @@ impl Readiness {
         !self.pods_fenced.load(Ordering::SeqCst)
     }
 
+    /// Ends the current takeover window now, as if its time had passed: tests order events
+    /// around the window's end instead of sleeping past it (a descheduled thread would
+    /// otherwise decide whether a step fell inside it).
+    #[cfg(test)]
+    fn expire_takeover_window(&self) {
+        let _ = self
+            .takeover_until
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                (u != 0).then_some(1)
+            });
+    }
+
     /// Resolves when `kind`'s watcher should drop its stream and start over with a list.
     pub async fn restart_requested(&self, kind: Kind) {
         self.restart[kind.index()].notified().await
@@ -813,7 +825,8 @@ mod tests {
         let r = readiness(&[]);
         r.on_init(Kind::Pods);
         r.on_init_done(Kind::Pods, 0, 0);
-        r.set_takeover_window(Duration::from_millis(50));
+        // A window no descheduled thread outlasts; its end is an event of the test.
+        r.set_takeover_window(Duration::from_secs(3600));
         r.set_leader(false);
         r.set_leader(true);
         // A relist inside the window does not lift the fence: a binding the previous leader
@@ -821,8 +834,7 @@ mod tests {
         r.on_init(Kind::Pods);
         r.on_init_done(Kind::Pods, 0, 0);
         assert!(!r.pods_current(), "inside the takeover window");
-        // Ordering, not timing: the window has certainly ended once we slept past it.
-        std::thread::sleep(Duration::from_millis(60));
+        r.expire_takeover_window();
         assert!(
             !r.pods_current(),
             "the window has ended, but no relist has begun since"
@@ -844,13 +856,13 @@ mod tests {
     #[test]
     fn a_start_without_a_leader_mode_waits_out_the_previous_process() {
         let r = readiness(&[]);
-        r.set_takeover_window(Duration::from_millis(50));
+        r.set_takeover_window(Duration::from_secs(3600));
         r.fence_start();
         assert!(r.is_leader(), "no leader mode: the process is the binder");
         r.on_init(Kind::Pods);
         r.on_init_done(Kind::Pods, 0, 0);
         assert!(!r.pods_current(), "inside the window after the start");
-        std::thread::sleep(Duration::from_millis(60));
+        r.expire_takeover_window();
         assert!(
             !r.pods_current(),
             "no relist has begun since the window ended"

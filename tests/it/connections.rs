@@ -498,8 +498,9 @@ async fn a_request_that_arrived_while_the_server_was_starved_is_served() {
             .with_label_values(&["verbs"])
             .get();
         let (addr, go) = (env.svc.addr, Arc::new(AtomicBool::new(false)));
+        let sent = Arc::new(AtomicBool::new(false));
         let client = std::thread::spawn({
-            let go = go.clone();
+            let (go, sent) = (go.clone(), sent.clone());
             move || {
                 let mut s = std::net::TcpStream::connect(addr).expect("connect");
                 s.set_read_timeout(Some(GUARD)).expect("read timeout");
@@ -510,6 +511,7 @@ async fn a_request_that_arrived_while_the_server_was_starved_is_served() {
                 }
                 s.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
                     .expect("write");
+                sent.store(true, Ordering::SeqCst);
                 let mut got = Vec::new();
                 let _ = s.read_to_end(&mut got);
                 got
@@ -535,7 +537,14 @@ async fn a_request_that_arrived_while_the_server_was_starved_is_served() {
                 tokio::task::yield_now().await;
             }
             go.store(true, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(600));
+            // Both premises as orderings, not a guess at the client's speed: the thread stays
+            // blocked until the request has been written (it is in the socket when the server
+            // runs again) and three head deadlines have passed (the armed one has expired).
+            let blocked = std::time::Instant::now();
+            while !sent.load(Ordering::SeqCst) || blocked.elapsed() < Duration::from_millis(600) {
+                assert!(blocked.elapsed() < GUARD, "the client never sent");
+                std::thread::sleep(Duration::from_millis(1));
+            }
         })
         .await
         .expect("starver");

@@ -480,15 +480,29 @@ async fn no_double_allocation_across_graceful_failover() {
     let first = stream(ha.clone(), hb.clone(), pods[..2].to_vec()).await;
     assert_eq!(first, 2);
 
-    // a's next bind is slow to write its binding; a shuts down while it is in flight, and
-    // binds keep coming to both replicas.
-    fa.set_pod_write_delay(Duration::from_millis(600));
+    // a's next bind is held writing its binding; a shuts down while it is in flight (an
+    // ordering the test makes, not a delay it hopes outlasts the steps), and binds keep
+    // coming to both replicas.
+    fa.hold_writes();
     let slow = {
         let (ha, body) = (ha.clone(), service::binding_args(&pods[2], "n1"));
         tokio::spawn(async move { ha.try_post("/bind", &body).await })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    service::eventually(HANG_GUARD, "a's binding write is in flight", || {
+        fa.held_writes() >= 1
+    })
+    .await;
+    let readiness_a = a.state.scheduler.readiness.clone();
     let shutdown = tokio::spawn(a.shutdown());
+    service::eventually(HANG_GUARD, "a is shutting down", || {
+        readiness_a
+            .report()
+            .reasons
+            .iter()
+            .any(|r| r == "shutting down")
+    })
+    .await;
+    fa.release_writes();
     let rest = stream(ha.clone(), hb.clone(), pods[3..].to_vec()).await;
     let slow = slow.await.unwrap();
     shutdown.await.unwrap().unwrap();

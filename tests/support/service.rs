@@ -77,6 +77,10 @@ pub struct Faults {
     state: Arc<Mutex<(Link, Duration)>>,
     /// Lease requests answered by [`Link::Fail`] (so a test can count retries, not time).
     failed_lease_requests: Arc<std::sync::atomic::AtomicUsize>,
+    /// While true, bind writes wait before reaching the API server (a test orders events
+    /// around a write it knows is in flight), and how many have started waiting.
+    hold: Arc<tokio::sync::watch::Sender<bool>>,
+    held_writes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Faults {
@@ -84,7 +88,21 @@ impl Faults {
         Faults {
             state: Arc::new(Mutex::new((Link::Up, Duration::ZERO))),
             failed_lease_requests: Arc::default(),
+            hold: Arc::new(tokio::sync::watch::channel(false).0),
+            held_writes: Arc::default(),
         }
+    }
+    /// Holds this replica's bind writes (as [`Self::set_pod_write_delay`] delays them) until
+    /// [`Self::release_writes`]: a write is then in flight for as long as the test says.
+    pub fn hold_writes(&self) {
+        self.hold.send_replace(true);
+    }
+    pub fn release_writes(&self) {
+        self.hold.send_replace(false);
+    }
+    /// Bind writes that have reached the hold (whether still held or released since).
+    pub fn held_writes(&self) -> usize {
+        self.held_writes.load(std::sync::atomic::Ordering::SeqCst)
     }
     pub fn set_link(&self, link: Link) {
         self.state.lock().0 = link;
@@ -133,6 +151,12 @@ pub fn faulty_client(fake: &FakeApiServer, faults: Faults) -> kube::Client {
                         && req.uri().path().ends_with("/binding")));
             if bind_write {
                 tokio::time::sleep(patch_delay).await;
+                if *faults.hold.borrow() {
+                    faults
+                        .held_writes
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let _ = faults.hold.subscribe().wait_for(|held| !*held).await;
+                }
             }
             router.oneshot(req).await
         }
