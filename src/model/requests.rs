@@ -483,27 +483,43 @@ mod tests {
         use crate::model::pod::ResourceRequirements;
         use proptest::prelude::*;
 
-        /// Names that collide after canonicalisation, well-known and unknown ones.
+        /// Names that collide after canonicalisation (all six deprecated names and their
+        /// current twins), well-known and unknown ones.
         fn name() -> impl Strategy<Value = String> {
             prop::sample::select(vec![
                 "cpu",
                 "memory",
                 "nvidia.com/gpu",
+                "koordinator.sh/gpu",
+                "kubernetes.io/gpu",
                 "koordinator.sh/gpu-core",
                 "kubernetes.io/gpu-core",
+                "koordinator.sh/gpu-memory",
+                "kubernetes.io/gpu-memory",
                 "koordinator.sh/gpu-memory-ratio",
                 "kubernetes.io/gpu-memory-ratio",
+                "koordinator.sh/rdma",
                 "kubernetes.io/rdma",
+                "koordinator.sh/fpga",
+                "kubernetes.io/fpga",
                 "example.com/widget",
             ])
             .prop_map(str::to_string)
         }
-        /// Mostly valid quantities, some zero, some negative or malformed.
+        /// Mostly valid quantities, some zero, some below a milli-unit (Kubernetes rounds them
+        /// up), some negative or malformed.
         fn value() -> impl Strategy<Value = String> {
             prop_oneof![
                 6 => (0u32..5000).prop_map(|v| format!("{v}m")),
                 3 => (0u32..64).prop_map(|v| v.to_string()),
-                1 => prop::sample::select(vec!["-1", "two", "1.5Gi", "0", ""]).prop_map(str::to_string),
+                2 => (0u32..10_000, 1u32..5).prop_map(|(v, places)| {
+                    // 0.0001 .. 9.9999 with up to four places: sub-milli parts included.
+                    let s = format!("{:0width$}", v, width = places as usize + 1);
+                    let (int, frac) = s.split_at(s.len() - places as usize);
+                    format!("{int}.{frac}")
+                }),
+                1 => prop::sample::select(vec!["-1", "two", "1.5Gi", "0", "", "0.5m", "0.0001"])
+                    .prop_map(str::to_string),
             ]
         }
         fn list() -> impl Strategy<Value = Option<ResourceList>> {

@@ -74,6 +74,21 @@ fn gen_node(r: &mut Rng) -> Node {
             0
         };
         node.usage[i].cpu_milli = held + shared;
+        // The ledger keeps free CPUs of the NUMA node for its shares (a shared pool): as many
+        // as the shares need, when that many are free.
+        let free: Vec<u32> = node
+            .topo
+            .numa_cpus(z.id)
+            .difference(&allocated)
+            .difference(&reserved)
+            .iter()
+            .collect();
+        let keep = usize::try_from((shared + 999) / 1000).unwrap_or(0);
+        if keep <= free.len() {
+            for c in &free[..keep] {
+                node.shared_pool.insert(*c);
+            }
+        }
         node.usage[i].memory_bytes = r.below(z.memory_bytes as u64 + 1) as i64;
         node.usage[i].single_numa_pods = u32::from(r.chance(20));
         node.usage[i].multi_numa_pods = u32::from(r.chance(20));
@@ -220,7 +235,10 @@ pub(crate) fn eligible_count(
     policy: CpuBindPolicy,
     required: bool,
 ) -> usize {
-    let free = cpus.difference(&node.allocated).difference(&node.reserved);
+    let free = cpus
+        .difference(&node.allocated)
+        .difference(&node.shared_pool)
+        .difference(&node.reserved);
     if !required {
         return free.len();
     }
@@ -251,10 +269,13 @@ pub(crate) fn eligible_count(
 }
 
 fn check_cpuset_shape(node: &Node, d: &RefDemand, p: &CpuPlacement) -> Result<(), TestCaseError> {
-    let taken = node.allocated.union(&node.reserved);
+    let taken = node
+        .allocated
+        .union(&node.reserved)
+        .union(&node.shared_pool);
     prop_assert!(
         p.cpuset.is_disjoint(&taken),
-        "{} overlaps held/reserved",
+        "{} overlaps held/reserved/shared pool",
         p.cpuset
     );
     prop_assert!(p.cpuset.is_subset(&node.topo.all()));
@@ -393,7 +414,9 @@ pub(crate) fn oracle(
         if let Some((policy, required, cpus)) = d.cpuset {
             let usable = {
                 let mut held_free = node.clone();
+                // Were every pod gone: no cpuset held, no share keeping a pool.
                 held_free.allocated = CpuSet::new();
+                held_free.shared_pool = CpuSet::new();
                 eligible_count(&held_free, node.topo.all(), policy, required)
             };
             if usable < cpus {
@@ -434,6 +457,7 @@ pub(crate) fn oracle(
                 let mut scope = node.clone();
                 if capacity {
                     scope.allocated = CpuSet::new();
+                    scope.shared_pool = CpuSet::new();
                 }
                 let cpus = eligible_count(&scope, zone_cpus[i], policy, required) as i64;
                 let per = if required && policy == CpuBindPolicy::FullPcpus {

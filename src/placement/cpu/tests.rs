@@ -13,6 +13,8 @@ pub(crate) struct Node {
     pub usage: Vec<NumaUsage>,
     pub reserved: CpuSet,
     pub allocated: CpuSet,
+    /// Free CPUs kept for NUMA nodes' shared pools (see [`NodeCpuView::shared_pool`]).
+    pub shared_pool: CpuSet,
     pub pcpu_exclusive: CpuSet,
     pub numa_exclusive: CpuSet,
     pub bind_policy: NodeCpuBindPolicy,
@@ -38,6 +40,7 @@ impl Node {
             usage,
             reserved: CpuSet::new(),
             allocated: CpuSet::new(),
+            shared_pool: CpuSet::new(),
             pcpu_exclusive: CpuSet::new(),
             numa_exclusive: CpuSet::new(),
             bind_policy: NodeCpuBindPolicy::None,
@@ -50,7 +53,7 @@ impl Node {
         NodeCpuView {
             topology: &self.topo,
             reserved: self.reserved,
-            shared_pool: CpuSet::new(),
+            shared_pool: self.shared_pool,
             allocated: self.allocated,
             pcpu_exclusive: self.pcpu_exclusive,
             numa_exclusive: self.numa_exclusive,
