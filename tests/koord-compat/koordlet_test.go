@@ -198,7 +198,9 @@ func TestKoordletReadsWhatTheExtenderWrites(t *testing.T) {
 		} else if status.CPUSet != "" {
 			t.Errorf("%s: koordinator reads cpuset %q, the extender allocated none", p.Pod, status.CPUSet)
 		}
-		if len(status.NUMANodeResources) > 0 {
+		// Both directions: NUMA nodes the extender placed on and the annotation leaves out
+		// are as wrong as ones it names that the extender did not place on.
+		if len(status.NUMANodeResources) > 0 || len(p.NUMA) > 0 {
 			numaPods++
 			kinds["numa"] = true
 			var got []int

@@ -11,7 +11,10 @@
 // CPUs held, each holder CPU with a random exclusive policy; a request of any size up to the
 // free CPUs (whole cores for FullPCPUs with SMT, as the scheduler only asks for those), any bind
 // policy, exclusive policy and NUMA strategy. Reference counts > 1 and reservation-preferred CPUs
-// are left out (never used by this project).
+// are left out (never used by this project). After them, -refusals cases (from their own seeded
+// stream, so the cases above never change) ask for more than is free: more CPUs than are free,
+// or for FullPCPUs one whole core more than are entirely free; koordinator's refusals are
+// recorded as "error" and must be this project's refusals too.
 package main
 
 import (
@@ -79,6 +82,7 @@ func topology(sockets, perSocket, cores, threads int) *nodenumaresource.CPUTopol
 func main() {
 	seed := flag.Int64("seed", 1, "random seed")
 	cases := flag.Int("cases", 5000, "number of cases")
+	refusals := flag.Int("refusals", 300, "cases after them that ask for more than is free")
 	flag.Parse()
 	r := rand.New(rand.NewSource(*seed))
 	pick := func(xs ...int) int { return xs[r.Intn(len(xs))] }
@@ -143,5 +147,60 @@ func main() {
 			panic(err)
 		}
 		written++
+	}
+	// Then cases meant to be refused, from their own stream (the cases above stay as they
+	// were recorded): more CPUs than are free, or for FullPCPUs more whole cores than are
+	// entirely free. koordinator decides; both its refusals and any answer are recorded.
+	rr := rand.New(rand.NewSource(*seed + 1_000_003))
+	for n := 0; n < *refusals; {
+		dims := [4]int{1 + rr.Intn(2), 1 + rr.Intn(2), []int{1, 2, 3, 4, 8}[rr.Intn(5)], 1 + rr.Intn(2)}
+		topo := topology(dims[0], dims[1], dims[2], dims[3])
+		allocated := nodenumaresource.CPUDetails{}
+		var held []int
+		for cpu := 0; cpu < topo.NumCPUs; cpu++ {
+			if rr.Intn(3) == 0 {
+				allocated[cpu] = topo.CPUDetails[cpu]
+				held = append(held, cpu)
+			}
+		}
+		heldSet := cpuset.NewCPUSet(held...)
+		available := topo.CPUDetails.CPUs().Difference(heldSet)
+		policy := policies[rr.Intn(2)]
+		need := available.Size() + 1 + rr.Intn(dims[3]+1)
+		if policy == schedulingconfig.CPUBindPolicyFullPCPUs && dims[3] > 1 {
+			// Whole cores, more than are entirely free but no more than the free CPUs allow.
+			fullyFree := 0
+			for core := 0; core < topo.NumCores; core++ {
+				if available.Contains(core*dims[3]) && available.Contains(core*dims[3]+1) {
+					fullyFree++
+				}
+			}
+			need = (fullyFree + 1) * dims[3]
+		}
+		if need > topo.NumCPUs {
+			continue
+		}
+		exclusive := exclusives[rr.Intn(3)]
+		strategy := strategies[rr.Intn(2)]
+		rec := record{
+			Topology:  dims,
+			Allocated: heldSet.String(),
+			HeldPCPU:  "",
+			HeldNUMA:  "",
+			Need:      need,
+			Policy:    string(policy),
+			Exclusive: string(exclusive),
+			Strategy:  string(strategy),
+		}
+		got, err := takeCPUs(topo, 1, available, allocated, need, policy, exclusive, strategy)
+		if err != nil {
+			rec.Error = err.Error()
+		} else {
+			rec.Answer = got.String()
+		}
+		if err := out.Encode(rec); err != nil {
+			panic(err)
+		}
+		n++
 	}
 }
