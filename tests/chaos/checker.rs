@@ -12,7 +12,8 @@
 //! 4. at quiescence, the service's `/debug/nodes/{name}` ledger equals this view;
 //! 5. every new allocation carries exactly what its pod asked (summed per asked dimension,
 //!    whole GPUs as distinct cards), and an exclusive cpuset is as large as the CPU request:
-//!    capacity sums alone pass an allocator that records less than it hands out.
+//!    capacity sums alone pass an allocator that records less than it hands out;
+//! 6. per NUMA node, the `numaNodeResources` of its holders fit the NRT zone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -352,6 +353,12 @@ pub struct Checker {
     /// Every CPU id each node's NodeResourceTopology has ever listed in its
     /// `node.koordinator.sh/cpu-topology` annotation (the union, as with `capacity`).
     cpu_ids: BTreeMap<String, BTreeSet<u32>>,
+    /// Each node's NUMA zones (`node-N`): NUMA node → resource → allocatable milli-units, the
+    /// largest ever listed.
+    zones: BTreeMap<String, BTreeMap<i64, BTreeMap<String, i128>>>,
+    /// (uid, node, resource-status) of NUMA-bound allocations already counted.
+    seen_numa: BTreeSet<(String, String, String)>,
+    pub numa_allocations_seen: u64,
 }
 
 impl Checker {
@@ -368,6 +375,28 @@ impl Checker {
             for cpu in v["detail"].as_array().into_iter().flatten() {
                 if let Some(id) = cpu["id"].as_u64() {
                     ids.insert(id as u32);
+                }
+            }
+        }
+        for nrt in nrts {
+            let zones = self.zones.entry(name(nrt).to_string()).or_default();
+            for z in nrt["zones"].as_array().into_iter().flatten() {
+                let Some(numa) = z["name"]
+                    .as_str()
+                    .and_then(|n| n.strip_prefix("node-"))
+                    .and_then(|n| n.parse::<i64>().ok())
+                else {
+                    continue;
+                };
+                let zone = zones.entry(numa).or_default();
+                for r in z["resources"].as_array().into_iter().flatten() {
+                    if let (Some(rn), Some(v)) = (
+                        r["name"].as_str(),
+                        r["allocatable"].as_str().and_then(parse_quantity),
+                    ) {
+                        let e = zone.entry(rn.to_string()).or_default();
+                        *e = (*e).max(v);
+                    }
                 }
             }
         }
@@ -529,6 +558,65 @@ impl Checker {
                     self.violations.push(format!(
                         "step {step}: pod {} newly allocated {node} {ty}/{minor}, which was unhealthy or absent",
                         name(pod)
+                    ));
+                }
+            }
+        }
+        // Invariant 6: per NUMA node, what holders record in `numaNodeResources` fits the
+        // zone (NUMA-policy nodes record every pod's share there).
+        let mut numa_used: BTreeMap<(&str, i64), BTreeMap<String, i128>> = BTreeMap::new();
+        for pod in pods {
+            let (Some(node), Some(rs)) = (holding_node(pod), annotation(pod, RESOURCE_STATUS))
+            else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(rs) else {
+                continue; // reported below
+            };
+            let numa = v["numaNodeResources"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if !numa.is_empty()
+                && self
+                    .seen_numa
+                    .insert((uid(pod).to_string(), node.to_string(), rs.to_string()))
+            {
+                self.numa_allocations_seen += 1;
+            }
+            for n in numa {
+                let Some(id) = n["node"].as_i64() else {
+                    self.violations.push(format!(
+                        "step {step}: pod {} has a numaNodeResources entry without a node: {rs}",
+                        name(pod)
+                    ));
+                    continue;
+                };
+                let used = numa_used.entry((node, id)).or_default();
+                for (r, q) in n["resources"].as_object().into_iter().flatten() {
+                    match q.as_str().and_then(parse_quantity) {
+                        Some(v) => *used.entry(r.clone()).or_default() += v,
+                        None => self.violations.push(format!(
+                            "step {step}: pod {} has a bad numaNodeResources quantity {r}={q}",
+                            name(pod)
+                        )),
+                    }
+                }
+            }
+        }
+        for ((node, id), used) in &numa_used {
+            let Some(zone) = self.zones.get(*node).and_then(|z| z.get(id)) else {
+                self.violations.push(format!(
+                    "step {step}: {node} NUMA node {id} is held ({used:?}) but no NRT zone node-{id} was ever listed"
+                ));
+                continue;
+            };
+            for (r, v) in used {
+                if let Some(c) = zone.get(r)
+                    && v > c
+                {
+                    self.violations.push(format!(
+                        "step {step}: NUMA OVER-ALLOCATION on {node} NUMA node {id} {r}: {v} > {c} (milli)"
                     ));
                 }
             }

@@ -71,6 +71,11 @@ pub struct Report {
     pub checks: u64,
     pub allocations_seen: u64,
     pub cpusets_seen: u64,
+    /// Allocations recorded per NUMA node (`numaNodeResources`) the checker judged.
+    pub numa_allocations_seen: u64,
+    /// Per event class, the draws that changed something (a draw can find nothing to act on:
+    /// no sick GPU to heal, no terminating pod to finish).
+    pub effects: BTreeMap<&'static str, u64>,
     /// The event classes this run could draw (weight > 0).
     pub enabled: Vec<&'static str>,
     /// Late-landing writes (issue 22) by how they ended: `applied`, `refused_409` (a
@@ -88,6 +93,11 @@ impl Report {
             self.seed, self.seed
         ));
         s.push_str(&format!("events: {total} {:?}\n", self.events));
+        s.push_str(&format!(
+            "events that took effect: {} {:?}\n",
+            self.effects.values().sum::<u64>(),
+            self.effects
+        ));
         s.push_str(&format!(
             "faults armed: {} {:?}\n",
             self.faults_armed.values().sum::<u64>(),
@@ -131,8 +141,9 @@ impl Report {
             s.push_str(&format!("  {v}\n"));
         }
         s.push_str(&format!(
-            "cpusets judged: {}\nunmet minimums: {:?}\n",
+            "cpusets judged: {}\nNUMA-bound allocations judged: {}\nunmet minimums: {:?}\n",
             self.cpusets_seen,
+            self.numa_allocations_seen,
             self.unmet_minimums()
         ));
         s.push_str(&format!("wall time: {:.1}s\n", self.wall.as_secs_f64()));
@@ -189,9 +200,16 @@ fn device_json(node: &str, shape: &Shape) -> Value {
     })
 }
 
+/// The node whose NRT carries a NUMA topology policy (`Restricted`): its pods' CPUs and GPUs
+/// are NUMA-aligned and recorded per NUMA node (`numaNodeResources`), which the checker sums
+/// against the zones. Restricted, not SingleNUMANode, so the release probes that ask for the
+/// whole node (every GPU, every CPU) still fit it.
+pub const NUMA_POLICY_NODE: &str = "gpu-b";
+
 /// Each GPU node's CPU topology: 16 logical CPUs, 2 per physical core (SMT-2), 8 per NUMA
-/// node and socket; NRT zones `node-0`/`node-1` with 8 CPUs and 32Gi each. No NUMA policy, so
-/// LSR pods get exclusive whole-core cpusets chosen independently of their GPUs.
+/// node and socket; NRT zones `node-0`/`node-1` with 8 CPUs and 32Gi each. No NUMA policy but
+/// on [`NUMA_POLICY_NODE`]: elsewhere LSR pods get exclusive whole-core cpusets chosen
+/// independently of their GPUs.
 fn chaos_nrt(node: &str) -> Value {
     let detail: Vec<Value> = (0..16)
         .map(|id| json!({"id": id, "core": id / 2, "socket": id / 8, "node": id / 8}))
@@ -209,7 +227,7 @@ fn chaos_nrt(node: &str) -> Value {
         "metadata": {"name": node, "annotations": {
             "node.koordinator.sh/cpu-topology": json!({"detail": detail}).to_string()
         }},
-        "topologyPolicies": ["None"],
+        "topologyPolicies": [if node == NUMA_POLICY_NODE { "Restricted" } else { "None" }],
         "zones": zones
     })
 }
@@ -225,9 +243,15 @@ const POD_KINDS: [(&str, &str); 9] = [
         "lsr2-gpu1",
         r#"{"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "1"}"#,
     ),
-    ("gpu1", r#"{"nvidia.com/gpu": "1"}"#),
+    (
+        "gpu1",
+        r#"{"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": "1"}"#,
+    ),
     ("gpu2", r#"{"nvidia.com/gpu": "2"}"#),
-    ("half", r#"{"koordinator.sh/gpu-memory-ratio": "50"}"#),
+    (
+        "half",
+        r#"{"cpu": "1", "koordinator.sh/gpu-memory-ratio": "50"}"#,
+    ),
     ("mem20", r#"{"koordinator.sh/gpu-memory": "20Gi"}"#),
     (
         "core50",
@@ -271,6 +295,8 @@ impl Report {
         for class in &self.enabled {
             if self.events.get(class).copied().unwrap_or(0) == 0 {
                 unmet.push(format!("event class {class} never drawn"));
+            } else if self.effects.get(class).copied().unwrap_or(0) == 0 {
+                unmet.push(format!("event class {class} never took effect"));
             }
         }
         let leader_kills: u64 = LEADER_KILLS
@@ -282,6 +308,7 @@ impl Report {
             ("pods bound", self.cycles.get("bound").copied().unwrap_or(0)),
             ("device allocations judged", self.allocations_seen),
             ("cpusets judged", self.cpusets_seen),
+            ("NUMA-bound allocations judged", self.numa_allocations_seen),
             ("binding faults hit", self.fault_hits.values().sum()),
             ("late-landing writes", self.late_writes.values().sum()),
         ];
@@ -969,7 +996,9 @@ impl Driver {
             let (event, _, label) = EVENTS[next];
             *self.report.events.entry(label).or_default() += 1;
             self.note(format!("step {} {label}", self.step));
-            self.apply(event).await;
+            if self.apply(event).await {
+                *self.report.effects.entry(label).or_default() += 1;
+            }
             // Now and then one late-landing write in flight lands (or is found past its
             // deadline) between two events.
             if !self.late.is_empty() && self.rng.chance(25) {
@@ -1015,6 +1044,7 @@ impl Driver {
         self.report.checks = self.checker.checks;
         self.report.allocations_seen = self.checker.allocations_seen;
         self.report.cpusets_seen = self.checker.cpusets_seen;
+        self.report.numa_allocations_seen = self.checker.numa_allocations_seen;
         self.report.wall = started.elapsed();
         if !self.report.violations.is_empty() {
             for r in &self.replicas {
@@ -1024,53 +1054,62 @@ impl Driver {
         std::mem::take(&mut self.report)
     }
 
-    async fn apply(&mut self, event: Event) {
+    /// Applies one event; whether it changed anything.
+    async fn apply(&mut self, event: Event) -> bool {
         match event {
-            Event::Create => self.create_pods(),
+            Event::Create => self.create_pods() > 0,
             Event::Schedule => self.schedule_round().await,
             Event::Complete => {
                 let names =
                     self.names(|p| Self::bound(p) && !Self::terminating(p) && !Self::terminal(p));
-                if let Some(n) = self.rng.pick(&names).cloned() {
-                    let phase = if self.rng.chance(75) {
-                        "Succeeded"
-                    } else {
-                        "Failed"
-                    };
-                    let _ = self.fake.set_pod_phase(NS, &n, phase);
-                }
+                let Some(n) = self.rng.pick(&names).cloned() else {
+                    return false;
+                };
+                let phase = if self.rng.chance(75) {
+                    "Succeeded"
+                } else {
+                    "Failed"
+                };
+                self.fake.set_pod_phase(NS, &n, phase).is_ok()
             }
             Event::GracefulDelete => {
                 let names =
                     self.names(|p| Self::bound(p) && !Self::terminating(p) && !Self::terminal(p));
-                if let Some(n) = self.rng.pick(&names).cloned() {
-                    let _ = self.fake.delete_graceful(NS, &n, 30);
-                }
+                let Some(n) = self.rng.pick(&names).cloned() else {
+                    return false;
+                };
+                self.fake.delete_graceful(NS, &n, 30).is_ok()
             }
             Event::FinishDeletion => {
                 let names = self.names(Self::terminating);
-                if let Some(n) = self.rng.pick(&names).cloned() {
-                    let _ = self.fake.finish_deletion(NS, &n);
-                }
+                let Some(n) = self.rng.pick(&names).cloned() else {
+                    return false;
+                };
+                self.fake.finish_deletion(NS, &n).is_ok()
             }
             Event::DeleteRecreate => {
                 let names = self.names(|p| !Self::terminal(p) && !Self::terminating(p));
-                if let Some(n) = self.rng.pick(&names).cloned()
-                    && let Some(old) = self.fake.get(Kind::Pod, NS, &n)
-                {
-                    let _ = self.fake.delete(Kind::Pod, NS, &n);
-                    let requests = old["spec"]["containers"][0]["resources"]["requests"].clone();
-                    let uid = self.fresh_uid();
-                    let _ = self
-                        .fake
-                        .create(Kind::Pod, service::pod(NS, &n, &uid, requests, None, None));
-                }
+                let Some((n, old)) = self
+                    .rng
+                    .pick(&names)
+                    .cloned()
+                    .and_then(|n| self.fake.get(Kind::Pod, NS, &n).map(|old| (n, old)))
+                else {
+                    return false;
+                };
+                let _ = self.fake.delete(Kind::Pod, NS, &n);
+                let requests = old["spec"]["containers"][0]["resources"]["requests"].clone();
+                let uid = self.fresh_uid();
+                self.fake
+                    .create(Kind::Pod, service::pod(NS, &n, &uid, requests, None, None))
+                    .is_ok()
             }
             Event::DeletePending => {
                 let names = self.names(Self::pending);
-                if let Some(n) = self.rng.pick(&names).cloned() {
-                    let _ = self.fake.delete(Kind::Pod, NS, &n);
-                }
+                let Some(n) = self.rng.pick(&names).cloned() else {
+                    return false;
+                };
+                self.fake.delete(Kind::Pod, NS, &n).is_ok()
             }
             Event::DeviceUnhealthy
             | Event::DeviceHealthy
@@ -1079,7 +1118,7 @@ impl Driver {
                 let node = self.rng.pick(&NODES).copied().unwrap_or(NODES[0]);
                 let mut shape = self.shapes[node].clone();
                 if !shape.exists {
-                    return;
+                    return false;
                 }
                 let changed = match event {
                     Event::DeviceUnhealthy => {
@@ -1091,7 +1130,18 @@ impl Driver {
                             .map(|m| shape.unhealthy.insert(m))
                     }
                     Event::DeviceHealthy => {
-                        let sick: Vec<i64> = shape.unhealthy.iter().copied().collect();
+                        let mut sick: Vec<i64> = shape.unhealthy.iter().copied().collect();
+                        if sick.is_empty() {
+                            // Nothing to heal: a GPU falls sick first, so the draw exercises a
+                            // GPU turning healthy (capacity returning), not nothing.
+                            let Some(m) = shape.gpus.iter().next().copied() else {
+                                return false;
+                            };
+                            let mut sickened = shape.clone();
+                            sickened.unhealthy.insert(m);
+                            self.set_device(node, sickened).await;
+                            sick.push(m);
+                        }
                         self.rng
                             .pick(&sick)
                             .copied()
@@ -1103,14 +1153,24 @@ impl Driver {
                             .map(|m| shape.gpus.remove(&m))
                     }
                     _ => {
-                        let missing: Vec<i64> =
+                        let mut missing: Vec<i64> =
                             (0..GPUS).filter(|m| !shape.gpus.contains(m)).collect();
+                        if missing.is_empty() && shape.gpus.len() > 1 {
+                            // Nothing to grow back: the Device shrinks first, so the draw
+                            // exercises a Device growing (capacity returning).
+                            let last = *shape.gpus.iter().next_back().expect("non-empty");
+                            let mut shrunk = shape.clone();
+                            shrunk.gpus.remove(&last);
+                            self.set_device(node, shrunk).await;
+                            missing.push(last);
+                        }
                         missing.first().copied().map(|m| shape.gpus.insert(m))
                     }
                 };
                 if changed.is_some() {
                     self.set_device(node, shape).await;
                 }
+                changed.is_some()
             }
             Event::DeviceDelete => {
                 let node = self.rng.pick(&NODES).copied().unwrap_or(NODES[0]);
@@ -1118,20 +1178,34 @@ impl Driver {
                 if shape.exists && self.shapes.values().all(|s| s.exists) {
                     shape.exists = false;
                     self.set_device(node, shape).await;
+                    true
+                } else {
+                    false
                 }
             }
             Event::DeviceRecreate => {
-                let missing: Vec<String> = self
+                let mut missing: Vec<String> = self
                     .shapes
                     .iter()
                     .filter(|(_, s)| !s.exists)
                     .map(|(n, _)| n.clone())
                     .collect();
-                if let Some(node) = self.rng.pick(&missing).cloned() {
-                    let mut shape = self.shapes[&node].clone();
-                    shape.exists = true;
-                    self.set_device(&node, shape).await;
+                if missing.is_empty() {
+                    // Nothing to recreate: one Device goes first, so the draw exercises a
+                    // Device object coming back.
+                    let node = self.rng.pick(&NODES).copied().unwrap_or(NODES[0]);
+                    let mut gone = self.shapes[node].clone();
+                    gone.exists = false;
+                    self.set_device(node, gone).await;
+                    missing.push(node.to_string());
                 }
+                let Some(node) = self.rng.pick(&missing).cloned() else {
+                    return false;
+                };
+                let mut shape = self.shapes[&node].clone();
+                shape.exists = true;
+                self.set_device(&node, shape).await;
+                true
             }
             Event::NrtUpdate => {
                 let node = self.rng.pick(&NODES).copied().unwrap_or(NODES[0]);
@@ -1149,15 +1223,18 @@ impl Driver {
                         json!({"metadata": {"labels": {"chaos/rev": self.nrt_rev.to_string()}}}),
                     );
                 }
+                true
             }
             Event::DropWatches => {
                 self.fake.close_watches();
                 self.wait_watches_open().await;
+                true
             }
             Event::Compact410 => {
                 self.fake.compact();
                 self.fake.close_watches();
                 self.wait_watches_open().await;
+                true
             }
             Event::FailListPage => {
                 let kind = *self
@@ -1168,17 +1245,20 @@ impl Driver {
                 self.fake.compact();
                 self.fake.close_watches();
                 self.wait_watches_open().await;
+                true
             }
             Event::FailWatchStart => {
                 self.fake.fail_watch_start(Kind::Pod, 500, 2);
                 self.fake.close_watches();
                 self.wait_watches_open().await;
+                true
             }
             Event::KillStandby => {
                 let leader = self.wait_leader().await;
                 let other = 1 - leader;
                 self.replicas[other].kill();
                 self.replicas[other].start();
+                true
             }
             Event::KillLeaderFailover => {
                 let leader = self.wait_leader().await;
@@ -1193,18 +1273,21 @@ impl Driver {
                 }
                 self.wait_leader().await;
                 self.replicas[leader].start();
+                true
             }
             Event::KillLeaderRestart => {
                 let leader = self.wait_leader().await;
                 self.replicas[leader].kill();
                 self.replicas[leader].start();
                 self.wait_leader().await;
+                true
             }
             Event::TermLeader => {
                 let leader = self.wait_leader().await;
                 self.replicas[leader].terminate().await;
                 self.replicas[leader].start();
                 self.wait_leader().await;
+                true
             }
             Event::KillBoth => {
                 for r in &mut self.replicas {
@@ -1214,6 +1297,7 @@ impl Driver {
                     r.start();
                 }
                 self.wait_leader().await;
+                true
             }
         }
     }
@@ -1223,7 +1307,8 @@ impl Driver {
         format!("chaos-uid-{:06}", self.next_pod)
     }
 
-    fn create_pods(&mut self) {
+    /// Creates one to three pods (fewer at the cap); how many.
+    fn create_pods(&mut self) -> usize {
         // Reap finished pods so the lists stay small.
         for p in self.pods() {
             if Self::terminal(&p)
@@ -1233,8 +1318,8 @@ impl Driver {
             }
         }
         let active = self.pods().iter().filter(|p| !Self::terminal(p)).count();
-        let n = 1 + self.rng.below(3);
-        for _ in 0..n.min(MAX_ACTIVE_PODS.saturating_sub(active)) {
+        let n = (1 + self.rng.below(3)).min(MAX_ACTIVE_PODS.saturating_sub(active));
+        for _ in 0..n {
             let (label, requests) = POD_KINDS[self.rng.below(POD_KINDS.len())];
             let uid = self.fresh_uid();
             let name = format!("{label}-{}", self.next_pod).replace('+', "-");
@@ -1245,6 +1330,7 @@ impl Driver {
             }
             let _ = self.fake.create(Kind::Pod, pod);
         }
+        n
     }
 
     async fn set_device(&mut self, node: &str, shape: Shape) {
@@ -1267,7 +1353,8 @@ impl Driver {
         self.wait_device_observed(node).await;
     }
 
-    async fn schedule_round(&mut self) {
+    /// One scheduling round over up to four pending pods; whether there was one to schedule.
+    async fn schedule_round(&mut self) -> bool {
         let leader = self.wait_leader().await;
         self.wait_binds_allowed(leader).await;
         let forbidden = Arc::new(self.current_forbidden());
@@ -1279,7 +1366,7 @@ impl Driver {
             chosen.push(pending.swap_remove(i));
         }
         if chosen.is_empty() {
-            return;
+            return false;
         }
         if self.rng.chance(40) {
             let faults = write_faults();
@@ -1396,6 +1483,7 @@ impl Driver {
                 self.settle.push(uid);
             }
         }
+        true
     }
 }
 

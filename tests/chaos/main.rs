@@ -199,6 +199,35 @@ mod checker_self_test {
         );
     }
 
+    /// Invariant 6: per NUMA node, the holders' `numaNodeResources` fit the NRT zone.
+    #[test]
+    fn a_numa_node_over_its_zone_is_a_violation() {
+        let nrt = json!({"metadata": {"name": "n"}, "zones": [
+            {"name": "node-0", "type": "Node", "resources": [
+                {"name": "cpu", "capacity": "8", "allocatable": "8", "available": "8"}]}]});
+        let numa = |name: &str, cpu: &str| {
+            let mut p = pod(name, "n", None, None);
+            p["metadata"]["annotations"][RESOURCE_STATUS] = json!(
+                json!({"numaNodeResources": [{"node": 0, "resources": {"cpu": cpu}}]}).to_string()
+            );
+            p
+        };
+        let mut c = Checker::default();
+        c.observe_topologies(&[nrt]);
+        let f = c.observe_devices(&[], &[]);
+        c.check(1, &[numa("a", "4"), numa("b", "4")], &f);
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        assert_eq!(c.numa_allocations_seen, 2);
+        c.check(2, &[numa("a", "4"), numa("b", "4"), numa("c", "1")], &f);
+        assert!(
+            c.violations
+                .iter()
+                .any(|v| v.contains("NUMA OVER-ALLOCATION on n NUMA node 0 cpu: 9000 > 8000")),
+            "{:?}",
+            c.violations
+        );
+    }
+
     #[test]
     fn terminal_pods_release_and_terminating_pods_hold() {
         let mut c = Checker::default();
@@ -385,7 +414,9 @@ mod minimums_self_test {
         };
         for label in EVENT_LABELS {
             r.events.insert(label, 1);
+            r.effects.insert(label, 1);
         }
+        r.numa_allocations_seen = 1;
         r.cycles.insert("bound".into(), 5);
         r.fault_hits.insert("binding".into(), 1);
         r.late_writes.insert("applied".into(), 1);
@@ -410,19 +441,22 @@ mod minimums_self_test {
         }
         r.cpusets_seen = 0;
         r.late_writes.clear();
+        // Drawn, but nothing to act on (no sick GPU to heal).
+        r.effects.remove("device_healthy");
         let unmet = r.unmet_minimums();
         for want in [
             "event class sigterm_leader never drawn",
             "no leader kills or terminations",
             "no cpusets judged",
             "no late-landing writes",
+            "event class device_healthy never took effect",
         ] {
             assert!(
                 unmet.iter().any(|u| u == want),
                 "{want} missing from {unmet:?}"
             );
         }
-        assert_eq!(unmet.len(), 7, "{unmet:?}");
+        assert_eq!(unmet.len(), 8, "{unmet:?}");
     }
 
     #[test]
