@@ -31,7 +31,8 @@ pub struct Metrics {
     pub invalid_objects: IntCounterVec,
     pub binds: IntCounterVec,
     pub bind_duration: Histogram,
-    /// Filter: candidate nodes rejected, by [`FILTER_REASONS`] class.
+    /// Filter: candidate nodes rejected, by class
+    /// ([`crate::placement::fit_error::REASON_CLASSES`], derived from the typed reason).
     pub filter_rejected_nodes: IntCounterVec,
     /// Filter: requests by what they found (`fits`, `fits_nowhere`, `pass_through`, `invalid_request`).
     pub filter_results: IntCounterVec,
@@ -410,7 +411,7 @@ impl Metrics {
             self.sync_protocol_errors
                 .with_label_values(&[kind, "init_done_without_init"]);
         }
-        for reason in FILTER_REASONS {
+        for reason in crate::placement::fit_error::REASON_CLASSES {
             self.filter_rejected_nodes.with_label_values(&[reason]);
         }
         for result in FILTER_RESULTS {
@@ -536,39 +537,6 @@ pub const TLS_HANDSHAKE_FAILURES: [&str; 6] = [
 /// Label values of `dne_assumed_entries{age}`, youngest first.
 pub const ASSUMED_AGE_BUCKETS: [&str; 4] = ["lt_10s", "lt_1m", "lt_5m", "ge_5m"];
 
-/// Label values of `dne_filter_rejected_nodes_total{reason}`: a fixed set, so a reason string
-/// with a minor number in it cannot grow the series count.
-pub const FILTER_REASONS: [&str; 28] = [
-    "insufficient_gpu",
-    "insufficient_rdma",
-    "insufficient_fpga",
-    "no_device_object",
-    "device_object_missing",
-    "device_not_advertised",
-    "node_not_cached",
-    "malformed_allocation",
-    "joint_allocate",
-    "invalid_request",
-    "insufficient_cpu",
-    "insufficient_numa_memory",
-    "numa_policy_unmet",
-    "numa_devices_unaligned",
-    "cpu_request_too_large",
-    "cpu_policy_conflict",
-    "no_cpu_topology",
-    "cpu_topology_unusable",
-    "insufficient_amplified_cpu",
-    "invalid_amplification_ratio",
-    "insufficient_gpu_partition",
-    "no_gpu_partition_table",
-    "unsupported_gpu_partition_size",
-    "insufficient_virtual_functions",
-    "gpu_topology_scope_unmet",
-    "dra_split",
-    "cpus_published_by_dra",
-    "other",
-];
-
 /// Label values of `dne_webhook_reviews_total{result}`.
 pub const WEBHOOK_RESULTS: [&str; 9] = [
     "routed",
@@ -595,111 +563,3 @@ pub const REQUEUE_RESULTS: [&str; 5] = [
 
 /// Label values of `dne_filter_results_total{result}`.
 pub const FILTER_RESULTS: [&str; 4] = ["fits", "fits_nowhere", "pass_through", "invalid_request"];
-
-/// The [`FILTER_REASONS`] class of a filter rejection reason (placement's categorical text).
-pub fn filter_reason_class(reason: &str) -> &'static str {
-    use crate::placement::cpu::amplified;
-    use crate::placement::cpu::hints::reason as numa;
-    use crate::placement::device::partition;
-    match reason {
-        amplified::INSUFFICIENT => "insufficient_amplified_cpu",
-        amplified::INVALID_RATIO => "invalid_amplification_ratio",
-        partition::INSUFFICIENT => "insufficient_gpu_partition",
-        partition::MISSING_TABLE => "no_gpu_partition_table",
-        partition::UNSUPPORTED_COUNT => "unsupported_gpu_partition_size",
-        "Insufficient Topology Scoped GPU Devices"
-        | "node(s) missing GPU Device Topology Tree"
-        | "node(s) Unsupported Multi-Shared GPU" => "gpu_topology_scope_unmet",
-        r if r.starts_with("Insufficient ") && r.ends_with(" VirtualFunctions") => {
-            "insufficient_virtual_functions"
-        }
-        "insufficient gpu devices" => "insufficient_gpu",
-        "insufficient rdma devices" => "insufficient_rdma",
-        "insufficient fpga devices" => "insufficient_fpga",
-        "node has no Device object" => "no_device_object",
-        "device object missing" => "device_object_missing",
-        r if r.starts_with(crate::placement::device::deviceless::NOT_ADVERTISED) => {
-            "device_not_advertised"
-        }
-        "node not in the extender's cache yet" => "node_not_cached",
-        "node has a pod with a malformed device allocation" => "malformed_allocation",
-        "device joint-allocate rules violation" => "joint_allocate",
-        r if r.starts_with("invalid device request") => "invalid_request",
-        numa::INSUFFICIENT_CPUS | numa::CPUS_ONE_NUMA => "insufficient_cpu",
-        numa::INSUFFICIENT_MEMORY | numa::MEMORY_ONE_NUMA => "insufficient_numa_memory",
-        numa::CPU_MEMORY_ONE_NUMA | numa::NOT_PREFERRED | numa::EXCLUSIVE => "numa_policy_unmet",
-        numa::DEVICES_UNALIGNED => "numa_devices_unaligned",
-        numa::CPU_LARGER_THAN_NODE
-        | numa::MEMORY_LARGER_THAN_NODE
-        | numa::CPU_LARGER_THAN_NUMA
-        | numa::MEMORY_LARGER_THAN_NUMA
-        | numa::LARGER_THAN_NUMA
-        | numa::NO_COMMON_NUMA => "cpu_request_too_large",
-        "fractional cpu request on a node that binds cpus"
-        | "cpuset needs an integer cpu request"
-        | "cpu count not a multiple of threads per core" => "cpu_policy_conflict",
-        r if r.starts_with("cpu bind policy conflict")
-            || r.starts_with("numa topology policy conflict") =>
-        {
-            "cpu_policy_conflict"
-        }
-        r if r.starts_with("node has no CPU topology") => "no_cpu_topology",
-        r if r.starts_with(crate::placement::device::dra_served::SPLIT) => "dra_split",
-        r if r.starts_with(crate::cluster::cpus::DRA_CPUS) => "cpus_published_by_dra",
-        r if r.starts_with("node CPU topology unusable")
-            || r == "node has a pod with a malformed resource-status" =>
-        {
-            "cpu_topology_unusable"
-        }
-        _ => "other",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::placement::cpu::hints::reason as numa;
-
-    /// Every CPU/NUMA reason the placement code can return has its own class: an operator
-    /// alerting on `reason="other"` must not be looking at a whole product half.
-    #[test]
-    fn cpu_and_numa_reasons_have_classes() {
-        let reasons = [
-            numa::CPU_LARGER_THAN_NODE,
-            numa::MEMORY_LARGER_THAN_NODE,
-            numa::CPU_LARGER_THAN_NUMA,
-            numa::MEMORY_LARGER_THAN_NUMA,
-            numa::LARGER_THAN_NUMA,
-            numa::INSUFFICIENT_CPUS,
-            numa::INSUFFICIENT_MEMORY,
-            numa::CPUS_ONE_NUMA,
-            numa::MEMORY_ONE_NUMA,
-            numa::CPU_MEMORY_ONE_NUMA,
-            numa::NOT_PREFERRED,
-            numa::DEVICES_UNALIGNED,
-            numa::NO_COMMON_NUMA,
-            numa::EXCLUSIVE,
-            "cpu bind policy conflict: pod FullPCPUs, node SpreadByPCPUs",
-            "numa topology policy conflict: pod SingleNUMANode, node Restricted",
-            "cpuset needs an integer cpu request",
-            "node has no CPU topology (no NodeResourceTopology)",
-            "node CPU topology unusable: malformed node.koordinator.sh/cpu-topology",
-            "node has a pod with a malformed resource-status",
-            crate::placement::cpu::amplified::INSUFFICIENT,
-            crate::placement::cpu::amplified::INVALID_RATIO,
-            crate::placement::device::partition::INSUFFICIENT,
-            crate::placement::device::partition::MISSING_TABLE,
-            crate::placement::device::partition::UNSUPPORTED_COUNT,
-            "Insufficient rdma VirtualFunctions",
-            "Insufficient Topology Scoped GPU Devices",
-            "node(s) missing GPU Device Topology Tree",
-            "node(s) Unsupported Multi-Shared GPU",
-        ];
-        for r in reasons {
-            let class = filter_reason_class(r);
-            assert_ne!(class, "other", "{r}");
-            assert!(FILTER_REASONS.contains(&class), "{class}");
-        }
-        assert_eq!(filter_reason_class("something new"), "other");
-    }
-}

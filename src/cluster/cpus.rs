@@ -26,6 +26,7 @@ use crate::placement::cpu::{
     CpuExclusivePolicy, CpuScoreStrategy, CpuScoring, CpuSummary, CpuTopology, NodeCpuBindPolicy,
     NodeCpuView, NumaAllocateStrategy, NumaId, NumaPolicy, NumaShare, NumaUsage,
 };
+use crate::placement::fit_error::{FitReason, MissingTopology};
 
 pub use super::nrt::{NrtCpuInfo, NrtProblem};
 
@@ -65,14 +66,10 @@ pub type CpuEntry = Entry<RecordedCpus>;
 /// Why placement cannot use a node's CPUs right now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuUnusable {
-    pub reason: String,
+    pub reason: FitReason,
     /// No topology (or a malformed one): only koordlet fixing the NRT helps, not preemption.
     pub unresolvable: bool,
 }
-
-/// How the reason begins when a DRA driver publishes a node's CPUs (the metric class keys on
-/// it).
-pub const DRA_CPUS: &str = "DRA driver";
 
 /// Derived from the entries: recomputed on every change (and on copies, with victims left
 /// out, for preemption).
@@ -151,7 +148,7 @@ impl CpuLedger {
 
     /// Why cpuset pods cannot land here, `None` when they can.
     pub fn usable_error(&self) -> Option<String> {
-        self.usable().err().map(|e| e.reason)
+        self.usable().err().map(|e| e.reason.to_string())
     }
 
     pub fn nrt(&self) -> Option<&NrtCpuInfo> {
@@ -401,34 +398,35 @@ impl CpuLedger {
         if !self.dra_cpu_drivers.is_empty() {
             let drivers: Vec<&str> = self.dra_cpu_drivers.iter().map(|d| &**d).collect();
             return Err(CpuUnusable {
-                reason: format!(
-                    "{DRA_CPUS} {} publishes this node's CPUs: the extender gives no cpusets here",
-                    drivers.join(", ")
-                ),
+                reason: FitReason::CpusPublishedByDra {
+                    drivers: drivers.join(", ").into(),
+                },
                 unresolvable: true,
             });
         }
         let Some(nrt) = self.nrt.as_deref() else {
             return Err(CpuUnusable {
-                reason: "node has no CPU topology (no NodeResourceTopology)".into(),
+                reason: FitReason::NoCpuTopology(MissingTopology::NoNodeResourceTopology),
                 unresolvable: true,
             });
         };
         if let Some(p) = nrt.problems.first() {
             return Err(CpuUnusable {
-                reason: format!("node CPU topology unusable: malformed {}", p.annotation),
+                reason: FitReason::CpuTopologyMalformed {
+                    annotation: p.annotation.to_string().into(),
+                },
                 unresolvable: true,
             });
         }
         let Some(topology) = nrt.topology.as_deref() else {
             return Err(CpuUnusable {
-                reason: "node has no CPU topology (no cpu-topology annotation)".into(),
+                reason: FitReason::NoCpuTopology(MissingTopology::NoCpuTopologyAnnotation),
                 unresolvable: true,
             });
         };
         if nrt.zones.is_empty() {
             return Err(CpuUnusable {
-                reason: "node has no CPU topology (no NUMA zones)".into(),
+                reason: FitReason::NoCpuTopology(MissingTopology::NoNumaZones),
                 unresolvable: true,
             });
         }
@@ -469,7 +467,7 @@ impl CpuLedger {
         };
         if d.malformed > 0 {
             return f(Err(CpuUnusable {
-                reason: "node has a pod with a malformed resource-status".into(),
+                reason: FitReason::MalformedResourceStatus,
                 unresolvable: false,
             }));
         }
@@ -604,7 +602,7 @@ impl CpuLedger {
             bind_policy: format!("{:?}", self.bind_policy()),
             numa_policy: format!("{:?}", self.numa_policy()),
             allocate_strategy: self.labels.strategy.map(|s| format!("{s:?}")),
-            usable: self.usable().err().map(|e| e.reason),
+            usable: self.usable().err().map(|e| e.reason.to_string()),
             allocated: self.derived.allocated.to_string(),
             allocated_by_pod,
             free_per_numa,
@@ -758,7 +756,7 @@ pub(super) mod tests {
         c.upsert_pod(None, &far);
         let err = view_of(&c, "n1").unwrap_err();
         assert!(
-            err.unresolvable && err.reason.contains("no CPU topology"),
+            err.unresolvable && err.reason.to_string().contains("no CPU topology"),
             "{err:?}"
         );
         assert_eq!(
@@ -1096,7 +1094,7 @@ pub(super) mod tests {
 
             let err = view_of(&c, "n1").unwrap_err();
             assert!(
-                err.unresolvable && err.reason.contains(annotation),
+                err.unresolvable && err.reason.to_string().contains(annotation),
                 "{err:?}"
             );
             assert_eq!(

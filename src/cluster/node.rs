@@ -100,7 +100,7 @@ impl NodeState {
             amplification: self.amplification(&[]),
             bind_policy: self.cpus.bind_policy(),
             summary: self.cpus.summary().map_err(|u| Unusable {
-                reason: std::sync::Arc::from(u.reason),
+                reason: u.reason,
                 unresolvable: u.unresolvable,
             }),
         };

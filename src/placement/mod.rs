@@ -6,4 +6,4 @@ pub mod cpu;
 pub mod device;
 pub mod fit_error;
 
-pub use fit_error::FitError;
+pub use fit_error::{FitError, FitReason};

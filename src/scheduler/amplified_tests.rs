@@ -222,7 +222,7 @@ proptest! {
         let scoring = ScoringConfig::default();
         // The oracle: koordinator's filterAmplifiedCPUs over the written objects.
         let bound = cpuset || (bind_policy.is_some() && want_milli > 0);
-        let oracle = |requested: i64, held: usize| -> Option<(&'static str, bool)> {
+        let oracle = |requested: i64, held: usize| -> Option<(crate::placement::FitReason, bool)> {
             if want_milli == 0 {
                 return None;
             }
@@ -241,9 +241,9 @@ proptest! {
             (pod > allocatable_milli - requested).then_some((INSUFFICIENT, false))
         };
         let judge = |got: &Result<(), crate::placement::FitError>,
-                     want: Option<(&'static str, bool)>|
+                     want: Option<(crate::placement::FitReason, bool)>|
          -> Result<(), String> {
-            match (got, want) {
+            match (got, want.clone()) {
                 (Err(e), Some((reason, unresolvable)))
                     if e.reason == reason && e.unresolvable == unresolvable => Ok(()),
                 (Ok(()), None) => Ok(()),

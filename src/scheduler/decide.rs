@@ -26,6 +26,7 @@ use crate::placement::device::deviceless::deviceless_fit;
 use crate::placement::device::dra_served::{DraServes, dra_serves, split_error};
 use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::score::score_node;
+use crate::placement::fit_error::{FitReason, MissingTopology};
 
 /// The decision for one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -44,10 +45,10 @@ pub(super) fn needs_topology(bind_policy: NodeCpuBindPolicy, req: &PodCpuRequest
 
 #[inline]
 pub(super) fn no_topology_error() -> FitError {
-    FitError {
-        reason: "node has no CPU topology (no NodeResourceTopology)".into(),
-        unresolvable: true,
-    }
+    FitError::new(
+        FitReason::NoCpuTopology(MissingTopology::NoNodeResourceTopology),
+        true,
+    )
 }
 
 /// Whether `devices` fit `node` using only devices on the NUMA nodes of `mask`.
@@ -83,10 +84,7 @@ pub fn cpu_decision(
         .with_view(ignore, &scoring.cpu, |view| match view {
             Err(unusable) => {
                 if needs_topology(node.cpus.bind_policy(), req) {
-                    Err(FitError {
-                        reason: unusable.reason.into(),
-                        unresolvable: unusable.unresolvable,
-                    })
+                    Err(FitError::new(unusable.reason, unusable.unresolvable))
                 } else {
                     Ok(None)
                 }

@@ -202,21 +202,21 @@ proptest! {
                 Ok(d) => prop_assert!(!honoured, "honoured, yet placed on {:?} with no free partition", gpu_minors(d)),
                 // Fewer healthy GPUs than asked: the structural rule comes first.
                 Err(e) if healthy < gpus as usize => {
-                    prop_assert_eq!(e.reason.as_ref(), "insufficient gpu devices");
+                    prop_assert_eq!(e.reason.to_string(), "insufficient gpu devices");
                     prop_assert!(e.unresolvable);
                 }
                 Err(e) if honoured && matches!(source, Source::Nothing) => {
-                    prop_assert_eq!((e.reason.as_ref(), e.unresolvable), (MISSING_TABLE, true));
+                    prop_assert_eq!((e.reason.clone(), e.unresolvable), (MISSING_TABLE, true));
                 }
                 Err(e) if honoured && listed.is_empty() => {
-                    prop_assert_eq!(e.reason.as_ref(), "node(s) Unsupported number of GPU requests");
+                    prop_assert_eq!(e.reason.to_string(), "node(s) Unsupported number of GPU requests");
                     prop_assert!(e.unresolvable);
                 }
                 Err(e) if honoured && !free_partitions.is_empty() => {
                     prop_assert!(false, "refused ({}) with a free partition {:?}", e, free_partitions);
                 }
                 Err(e) if honoured => {
-                    prop_assert_eq!((e.reason.as_ref(), e.unresolvable), (INSUFFICIENT, false), "{:?}", free);
+                    prop_assert_eq!((e.reason.clone(), e.unresolvable), (INSUFFICIENT, false), "{:?}", free);
                 }
                 // Preferred only: refused by the general rules, so fewer free GPUs than asked.
                 Err(_) => prop_assert!(free.len() < gpus as usize, "free {:?}", free),
@@ -260,7 +260,7 @@ fn a_device_table_is_followed_and_a_malformed_one_is_reported() {
     hold(&cluster, 0, 2, 50);
     let refused = decide(&cluster, &two).unwrap_err();
     assert_eq!(
-        (refused.reason.as_ref(), refused.unresolvable),
+        (refused.reason, refused.unresolvable),
         (INSUFFICIENT, false)
     );
     let four = decide(&cluster, &needs(4, false, None)).unwrap_err();
@@ -290,8 +290,5 @@ fn a_device_table_is_followed_and_a_malformed_one_is_reported() {
     // No table now: Prefer (the Node has no policy) places as before; a pod spec is refused.
     assert!(decide(&cluster, &two).is_ok());
     let spec = decide(&cluster, &needs(2, false, Some("{}"))).unwrap_err();
-    assert_eq!(
-        (spec.reason.as_ref(), spec.unresolvable),
-        (MISSING_TABLE, true)
-    );
+    assert_eq!((spec.reason, spec.unresolvable), (MISSING_TABLE, true));
 }

@@ -177,10 +177,10 @@ fn cpu_fast_check(
     }
     match &cpu.summary {
         Err(unusable) => Some(if needs_topology(cpu.bind_policy, req) {
-            Err(FitError {
-                reason: unusable.reason.to_string().into(),
-                unresolvable: unusable.unresolvable,
-            })
+            Err(FitError::new(
+                unusable.reason.clone(),
+                unusable.unresolvable,
+            ))
         } else {
             Ok(())
         }),

@@ -31,11 +31,12 @@ use crate::cluster::snapshot::hash128;
 use crate::model::ids::PodUid;
 use crate::model::wire::{
     ExtenderArgsRef, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
-    FailedNodesMap, HostPriority, MetaPod, MetaVictims, NodeList,
+    HostPriority, MetaPod, MetaVictims, NodeList,
 };
 use crate::placement::device::allocate::FitError;
 use crate::placement::device::fast::FastRequest;
 use crate::placement::device::score::normalize_scores;
+use crate::placement::fit_error::{INVALID_REQUEST_CLASS, REASON_CLASSES};
 
 /// Does the pod fit `name` (CPU/NUMA and devices), decided in full on the node's locked state
 /// with `ignore`'s allocations released (preempt, and nodes the snapshot cannot answer).
@@ -58,8 +59,10 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
     };
     let mut failed = BTreeMap::new();
     let mut unresolvable = BTreeMap::new();
-    // For the filter metrics: what this request found.
+    // For the filter metrics: what this request found, and its rejections per reason class
+    // (taken from the typed reasons, before they become text).
     let mut result = "pass_through";
+    let mut tally = [0u64; REASON_CLASSES.len()];
     // Names mode: move the names into the answer instead of copying them.
     let nodes_mode = args.nodes_mode();
     let candidates: Vec<Cow<'a, str>> = args.take_candidates();
@@ -69,6 +72,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
         Err(invalid) => {
             result = "invalid_request";
             let reason = invalid.to_string();
+            tally[INVALID_REQUEST_CLASS] += candidates.len() as u64;
             for name in candidates {
                 unresolvable.insert(name, Cow::Owned(reason.clone()));
             }
@@ -108,8 +112,15 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
                     .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
                 match verdict {
                     Ok(()) => passing.push(name),
-                    Err(e) if e.unresolvable => hopeless.push((name, e.reason)),
-                    Err(e) => rejected.push((name, e.reason)),
+                    Err(e) => {
+                        tally[e.reason.class_index()] += 1;
+                        let text = e.reason.text();
+                        if e.unresolvable {
+                            hopeless.push((name, text));
+                        } else {
+                            rejected.push((name, text));
+                        }
+                    }
                 }
             }
             failed = BTreeMap::from_iter(rejected);
@@ -143,7 +154,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
             passing
         }
     };
-    record_filter(state, result, &failed, &unresolvable);
+    record_filter(state, result, &tally);
     if nodes_mode {
         let nodes = args.nodes.unwrap_or_default();
         let passing: std::collections::HashSet<&str> = passing.iter().map(|n| &**n).collect();
@@ -187,51 +198,21 @@ fn waits_for(needs: &PodNeeds) -> ResourceKinds {
     }
 }
 
-/// Counts the filter's result and its rejections by reason class: one tally per request, then
-/// one counter update per class (not one label lookup per rejected node).
-fn record_filter(
-    state: &Scheduler,
-    result: &str,
-    failed: &FailedNodesMap<'_>,
-    unresolvable: &FailedNodesMap<'_>,
-) {
-    use crate::metrics::{FILTER_REASONS, filter_reason_class};
+/// Counts the filter's result and its rejections by reason class: one counter update per
+/// class the request met (not one label lookup per rejected node).
+fn record_filter(state: &Scheduler, result: &str, tally: &[u64; REASON_CLASSES.len()]) {
     state
         .metrics
         .filter_results
         .with_label_values(&[result])
         .inc();
-    let mut tally = [0u64; FILTER_REASONS.len()];
-    let slot_of = |class: &str| FILTER_REASONS.iter().position(|c| *c == class);
-    // Rejections mostly share a few reasons, each one `'static` text: the class of the last
-    // reason seen (by address) is reused instead of matching the text again for every node.
-    let mut last: Option<(*const u8, usize, Option<usize>)> = None;
-    for reason in failed.values().chain(unresolvable.values()) {
-        let key = (reason.as_ptr(), reason.len());
-        let slot = match last {
-            Some((ptr, len, slot)) if (ptr, len) == key => slot,
-            _ => {
-                // An invalid request rejects every node with the request's own error text.
-                let slot = slot_of(if result == "invalid_request" {
-                    "invalid_request"
-                } else {
-                    filter_reason_class(reason)
-                });
-                last = Some((key.0, key.1, slot));
-                slot
-            }
-        };
-        if let Some(i) = slot {
-            tally[i] += 1;
-        }
-    }
-    for (class, n) in FILTER_REASONS.iter().zip(tally) {
-        if n > 0 {
+    for (class, n) in REASON_CLASSES.iter().zip(tally) {
+        if *n > 0 {
             state
                 .metrics
                 .filter_rejected_nodes
                 .with_label_values(&[class])
-                .inc_by(n);
+                .inc_by(*n);
         }
     }
 }

@@ -48,7 +48,7 @@ impl DeviceFacts {
 /// Why cpuset pods cannot land on a node.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Unusable {
-    pub reason: Arc<str>,
+    pub reason: crate::placement::FitReason,
     pub unresolvable: bool,
 }
 
@@ -74,7 +74,7 @@ impl CpuFacts {
             amplification: Amplification::Off,
             bind_policy: NodeCpuBindPolicy::None,
             summary: Err(Unusable {
-                reason: Arc::from("no such node"),
+                reason: crate::placement::FitReason::NodeNotCached,
                 unresolvable: true,
             }),
         });

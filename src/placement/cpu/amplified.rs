@@ -8,13 +8,13 @@
 //! the Node, the pods' requests, the CPUs cpusets hold) and the ratio parsed by
 //! `model::koord_cpu`. Pure; nothing here reads a ledger or a pod.
 
-use crate::placement::FitError;
+use crate::placement::{FitError, FitReason};
 
 /// "node(s) invalid CPU amplification ratio": the ratio annotation does not parse (koordinator
 /// answers UnschedulableAndUnresolvable).
-pub const INVALID_RATIO: &str = "node(s) invalid CPU amplification ratio";
+pub const INVALID_RATIO: FitReason = FitReason::InvalidAmplificationRatio;
 /// "Insufficient amplified cpu": koordinator's reason, verbatim.
-pub const INSUFFICIENT: &str = "Insufficient amplified cpu";
+pub const INSUFFICIENT: FitReason = FitReason::InsufficientAmplifiedCpu;
 
 /// A CPU amplification ratio above 1 (koordinator's `extension.Ratio`); the only ratios that
 /// change anything. Compared and hashed by its bits, so node facts holding it can be keys.
@@ -111,10 +111,7 @@ impl Amplification {
         }
         match self {
             Amplification::Off => Ok(()),
-            Amplification::Invalid => Err(FitError {
-                reason: INVALID_RATIO.into(),
-                unresolvable: true,
-            }),
+            Amplification::Invalid => Err(FitError::new(INVALID_RATIO, true)),
             Amplification::On(node) => {
                 let request = if bound {
                     node.ratio.amplify(cpu_milli)
@@ -122,10 +119,7 @@ impl Amplification {
                     cpu_milli
                 };
                 if request > node.free_milli {
-                    Err(FitError {
-                        reason: INSUFFICIENT.into(),
-                        unresolvable: false,
-                    })
+                    Err(FitError::new(INSUFFICIENT, false))
                 } else {
                     Ok(())
                 }

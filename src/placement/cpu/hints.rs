@@ -354,29 +354,28 @@ pub enum Choice {
     All,
 }
 
-/// Categorical reasons (FailedNodes / FailedAndUnresolvableNodes).
+/// Categorical reasons (FailedNodes / FailedAndUnresolvableNodes), named as placement uses
+/// them; their words and metric classes live in [`crate::placement::fit_error`].
 pub mod reason {
-    pub const CPU_LARGER_THAN_NODE: &str = "cpu request larger than the node";
-    pub const MEMORY_LARGER_THAN_NODE: &str = "memory request larger than the node's NUMA nodes";
-    pub const CPU_LARGER_THAN_NUMA: &str = "cpu request larger than any NUMA node";
-    pub const MEMORY_LARGER_THAN_NUMA: &str = "memory request larger than any NUMA node";
-    pub const LARGER_THAN_NUMA: &str = "cpu and memory request larger than any NUMA node";
-    pub const INSUFFICIENT_CPUS: &str = "insufficient free cpus";
-    pub const INSUFFICIENT_MEMORY: &str = "insufficient free memory on the NUMA nodes";
-    pub const CPUS_ONE_NUMA: &str = "insufficient cpus on one NUMA node";
-    pub const MEMORY_ONE_NUMA: &str = "insufficient memory on one NUMA node";
-    pub const CPU_MEMORY_ONE_NUMA: &str = "insufficient cpus and memory on one NUMA node";
-    pub const NOT_PREFERRED: &str = "insufficient resources on the fewest NUMA nodes";
-    pub const DEVICES_UNALIGNED: &str = "devices and cpus not on the same NUMA nodes";
-    pub const NO_COMMON_NUMA: &str = "no NUMA nodes hold both the cpu and the memory";
-    pub const EXCLUSIVE: &str = "numa exclusivity: every fitting NUMA node is shared";
+    use crate::placement::FitReason;
+    pub const CPU_LARGER_THAN_NODE: FitReason = FitReason::CpuLargerThanNode;
+    pub const MEMORY_LARGER_THAN_NODE: FitReason = FitReason::MemoryLargerThanNode;
+    pub const CPU_LARGER_THAN_NUMA: FitReason = FitReason::CpuLargerThanNuma;
+    pub const MEMORY_LARGER_THAN_NUMA: FitReason = FitReason::MemoryLargerThanNuma;
+    pub const LARGER_THAN_NUMA: FitReason = FitReason::LargerThanNuma;
+    pub const INSUFFICIENT_CPUS: FitReason = FitReason::InsufficientCpus;
+    pub const INSUFFICIENT_MEMORY: FitReason = FitReason::InsufficientNumaMemory;
+    pub const CPUS_ONE_NUMA: FitReason = FitReason::CpusOnOneNuma;
+    pub const MEMORY_ONE_NUMA: FitReason = FitReason::MemoryOnOneNuma;
+    pub const CPU_MEMORY_ONE_NUMA: FitReason = FitReason::CpuAndMemoryOnOneNuma;
+    pub const NOT_PREFERRED: FitReason = FitReason::NotOnFewestNuma;
+    pub const DEVICES_UNALIGNED: FitReason = FitReason::DevicesUnaligned;
+    pub const NO_COMMON_NUMA: FitReason = FitReason::NoCommonNuma;
+    pub const EXCLUSIVE: FitReason = FitReason::NumaExclusive;
 }
 
-fn fail(reason: &'static str, unresolvable: bool) -> FitError {
-    FitError {
-        reason: reason.into(),
-        unresolvable,
-    }
+fn fail(reason: crate::placement::FitReason, unresolvable: bool) -> FitError {
+    FitError::new(reason, unresolvable)
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -18,11 +18,8 @@ use super::{
 };
 use crate::model::cpuset::CpuSet;
 
-fn fail(reason: &'static str, unresolvable: bool) -> FitError {
-    FitError {
-        reason: reason.into(),
-        unresolvable,
-    }
+fn fail(reason: crate::placement::FitReason, unresolvable: bool) -> FitError {
+    FitError::new(reason, unresolvable)
 }
 
 /// Decide for one pod on one node: `Ok(None)` = nothing CPU/NUMA-related to do here (the pod
@@ -328,6 +325,6 @@ fn verify(view: &NodeCpuView<'_>, res: &Resolved, set: CpuSet) -> Result<(), Fit
             ok_policy,
             "cpuset accumulator produced an invalid set; refusing it"
         );
-        Err(fail("internal: invalid cpuset", false))
+        Err(fail(crate::placement::FitReason::InvalidCpuset, false))
     }
 }

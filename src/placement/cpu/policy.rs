@@ -8,6 +8,7 @@ use super::{
     CpuBindPolicy, CpuExclusivePolicy, FitError, NodeCpuBindPolicy, NumaExclusive, NumaPolicy,
     PodCpuRequest,
 };
+use crate::placement::FitReason;
 
 /// How the pod's cpuset is to be chosen on this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,11 +54,8 @@ pub(crate) fn numa_name(p: NumaPolicy) -> &'static str {
     }
 }
 
-fn unresolvable(reason: impl Into<std::borrow::Cow<'static, str>>) -> FitError {
-    FitError {
-        reason: reason.into(),
-        unresolvable: true,
-    }
+fn unresolvable(reason: FitReason) -> FitError {
+    FitError::new(reason, true)
 }
 
 /// Resolves `req` against a node's forced bind policy, NUMA policy and threads per core.
@@ -82,11 +80,10 @@ pub fn resolve(
         _ if req.cpu_milli <= 0 => None,
         (None, None) => None,
         (Some(f), Some(w)) if w.required && w.policy != f => {
-            return Err(unresolvable(format!(
-                "cpu bind policy conflict: pod {}, node {}",
-                bind_name(w.policy),
-                node_bind_name(node_bind)
-            )));
+            return Err(unresolvable(FitReason::CpuBindPolicyConflict {
+                pod: bind_name(w.policy),
+                node: node_bind_name(node_bind),
+            }));
         }
         // A node-forced policy overrides a pod's mere preference (koordinator #1453: a
         // FullPCPUs-preferring pod on a SpreadByPCPUs node is spread, by design).
@@ -95,16 +92,14 @@ pub fn resolve(
     };
     if let Some((policy, required)) = wanted {
         if req.cpu_milli % 1000 != 0 {
-            return Err(unresolvable(if forced.is_some() {
-                "fractional cpu request on a node that binds cpus"
-            } else {
-                "cpuset needs an integer cpu request"
+            return Err(unresolvable(FitReason::FractionalCpu {
+                node_binds: forced.is_some(),
             }));
         }
         let exclusive = req.cpuset.map(|w| w.exclusive).unwrap_or_default();
         let cpus = usize::try_from(req.cpu_milli / 1000).unwrap_or(usize::MAX);
         if required && policy == CpuBindPolicy::FullPcpus && cpus % cpus_per_core.max(1) != 0 {
-            return Err(unresolvable("cpu count not a multiple of threads per core"));
+            return Err(unresolvable(FitReason::CpusNotWholeCores));
         }
         cpuset = Some(CpusetPlan {
             policy,
@@ -118,11 +113,10 @@ pub fn resolve(
         (p, NumaPolicy::None) => p,
         (p, n) if p == n => p,
         (p, n) => {
-            return Err(unresolvable(format!(
-                "numa topology policy conflict: pod {}, node {}",
-                numa_name(p),
-                numa_name(n)
-            )));
+            return Err(unresolvable(FitReason::NumaPolicyConflict {
+                pod: numa_name(p),
+                node: numa_name(n),
+            }));
         }
     };
     let exclusive_required = match req.numa_exclusive {

@@ -26,20 +26,11 @@ use super::request::{
 };
 use super::score::DeviceScoring;
 
-pub use crate::placement::FitError;
+pub use crate::placement::{FitError, FitReason};
 
 /// "insufficient <type> devices".
 pub(crate) fn insufficient(t: &DeviceType, unresolvable: bool) -> FitError {
-    let reason = match t {
-        DeviceType::Gpu => Cow::Borrowed("insufficient gpu devices"),
-        DeviceType::Rdma => Cow::Borrowed("insufficient rdma devices"),
-        DeviceType::Fpga => Cow::Borrowed("insufficient fpga devices"),
-        DeviceType::Other(_) => Cow::Owned(format!("insufficient {t} devices")),
-    };
-    FitError {
-        reason,
-        unresolvable,
-    }
+    FitError::new(FitReason::InsufficientDevices(t.clone()), unresolvable)
 }
 
 /// [`fit_with`] using the default scoring (LeastAllocated), for the tests.
@@ -84,10 +75,7 @@ pub fn fit_on_numa(
     allowed: Option<NumaMask>,
 ) -> Result<DeviceAllocations, FitError> {
     let Some(devices) = ledger.devices() else {
-        return Err(FitError {
-            reason: "node has no Device object".into(),
-            unresolvable: true,
-        });
+        return Err(FitError::new(FitReason::NoDeviceObject, true));
     };
     let req = &*by_strategy(req, devices)?;
     // Structural checks first: they do not depend on what is used.
@@ -101,19 +89,16 @@ pub fn fit_on_numa(
         }
     }
     if ledger.blocked(ignore) {
-        return Err(FitError {
-            reason: "node has a pod with a malformed device allocation".into(),
-            unresolvable: false,
-        });
+        return Err(FitError::new(FitReason::MalformedDeviceAllocation, false));
     }
     // A VF is asked for: the node must offer VFs of the type at all (koordinator `Prepare`).
     for t in req.types.keys() {
         let wants_vf = req.hints.get(t).is_some_and(|h| h.vf_selector.is_some());
         if wants_vf && !devices.slots(t).any(|s| !s.vf_groups.is_empty()) {
-            return Err(FitError {
-                reason: format!("Insufficient {t} VirtualFunctions").into(),
-                unresolvable: true,
-            });
+            return Err(FitError::new(
+                FitReason::InsufficientVirtualFunctions(t.clone()),
+                true,
+            ));
         }
     }
     // VFs are allocated by the default allocator (RDMA, FPGA), not koordinator's GPU one.
@@ -211,10 +196,7 @@ pub fn fit_on_numa(
                 if joint.required_scope == Some(JointScope::SamePcie)
                     && view.pcies(secondary, &minors) != pcies
                 {
-                    return Err(FitError {
-                        reason: "device joint-allocate rules violation".into(),
-                        unresolvable: false,
-                    });
+                    return Err(FitError::new(FitReason::JointAllocate, false));
                 }
                 chosen.insert(secondary.clone(), minors);
             }
@@ -235,17 +217,14 @@ pub fn fit_on_numa(
                 continue;
             };
             let resources = if t == DeviceType::Gpu {
-                fill_gpu_memory(&r.per_device, slot).ok_or_else(|| FitError {
-                    reason: format!("no healthy gpu device with minor {minor}").into(),
-                    unresolvable: false,
-                })?
+                fill_gpu_memory(&r.per_device, slot)
+                    .ok_or_else(|| FitError::new(FitReason::NoHealthyGpu { minor }, false))?
             } else {
                 r.per_device.clone()
             };
             let extension = view.vfs.get(&t).map(|need| {
-                let vf = need.free_vf(slot).ok_or_else(|| FitError {
-                    reason: format!("Insufficient {t} VirtualFunctions").into(),
-                    unresolvable: false,
+                let vf = need.free_vf(slot).ok_or_else(|| {
+                    FitError::new(FitReason::InsufficientVirtualFunctions(t.clone()), false)
                 })?;
                 Ok::<_, FitError>(DeviceAllocationExtension {
                     vfs: vec![VirtualFunction {
@@ -551,20 +530,14 @@ impl<'a> View<'a> {
             // koordinator's `allocateByDeviceTopology` with a required scope: its failures are
             // the answer (no fall-back to the default allocator).
             if r.shared && r.count > 1 {
-                return Err(FitError {
-                    reason: "node(s) Unsupported Multi-Shared GPU".into(),
-                    unresolvable: true,
-                });
+                return Err(FitError::new(FitReason::MultiSharedGpu, true));
             }
             return match self.gpu_tree(t, r, level) {
-                None => Err(FitError {
-                    reason: "node(s) missing GPU Device Topology Tree".into(),
-                    unresolvable: true,
-                }),
-                Some(None) => Err(FitError {
-                    reason: "Insufficient Topology Scoped GPU Devices".into(),
-                    unresolvable: false,
-                }),
+                None => Err(FitError::new(FitReason::MissingGpuTopologyTree, true)),
+                Some(None) => Err(FitError::new(
+                    FitReason::InsufficientTopologyScopedGpus,
+                    false,
+                )),
                 Some(Some(minors)) => Ok(minors),
             };
         }
@@ -855,10 +828,7 @@ mod tests {
         assert_eq!(minors(&a, &DeviceType::Gpu), vec![1, 4, 5, 6, 7]);
         assert_eq!(
             fit(&l, &request(&[(NVIDIA_GPU, "6")], &[]), &[]).unwrap_err(),
-            FitError {
-                reason: "insufficient gpu devices".into(),
-                unresolvable: false
-            }
+            FitError::new(FitReason::InsufficientDevices(DeviceType::Gpu), false)
         );
         assert!(
             fit(&l, &request(&[(NVIDIA_GPU, "9")], &[]), &[])
@@ -1091,7 +1061,7 @@ mod tests {
             EntryState::Committed,
         );
         let e = fit(&l, &request(&[(NVIDIA_GPU, "1")], &[]), &[]).unwrap_err();
-        assert!(!e.unresolvable && e.reason.contains("malformed"));
+        assert!(!e.unresolvable && e.reason.to_string().contains("malformed"));
         assert!(fit(&l, &request(&[(NVIDIA_GPU, "1")], &[]), &[PodUid::new("m")]).is_ok());
     }
 
@@ -1199,7 +1169,7 @@ mod tests {
         // NIC 0 is full; NIC 1 has room but no general VF left.
         let e = fit(&l, &general_vf, &[]).unwrap_err();
         assert_eq!(
-            (e.reason.as_ref(), e.unresolvable),
+            (e.reason.text().as_ref(), e.unresolvable),
             ("insufficient rdma devices", false)
         );
         // A victim's VF comes back for preemption.
@@ -1230,7 +1200,7 @@ mod tests {
         let plain = ledger(vec![nic(DeviceType::Rdma, RDMA, 0, 0, "pci0")]);
         let e = fit(&plain, &hint(r#"{"rdma":{"vfSelector":{}}}"#), &[]).unwrap_err();
         assert_eq!(
-            (e.reason.as_ref(), e.unresolvable),
+            (e.reason.text().as_ref(), e.unresolvable),
             ("Insufficient rdma VirtualFunctions", true)
         );
         // Without a vfSelector, no VF is taken.
@@ -1261,7 +1231,7 @@ mod tests {
         assert_eq!(minors(&not_a, &DeviceType::Rdma), vec![1]);
         let e = pick(r#"{"rdma":{"selector":{"matchLabels":{"zone":"c"}}}}"#).unwrap_err();
         assert_eq!(
-            (e.reason.as_ref(), e.unresolvable),
+            (e.reason.text().as_ref(), e.unresolvable),
             ("insufficient rdma devices", false)
         );
     }
@@ -1388,7 +1358,7 @@ mod tests {
         };
         let e = two("PCIe").unwrap_err();
         assert_eq!(
-            (e.reason.as_ref(), e.unresolvable),
+            (e.reason.text().as_ref(), e.unresolvable),
             ("Insufficient Topology Scoped GPU Devices", false)
         );
         let numa = minors(&two("NUMANode").unwrap(), &DeviceType::Gpu);

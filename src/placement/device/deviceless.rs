@@ -3,10 +3,7 @@
 //! ([`offers_any`]). Pure: names in, verdict out.
 
 use crate::model::resource_names::ResourceNameSet;
-use crate::placement::FitError;
-
-/// The reason a node without a Device object that does not advertise what the pod asks gets.
-pub const NOT_ADVERTISED: &str = "node has no Device object and does not advertise";
+use crate::placement::{FitError, FitReason};
 
 /// The one rule for a node without a `Device` object, in filter, its fast path, preempt and
 /// bind alike (issue 36 §6):
@@ -25,29 +22,16 @@ pub fn deviceless_fit(
     asked: ResourceNameSet,
 ) -> Result<(), FitError> {
     if held {
-        return Err(FitError {
-            reason: "device object missing".into(),
-            unresolvable: false,
-        });
+        return Err(FitError::new(FitReason::DeviceObjectMissing, false));
     }
     let Some(advertised) = advertised else {
-        return Err(FitError {
-            reason: "node not in the extender's cache yet".into(),
-            unresolvable: false,
-        });
+        return Err(FitError::new(FitReason::NodeNotCached, false));
     };
     let missing = asked.without(advertised);
     if missing.is_empty() {
         return Ok(());
     }
-    Err(FitError {
-        reason: format!(
-            "{NOT_ADVERTISED} {}",
-            missing.names().collect::<Vec<_>>().join(", ")
-        )
-        .into(),
-        unresolvable: true,
-    })
+    Err(FitError::new(FitReason::NotAdvertised(missing), true))
 }
 
 /// Whether some device pod can pass [`deviceless_fit`] on such a node: nothing held there, and
@@ -80,7 +64,7 @@ mod tests {
         // Holders without a Device object: missing, resolvable, whatever is advertised.
         let e = deviceless_fit(true, Some(koord), asked).unwrap_err();
         assert_eq!(
-            (e.reason.as_ref(), e.unresolvable),
+            (e.reason.text().as_ref(), e.unresolvable),
             ("device object missing", false)
         );
         // No Node object yet: resolvable.

@@ -34,19 +34,9 @@ pub fn dra_serves(asked: ResourceNameSet, served_here: ResourceNameSet) -> DraSe
     }
 }
 
-/// How [`split_error`]'s reason begins (the metric class keys on it).
-pub const SPLIT: &str = "kube-scheduler serves";
-
 /// The refusal of [`DraServes::Part`] (unresolvable: no preemption changes it).
 pub fn split_error(dra: ResourceNameSet) -> FitError {
-    FitError {
-        reason: format!(
-            "{SPLIT} {} through DRA on this node (a DeviceClass maps it and the node does not advertise it) and the extender the rest: one pod's devices are not split between two allocators",
-            dra.names().collect::<Vec<_>>().join(", ")
-        )
-        .into(),
-        unresolvable: true,
-    }
+    FitError::new(crate::placement::FitReason::DraSplit(dra), true)
 }
 
 #[cfg(test)]
@@ -68,6 +58,7 @@ mod tests {
         assert!(e.unresolvable);
         assert!(
             e.reason
+                .to_string()
                 .starts_with("kube-scheduler serves nvidia.com/gpu through DRA")
         );
     }

@@ -266,10 +266,10 @@ pub fn capacity(index: DeviceIndexRef<'_>, req: &FastRequest) -> Capacity {
         }
     }
     if index.blocked {
-        out.base = Err(FitError {
-            reason: "node has a pod with a malformed device allocation".into(),
-            unresolvable: false,
-        });
+        out.base = Err(FitError::new(
+            crate::placement::FitReason::MalformedDeviceAllocation,
+            false,
+        ));
     }
     out
 }

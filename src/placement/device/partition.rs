@@ -17,14 +17,14 @@ use std::sync::Arc;
 
 use crate::model::gpu_partition::{GpuPartitionSpec, RawPartition};
 use crate::model::quantity::Quantity;
-use crate::placement::FitError;
+use crate::placement::{FitError, FitReason};
 
 /// "Insufficient Partitioned GPU Devices": no listed partition of the size is free (resolvable).
-pub const INSUFFICIENT: &str = "Insufficient Partitioned GPU Devices";
+pub const INSUFFICIENT: FitReason = FitReason::InsufficientGpuPartition;
 /// "node(s) missing GPU Partition Table": partitions are honoured and the node has none.
-pub const MISSING_TABLE: &str = "node(s) missing GPU Partition Table";
+pub const MISSING_TABLE: FitReason = FitReason::MissingGpuPartitionTable;
 /// "node(s) Unsupported number of GPU requests": the table lists no partition of that size.
-pub const UNSUPPORTED_COUNT: &str = "node(s) Unsupported number of GPU requests";
+pub const UNSUPPORTED_COUNT: FitReason = FitReason::UnsupportedGpuPartitionCount;
 
 /// The largest minor a partition may name (koordinator hashes minors into a 64-bit mask).
 pub const MAX_MINOR: i64 = 63;
@@ -226,16 +226,10 @@ fn honoured<'a>(
     total: u64,
 ) -> Result<&'a GpuPartition, FitError> {
     let Some((table, _)) = &node.table else {
-        return Err(FitError {
-            reason: MISSING_TABLE.into(),
-            unresolvable: true,
-        });
+        return Err(FitError::new(MISSING_TABLE, true));
     };
     let Some(groups) = table.by_count.get(&count) else {
-        return Err(FitError {
-            reason: UNSUPPORTED_COUNT.into(),
-            unresolvable: true,
-        });
+        return Err(FitError::new(UNSUPPORTED_COUNT, true));
     };
     let bandwidth = spec.and_then(|s| s.ring_bus_bandwidth);
     let restricted = spec.is_some_and(|s| s.restricted);
@@ -251,10 +245,7 @@ fn honoured<'a>(
         }
     }
     if feasible.is_empty() {
-        return Err(FitError {
-            reason: INSUFFICIENT.into(),
-            unresolvable: false,
-        });
+        return Err(FitError::new(INSUFFICIENT, false));
     }
     Ok(bin_pack(used, &feasible, table, count))
 }
@@ -380,19 +371,13 @@ mod tests {
             Ok(None)
         );
         let odd = choose(&hopper(true), None, 3, 0, ALL8).unwrap_err();
-        assert_eq!(
-            (odd.reason.as_ref(), odd.unresolvable),
-            (UNSUPPORTED_COUNT, true)
-        );
+        assert_eq!((odd.reason, odd.unresolvable), (UNSUPPORTED_COUNT, true));
         assert_eq!(choose(&hopper(false), None, 3, 0, ALL8), Ok(None));
         // A pod spec honours partitions on a Prefer node too; no table at all is unresolvable.
         let spec = GpuPartitionSpec::default();
         assert!(choose(&hopper(false), Some(&spec), 3, 0, ALL8).is_err());
         let none = choose(&NodePartitions::default(), Some(&spec), 2, 0, ALL8).unwrap_err();
-        assert_eq!(
-            (none.reason.as_ref(), none.unresolvable),
-            (MISSING_TABLE, true)
-        );
+        assert_eq!((none.reason, none.unresolvable), (MISSING_TABLE, true));
         assert_eq!(
             choose(&NodePartitions::default(), None, 2, 0, ALL8),
             Ok(None)
@@ -560,7 +545,7 @@ mod tests {
                     c.minors.is_empty() && c.reason.is_empty(),
                     "case {i}: left to the general allocator; koordinator: {line}"
                 ),
-                Err(e) => assert_eq!(e.reason, c.reason, "case {i}: {line}"),
+                Err(e) => assert_eq!(e.reason.to_string(), c.reason, "case {i}: {line}"),
             }
             n += 1;
         }

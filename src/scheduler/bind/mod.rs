@@ -313,7 +313,7 @@ impl Binder {
         let does_not_fit = |e: crate::placement::FitError| BindError::DoesNotFit {
             pod: target.key.clone(),
             node: node.clone(),
-            reason: e.reason.into_owned(),
+            reason: e.reason.to_string(),
         };
         let decided = self.cluster.with_existing_node(node, |state| {
             // Checked under the node lock, right before deciding: a fence raised after this
