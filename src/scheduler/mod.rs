@@ -65,6 +65,11 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// What deriving a pod's needs reads from the caches now ([`needs::pod_needs`]).
+    pub(crate) fn needs_inputs(&self) -> needs::NeedsInputs<'_> {
+        needs::NeedsInputs::of(&self.readiness, &self.cluster, &self.scoring)
+    }
+
     /// A scheduler over `cluster`, binding through `api`.
     pub fn new(
         cluster: Arc<ClusterState>,

@@ -1,8 +1,9 @@
-//! What a pod asks of a node ([`PodNeeds`]), computed once per request from the pod and the
-//! kinds this cluster serves; an invalid request is an error that makes every node unresolvable.
+//! What a pod asks of a node ([`PodNeeds`]), derived once per request by one rule
+//! ([`pod_needs`]) from the pod and explicit facts of the cluster ([`NeedsInputs`]); an
+//! invalid request is an error that makes every node unresolvable. It reads no cache itself.
 
-use super::Scheduler;
 use super::config::ScoringConfig;
+use crate::cluster::ClusterState;
 use crate::model::pod::Pod;
 use crate::placement::cpu::classify::ClassifyError;
 use crate::placement::cpu::classify::classify;
@@ -10,6 +11,7 @@ use crate::placement::cpu::{NumaPolicy, PodCpuRequest};
 use crate::placement::device::request::PodDeviceRequest;
 use crate::placement::device::{PodDeviceRequestError, pod_device_request};
 use crate::sync::Kind;
+use crate::sync::Readiness;
 
 /// What a pod asks of a node, computed once per request.
 #[derive(Clone, Debug, Default, Hash)]
@@ -63,33 +65,96 @@ pub enum InvalidRequest {
     Cpu(#[from] ClassifyError),
 }
 
-/// The pod's device request: `Ok(None)` when it needs no devices (or device placement is off).
-pub fn device_request(
-    state: &Scheduler,
-    pod: &Pod,
-) -> Result<Option<PodDeviceRequest>, PodDeviceRequestError> {
-    if !state.readiness.is_enabled(Kind::Devices) {
-        return Ok(None);
-    }
-    pod_device_request(pod)
+/// What deriving a pod's needs reads besides the pod, named so filter, prioritize, preempt
+/// and bind derive them by one rule from the same kind of facts.
+#[derive(Clone, Copy, Debug)]
+pub struct NeedsInputs<'a> {
+    /// The cluster serves `Device` objects (device placement is on).
+    pub devices: bool,
+    /// The cluster serves `NodeResourceTopology` objects (CPU placement is on).
+    pub cpus: bool,
+    /// Some node checks pods that ask for no cpuset and no NUMA policy (it forces a bind
+    /// policy, has a NUMA policy or amplifies its CPU): only then do such pods need CPU
+    /// placement at all.
+    pub plain_pods_checked: bool,
+    pub scoring: &'a ScoringConfig,
 }
 
-/// Everything the pod asks of a node; `Err` when its request is invalid everywhere.
-pub fn pod_needs(state: &Scheduler, pod: &Pod) -> Result<PodNeeds, InvalidRequest> {
-    let cpu = cpu_needs(
-        pod,
-        state.readiness.is_enabled(Kind::NodeResourceTopologies),
-        &state.scoring,
-    )?
-    // A plain pod (no cpuset wish, no NUMA policy) needs CPU placement only on nodes that
-    // constrain plain pods; with none in the cluster it stays pass-through.
-    .filter(|c| {
-        c.cpuset.is_some()
-            || c.numa_policy != crate::placement::cpu::NumaPolicy::None
-            || state.cluster.cpu_constraining_nodes() > 0
-    });
-    Ok(PodNeeds {
-        devices: device_request(state, pod)?,
-        cpu,
-    })
+impl<'a> NeedsInputs<'a> {
+    /// The facts as the caches hold them now.
+    pub fn of(readiness: &Readiness, cluster: &ClusterState, scoring: &'a ScoringConfig) -> Self {
+        NeedsInputs {
+            devices: readiness.is_enabled(Kind::Devices),
+            cpus: readiness.is_enabled(Kind::NodeResourceTopologies),
+            plain_pods_checked: cluster.cpu_constraining_nodes() > 0,
+            scoring,
+        }
+    }
+}
+
+/// Everything the pod asks of a node; `Err` when its request is invalid everywhere. The one
+/// derivation: the read verbs and bind both call it (bind then takes out what kube-scheduler
+/// serves through DRA on its node).
+pub fn pod_needs(pod: &Pod, inputs: NeedsInputs<'_>) -> Result<PodNeeds, InvalidRequest> {
+    let cpu = cpu_needs(pod, inputs.cpus, inputs.scoring)?
+        // A plain pod (no cpuset wish, no NUMA policy) needs CPU placement only on nodes that
+        // check plain pods; with none in the cluster it stays pass-through.
+        .filter(|c| {
+            c.cpuset.is_some() || c.numa_policy != NumaPolicy::None || inputs.plain_pods_checked
+        });
+    let devices = if inputs.devices {
+        pod_device_request(pod)?
+    } else {
+        None
+    };
+    Ok(PodNeeds { devices, cpu })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(qos: &str, requests: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                "labels": {"koordinator.sh/qosClass": qos}},
+            "spec": {"containers": [{"name": "c",
+                "resources": {"requests": requests, "limits": requests}}]}}))
+        .expect("pod")
+    }
+
+    fn inputs(scoring: &ScoringConfig, plain_pods_checked: bool) -> NeedsInputs<'_> {
+        NeedsInputs {
+            devices: true,
+            cpus: true,
+            plain_pods_checked,
+            scoring,
+        }
+    }
+
+    /// The plain-pod rule, which bind used to skip: a plain pod needs CPU placement only where
+    /// some node checks plain pods; a cpuset pod always does; devices are the pod's.
+    #[test]
+    fn the_plain_pod_rule_applies_to_every_caller() {
+        let scoring = ScoringConfig::default();
+        let plain = pod("LS", json!({"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "1"}));
+        let needs = pod_needs(&plain, inputs(&scoring, false)).unwrap();
+        assert!(needs.cpu.is_none() && needs.devices.is_some());
+        assert!(
+            pod_needs(&plain, inputs(&scoring, true))
+                .unwrap()
+                .cpu
+                .is_some()
+        );
+        let lsr = pod("LSR", json!({"cpu": "2", "memory": "1Gi"}));
+        let needs = pod_needs(&lsr, inputs(&scoring, false)).unwrap();
+        assert!(needs.cpu.is_some_and(|c| c.cpuset.is_some()));
+        let off = NeedsInputs {
+            devices: false,
+            cpus: false,
+            ..inputs(&scoring, true)
+        };
+        assert!(pod_needs(&plain, off).unwrap().is_none());
+    }
 }

@@ -66,7 +66,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
     // Names mode: move the names into the answer instead of copying them.
     let nodes_mode = args.nodes_mode();
     let candidates: Vec<Cow<'a, str>> = args.take_candidates();
-    let passing: Vec<Cow<'a, str>> = match pod_needs(state, &pod) {
+    let passing: Vec<Cow<'a, str>> = match pod_needs(&pod, state.needs_inputs()) {
         // No device or CPU needs: pass through untouched and cheaply.
         Ok(needs) if needs.is_none() => candidates,
         Err(invalid) => {
@@ -221,7 +221,11 @@ fn record_filter(state: &Scheduler, result: &str, tally: &[u64; REASON_CLASSES.l
 /// are the request's names, moved (they borrow from the body).
 pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<HostPriority<'a>> {
     let names = args.take_candidates();
-    let needs = match args.pod.as_ref().map(|p| pod_needs(state, p)) {
+    let needs = match args
+        .pod
+        .as_ref()
+        .map(|p| pod_needs(p, state.needs_inputs()))
+    {
         Some(Ok(needs)) if needs.devices.is_some() || needs.wants_cpu_placement() => needs,
         // No device or CPU placement needs (or an invalid request, which filter already
         // rejected): no opinion.
@@ -304,7 +308,11 @@ pub fn preempt(state: &Scheduler, args: ExtenderPreemptionArgs) -> ExtenderPreem
     }
     // kube-scheduler rejects a node with no victims; never return one.
     candidates.retain(|_, v| v.pods.as_ref().is_some_and(|p| !p.is_empty()));
-    let needs = match args.pod.as_ref().map(|p| pod_needs(state, p)) {
+    let needs = match args
+        .pod
+        .as_ref()
+        .map(|p| pod_needs(p, state.needs_inputs()))
+    {
         Some(Ok(needs)) if !needs.is_none() => needs,
         Some(Ok(_)) => {
             return ExtenderPreemptionResult {

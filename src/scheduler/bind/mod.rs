@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use super::config::ScoringConfig;
 use super::decide::{Decision, decide_on_node};
-use super::needs::{PodNeeds, cpu_needs};
+use super::needs::{NeedsInputs, PodNeeds, pod_needs};
 use super::write_back;
 use crate::cluster::NodeState;
 use crate::cluster::assumed::{AssumedPod, Outcome};
@@ -46,9 +46,8 @@ use crate::model::pod::Pod;
 use crate::model::resource_names::ResourceNameSet;
 use crate::model::wire::ExtenderBindingArgs;
 use crate::placement::device::dra_served::{DraServes, dra_serves, split_error};
-use crate::placement::device::pod_device_request;
 use crate::placement::device::request::PodDeviceRequest;
-use crate::sync::{Kind, Readiness};
+use crate::sync::Readiness;
 use commit::AfterFailure;
 
 /// The pod annotations this service owns, whichever ledger writes them. A bind that does not
@@ -189,19 +188,20 @@ impl Binder {
             pod: target.key.clone(),
             reason: e.to_string(),
         };
-        let devices = if self.readiness.is_enabled(Kind::Devices) {
-            pod_device_request(&pod).map_err(|e| invalid(e.into()))?
-        } else {
-            None
-        };
-        let devices = self.without_dra_served(target, &pod, devices)?;
-        let cpu = cpu_needs(
+        // The read verbs' derivation, then what kube-scheduler serves through DRA taken out.
+        let needs = pod_needs(
             &pod,
-            self.readiness.is_enabled(Kind::NodeResourceTopologies),
-            &self.scoring,
+            NeedsInputs::of(&self.readiness, &self.cluster, &self.scoring),
         )
-        .map_err(|e| invalid(e.into()))?;
-        Ok((pod, PodNeeds { devices, cpu }))
+        .map_err(invalid)?;
+        let devices = self.without_dra_served(target, &pod, needs.devices)?;
+        Ok((
+            pod,
+            PodNeeds {
+                devices,
+                cpu: needs.cpu,
+            },
+        ))
     }
 
     /// The pod's device request less what kube-scheduler serves through DRA (KEP-5004), by
