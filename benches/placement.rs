@@ -44,12 +44,12 @@ use criterion::{Criterion, Throughput};
 use futures::future::BoxFuture;
 
 use common::{Case, PerNodeSplit, extender_body, slashed, summarize};
-use device_numa_extender::cluster::ClusterState;
-use device_numa_extender::cluster::devices::{EntryState, RecordedAllocation};
+use device_numa_extender::cluster::{Assumption, ClusterState};
 use device_numa_extender::extender::input::decode;
 use device_numa_extender::extender::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
 use device_numa_extender::metrics::Metrics;
 use device_numa_extender::model::cpuset::CpuSet;
+use device_numa_extender::model::device::DEVICE_ALLOCATED;
 use device_numa_extender::model::ids::PodUid;
 use device_numa_extender::model::pod::Pod;
 use device_numa_extender::placement::cpu::accumulator::synthetic_topology;
@@ -227,33 +227,39 @@ fn device_request(case: Case) -> PodDeviceRequest {
 }
 
 /// Bind's critical section: lock the node, allocate against committed + assumed, record the
-/// assumed entry (and render the annotation), publish the node to the read snapshot. [`undo`]
-/// it outside the timed region.
-fn allocate_record(state: &Scheduler, req: &PodDeviceRequest, uid: &PodUid) {
-    let started = Instant::now();
-    let annotation = state
+/// assumed entry and its assumption (and render the annotation) through the caches' one
+/// `assume`, publish the node to the read snapshot. [`undo`] it outside the timed region.
+fn allocate_record(state: &Scheduler, req: &PodDeviceRequest, uid: &PodUid) -> Instant {
+    let at = state
         .cluster
-        .with_existing_node(BIND_NODE, |node| {
+        .assume(BIND_NODE, uid, |node| {
             let allocation = allocate_on(Some(node), req, &[], &state.scoring)
                 .expect("fits")
                 .expect("node has devices");
             let annotation = allocation.to_annotation();
-            node.devices.record(
-                uid.clone(),
-                RecordedAllocation::Allocated(allocation),
-                EntryState::Assumed { at: started },
-            );
-            annotation
+            Ok::<_, ()>(Some(Assumption {
+                devices: Some(allocation),
+                cpus: None,
+                cpu_milli: 0,
+                namespace: "bench".into(),
+                name: uid.to_string(),
+                annotations: [(DEVICE_ALLOCATED.to_string(), Some(annotation))].into(),
+            }))
         })
-        .expect("bind node");
-    black_box(annotation);
+        .expect("bind node")
+        .expect("decided")
+        .expect("holds devices");
+    black_box(at)
 }
 
-fn undo(state: &Scheduler, uid: &PodUid) {
-    state
-        .cluster
-        .with_existing_node(BIND_NODE, |node| node.devices.remove(uid))
-        .expect("bind node");
+fn undo(state: &Scheduler, uid: &PodUid, at: Instant) {
+    assert!(state.cluster.release_assumed(BIND_NODE, uid, at));
+}
+
+/// [`undo`] for a whole bind: its assumption says when it assumed.
+fn undo_bind(state: &Scheduler, uid: &PodUid) {
+    let at = state.cluster.assumptions().get(uid).expect("assumed").at;
+    undo(state, uid, at);
 }
 
 fn bind_args(case: Case) -> device_numa_extender::extender::wire::ExtenderBindingArgs {
@@ -306,9 +312,9 @@ fn benches(c: &mut Criterion, state: &Scheduler, rt: &tokio::runtime::Runtime) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let t = Instant::now();
-                    allocate_record(state, &req, &uid);
+                    let at = allocate_record(state, &req, &uid);
                     total += t.elapsed();
-                    undo(state, &uid);
+                    undo(state, &uid, at);
                 }
                 total
             })
@@ -321,7 +327,7 @@ fn benches(c: &mut Criterion, state: &Scheduler, rt: &tokio::runtime::Runtime) {
                     let t = Instant::now();
                     rt.block_on(state.binder.bind(&args)).expect("binds");
                     total += t.elapsed();
-                    undo(state, &uid);
+                    undo_bind(state, &uid);
                 }
                 total
             })
@@ -568,13 +574,13 @@ fn percentiles(state: &Scheduler, rt: &tokio::runtime::Runtime) {
         let args = bind_args(case);
         for _ in 0..2_000 {
             let t = Instant::now();
-            allocate_record(state, &req, &uid);
+            let at = allocate_record(state, &req, &uid);
             ar.push(t.elapsed());
-            undo(state, &uid);
+            undo(state, &uid, at);
             let t = Instant::now();
             rt.block_on(state.binder.bind(&args)).expect("binds");
             full.push(t.elapsed());
-            undo(state, &uid);
+            undo_bind(state, &uid);
         }
         println!(
             "{:<11}\n  allocate+record {}\n  whole bind      {}",

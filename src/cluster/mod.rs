@@ -23,4 +23,4 @@ pub(crate) mod state;
 pub use node::{NodeEntry, NodeState};
 pub use pod::PodRecord;
 pub use records::{NodeRecord, Overcommitted, TopologyRecord};
-pub use state::ClusterState;
+pub use state::{Assumption, ClusterState};

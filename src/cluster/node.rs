@@ -8,13 +8,14 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use serde::Serialize;
 
-use super::cpus::CpuLedger;
+use super::cpus::{CpuLedger, RecordedCpus};
 use super::devices::{
     DeviceHoldings, DeviceLedger, EntryState, FreeMap, NodeDevices, RecordedAllocation,
 };
 use super::pod::PodRecord;
 use super::records::{CpuAmplificationRatio, NodeRecord, TopologyRecord};
 use super::snapshot::{CpuFacts, DeviceFacts, NodeSummary, PartitionFacts, Unusable};
+use crate::model::device::DeviceAllocations;
 use crate::model::ids::PodUid;
 use crate::model::resource_names::ResourceNameSet;
 use crate::placement::cpu::{Amplification, AmplifiedCpu};
@@ -28,19 +29,24 @@ pub struct NodeState {
     pub node: Option<NodeRecord>,
     /// Shared with the NRT sync's store (one copy per NRT).
     pub topology: Option<Arc<TopologyRecord>>,
-    /// Device totals (from the Device object) and who holds what (by pod UID).
+    /// Device totals (from the Device object) and who holds what (by pod UID). Written only
+    /// by the caches (`cluster`): the sync's events, and a bind's [`ClusterState::assume`] and
+    /// its release; read through [`Self::device_ledger`].
+    ///
+    /// [`ClusterState::assume`]: super::ClusterState::assume
     #[serde(skip)]
-    pub devices: DeviceLedger,
-    /// CPU topology (from the NRT and labels) and who holds which CPUs (by pod UID).
+    pub(super) devices: DeviceLedger,
+    /// CPU topology (from the NRT and labels) and who holds which CPUs (by pod UID); written
+    /// as [`Self::devices`] is, read through [`Self::cpu_ledger`].
     #[serde(skip)]
-    pub cpus: CpuLedger,
+    pub(super) cpus: CpuLedger,
     /// Assigned, non-terminal pods on this node, by UID. The records are shared with the pod
     /// sync's store (one copy per pod).
     pub pods: BTreeMap<PodUid, Arc<PodRecord>>,
     /// The CPU requests (millicores) of pods a bind assumed here, until the watch lists them
     /// in `pods`: the amplification check counts them while their ledger entry is assumed.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub assumed_cpu_milli: BTreeMap<PodUid, i64>,
+    pub(super) assumed_cpu_milli: BTreeMap<PodUid, i64>,
     /// The managed resource names some DeviceClass maps to DRA (KEP-5004), the same on every
     /// node: where the Node does not advertise one, kube-scheduler serves it through DRA.
     #[serde(skip)]
@@ -56,6 +62,58 @@ pub struct NodeState {
 }
 
 impl NodeState {
+    /// Who holds which devices here.
+    pub fn device_ledger(&self) -> &DeviceLedger {
+        &self.devices
+    }
+
+    /// Who holds which CPUs here.
+    pub fn cpu_ledger(&self) -> &CpuLedger {
+        &self.cpus
+    }
+
+    /// Records a bind's decision as assumed in every ledger, with one instant: the twin of
+    /// [`Self::remove_if_assumed_at`]. `cpu_milli`: the pod's CPU request, which the
+    /// amplification check counts until the watch lists the pod here.
+    pub(super) fn record_assumed(
+        &mut self,
+        uid: &PodUid,
+        devices: Option<DeviceAllocations>,
+        cpus: Option<RecordedCpus>,
+        cpu_milli: i64,
+        at: std::time::Instant,
+    ) {
+        if let Some(allocation) = devices {
+            self.devices.record(
+                uid.clone(),
+                RecordedAllocation::Allocated(allocation),
+                EntryState::Assumed { at },
+            );
+        }
+        if let Some(recorded) = cpus {
+            self.cpus
+                .record(uid.clone(), recorded, EntryState::Assumed { at });
+        }
+        if cpu_milli > 0 {
+            self.assumed_cpu_milli.insert(uid.clone(), cpu_milli);
+        }
+    }
+
+    /// The ledgers, writable, for tests that build a node's state by hand.
+    #[cfg(test)]
+    pub(crate) fn ledgers_for_test(
+        &mut self,
+    ) -> (
+        &mut DeviceLedger,
+        &mut CpuLedger,
+        &mut BTreeMap<PodUid, i64>,
+    ) {
+        (
+            &mut self.devices,
+            &mut self.cpus,
+            &mut self.assumed_cpu_milli,
+        )
+    }
     /// The node's facts for the read snapshot: its cached CPU summary and a freshly built
     /// device index.
     pub fn summary(&self) -> NodeSummary {
@@ -125,7 +183,7 @@ impl NodeState {
     /// the node's devices unallocatable, as a malformed annotation does: the node is then
     /// over-committed and nothing it offers can be trusted. Without a Device object there is
     /// nothing to place: device plugins own such a node.
-    pub fn place_unknown_holders(&mut self) {
+    pub(super) fn place_unknown_holders(&mut self) {
         if self.devices.unknown().is_empty() {
             return;
         }
@@ -274,7 +332,7 @@ impl NodeState {
     }
 
     /// Removes `uid`'s entries in every ledger, only if they are still the ones assumed at `at`.
-    pub fn remove_if_assumed_at(&mut self, uid: &PodUid, at: std::time::Instant) -> bool {
+    pub(super) fn remove_if_assumed_at(&mut self, uid: &PodUid, at: std::time::Instant) -> bool {
         let d = self.devices.remove_if_assumed_at(uid, at);
         let c = self.cpus.remove_if_assumed_at(uid, at);
         if d || c {
@@ -284,7 +342,8 @@ impl NodeState {
     }
 
     /// Drops `uid`'s assumed entries in every ledger (a failed bind); committed ones stay.
-    pub fn remove_assumed(&mut self, uid: &PodUid) {
+    #[cfg(test)]
+    pub(crate) fn remove_assumed(&mut self, uid: &PodUid) {
         if matches!(
             self.devices.get(uid).map(|e| e.state),
             Some(EntryState::Assumed { .. })

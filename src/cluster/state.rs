@@ -19,6 +19,7 @@ use super::pod::{PodCpus, PodDevices, PodRecord};
 use super::records::{NodeRecord, Overcommitted, TopologyRecord};
 use super::returns::CapacityReturns;
 use super::snapshot::{ReadSnapshots, Snapshot};
+use crate::model::device::DeviceAllocations;
 use crate::model::ids::PodUid;
 use crate::model::resource_names::ResourceNameSet;
 
@@ -28,6 +29,21 @@ pub struct DraOwnershipPlan {
     pub wanted: std::collections::BTreeSet<DevicePool>,
     pub in_use: std::collections::BTreeSet<DevicePool>,
     pub rules: BTreeMap<DevicePool, Arc<str>>,
+}
+
+/// What a bind assumes on a node ([`ClusterState::assume`]): its allocations and what the
+/// assumption record keeps to write, probe and release them.
+#[derive(Debug)]
+pub struct Assumption {
+    pub devices: Option<DeviceAllocations>,
+    pub cpus: Option<RecordedCpus>,
+    /// The pod's CPU request (millicores), counted by the amplification check until the
+    /// watch lists the pod on the node.
+    pub cpu_milli: i64,
+    pub namespace: String,
+    pub name: String,
+    /// The annotations the bind writes (`None` = removed).
+    pub annotations: BTreeMap<String, Option<String>>,
 }
 
 /// The shared cache. Cloning the `Arc<ClusterState>` is how every component sees it.
@@ -89,6 +105,43 @@ impl ClusterState {
 
     pub fn assumptions(&self) -> &Assumptions {
         &self.assumptions
+    }
+
+    /// Decides on `node` under its write lock and records what `decide` returns as assumed:
+    /// in the node's ledgers and in the assumptions, with one instant (kube-scheduler's
+    /// `AssumePod`; the twin of [`Self::release_assumed`], its `ForgetPod`). Concurrent binds
+    /// on the node see each other's assumed entries; `decide` reads the state, it cannot
+    /// write it. `None` when no object names the node (no entry is created); `Ok(None)` when
+    /// the decision holds nothing. Lock order: the node, then the assumptions.
+    pub fn assume<E>(
+        &self,
+        node: &str,
+        uid: &PodUid,
+        decide: impl FnOnce(&NodeState) -> Result<Option<Assumption>, E>,
+    ) -> Option<Result<Option<std::time::Instant>, E>> {
+        self.with_existing_node(node, |state| {
+            let Some(a) = decide(state)? else {
+                return Ok(None);
+            };
+            if a.devices.is_none() && a.cpus.is_none() {
+                return Ok(None);
+            }
+            let at = std::time::Instant::now();
+            state.record_assumed(uid, a.devices, a.cpus, a.cpu_milli, at);
+            self.assumptions.record(
+                uid.clone(),
+                AssumedPod {
+                    namespace: a.namespace,
+                    name: a.name,
+                    node: Arc::from(node),
+                    at,
+                    annotations: a.annotations,
+                    outcome: super::assumed::Outcome::Writing,
+                    binding: None,
+                },
+            );
+            Ok(Some(at))
+        })
     }
 
     /// Removes `uid`'s assumed entries on `node` if they are still the ones assumed at `at`
@@ -580,9 +633,9 @@ impl ClusterState {
     }
 
     /// Runs `f` under the write lock of `name`'s entry if there is one; `None` (and no entry
-    /// created) otherwise. Bind uses this: a bind naming a node nothing else knows must not
-    /// leave an empty entry behind that no event would ever collect.
-    pub fn with_existing_node<R>(
+    /// created) otherwise. [`Self::assume`] uses this: a bind naming a node nothing else knows
+    /// must not leave an empty entry behind that no event would ever collect.
+    pub(super) fn with_existing_node<R>(
         &self,
         name: &str,
         f: impl FnOnce(&mut NodeState) -> R,
@@ -596,6 +649,17 @@ impl ClusterState {
                 return Some(out);
             }
         }
+    }
+
+    /// [`Self::with_existing_node`], for tests outside the caches that build a node's state
+    /// by hand (production code writes only through the caches' own methods).
+    #[cfg(test)]
+    pub(crate) fn edit_node_for_test<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut NodeState) -> R,
+    ) -> Option<R> {
+        self.with_existing_node(name, f)
     }
 
     /// Applies a pod add or update. `old` is the record the pod sync recorded for this key,

@@ -193,13 +193,13 @@ proptest! {
                 r#"{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-memory-ratio":"10"}}]}"#,
             )
             .expect("allocation");
-            cluster.with_existing_node("n", |s| {
-                s.devices.record(
+            cluster.edit_node_for_test("n", |s| {
+                s.ledgers_for_test().0.record(
                     uid.clone(),
                     RecordedAllocation::Allocated(alloc),
                     EntryState::Assumed { at: std::time::Instant::now() },
                 );
-                s.assumed_cpu_milli.insert(uid.clone(), *cpu_milli);
+                s.ledgers_for_test().2.insert(uid.clone(), *cpu_milli);
             });
             match fate {
                 Assumed::Pending => {}
@@ -207,7 +207,7 @@ proptest! {
                     cluster.upsert_pod(None, &listed(uid.as_str(), *cpu_milli, None, "Running"));
                 }
                 Assumed::RolledBack => {
-                    cluster.with_existing_node("n", |s| s.remove_assumed(&uid));
+                    cluster.edit_node_for_test("n", |s| s.remove_assumed(&uid));
                 }
             }
             if !matches!(fate, Assumed::RolledBack) {
@@ -254,14 +254,14 @@ proptest! {
         };
 
         let full = cluster
-            .with_existing_node("n", |s| decide_on_node(Some(s), &needs, &[], &scoring).map(|_| ()))
+            .edit_node_for_test("n", |s| decide_on_node(Some(s), &needs, &[], &scoring).map(|_| ()))
             .expect("node");
         prop_assert_eq!(judge(&full, oracle(requested, held.len())), Ok(()));
         let snapshot = cluster.read_snapshot();
         let fast = snapshot_fit(snapshot.node("n"), &needs, None, &scoring, &mut FitMemo::default());
         prop_assert_eq!(fast, Some(full), "the snapshot answers as the full decision");
         let with_victims = cluster
-            .with_existing_node("n", |s| {
+            .edit_node_for_test("n", |s| {
                 decide_on_node(Some(s), &needs, &victims, &scoring).map(|_| ())
             })
             .expect("node");

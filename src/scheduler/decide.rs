@@ -59,7 +59,7 @@ fn devices_fit_within(
     scoring: &ScoringConfig,
     mask: Option<NumaMask>,
 ) -> bool {
-    fit_on_numa(&node.devices, devices, ignore, &scoring.device, mask).is_ok()
+    fit_on_numa(node.device_ledger(), devices, ignore, &scoring.device, mask).is_ok()
 }
 
 /// The CPU/NUMA placement on `node`, with `ignore`'s allocations released.
@@ -78,12 +78,14 @@ pub fn cpu_decision(
         };
     };
     // koordinator checks the node's amplified CPU before any topology (plugin.go `Filter`).
-    node.amplification(ignore)
-        .check(req.cpu_milli, needs_topology(node.cpus.bind_policy(), req))?;
-    node.cpus
+    node.amplification(ignore).check(
+        req.cpu_milli,
+        needs_topology(node.cpu_ledger().bind_policy(), req),
+    )?;
+    node.cpu_ledger()
         .with_view(ignore, &scoring.cpu, |view| match view {
             Err(unusable) => {
-                if needs_topology(node.cpus.bind_policy(), req) {
+                if needs_topology(node.cpu_ledger().bind_policy(), req) {
                     Err(FitError::new(unusable.reason, unusable.unresolvable))
                 } else {
                     Ok(None)
@@ -95,7 +97,7 @@ pub fn cpu_decision(
                         .is_some_and(|d| devices_fit_within(node, d, ignore, scoring, Some(mask)))
                 };
                 let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
-                    if devices.is_some() && node.devices.devices().is_some() {
+                    if devices.is_some() && node.device_ledger().devices().is_some() {
                         Some(&mut aligned)
                     } else {
                         None
@@ -106,7 +108,7 @@ pub fn cpu_decision(
                     if e.reason == reason::DEVICES_UNALIGNED
                         && let Some(d) = devices
                         && let Err(shortage) =
-                            fit_on_numa(&node.devices, d, ignore, &scoring.device, None)
+                            fit_on_numa(node.device_ledger(), d, ignore, &scoring.device, None)
                     {
                         return shortage;
                     }
@@ -154,14 +156,17 @@ pub fn allocate_on(
         DraServes::Everything => return Ok(None),
         DraServes::Part(dra) => return Err(split_error(dra)),
     }
-    if node.devices.devices().is_none() {
+    if node.device_ledger().devices().is_none() {
         // Preemption victims (`ignore`) count as gone: once they are, the node may hold
         // nothing any more and is left to the device plugins again.
-        let held = node.devices.entries().any(|(uid, _)| !ignore.contains(uid));
+        let held = node
+            .device_ledger()
+            .entries()
+            .any(|(uid, _)| !ignore.contains(uid));
         let advertised = node.node.as_ref().map(|n| n.advertised);
         return deviceless_fit(held, advertised, req.asked).map(|()| None);
     }
-    fit_with(&node.devices, req, ignore, &scoring.device).map(Some)
+    fit_with(node.device_ledger(), req, ignore, &scoring.device).map(Some)
 }
 
 /// [`allocate_on`] with an optional NUMA restriction.
@@ -174,10 +179,10 @@ fn allocate_devices(
 ) -> Result<Option<DeviceAllocations>, FitError> {
     match (node, affinity) {
         (Some(n), Some(mask))
-            if n.devices.devices().is_some()
+            if n.device_ledger().devices().is_some()
                 && dra_serves(req.asked, n.dra_served()) == DraServes::Nothing =>
         {
-            fit_on_numa(&n.devices, req, ignore, &scoring.device, Some(mask)).map(Some)
+            fit_on_numa(n.device_ledger(), req, ignore, &scoring.device, Some(mask)).map(Some)
         }
         _ => allocate_on(node, req, ignore, scoring),
     }
@@ -206,7 +211,7 @@ pub fn full_score(
     let device = needs
         .devices
         .as_ref()
-        .map(|req| score_node(&node.devices, req, &scoring.device));
+        .map(|req| score_node(node.device_ledger(), req, &scoring.device));
     let cpu = cpu.and_then(|req| full_cpu_score(node, req, needs.devices.as_ref(), scoring));
     combine(device, cpu)
 }
@@ -219,13 +224,13 @@ pub fn full_cpu_score(
     devices: Option<&PodDeviceRequest>,
     scoring: &ScoringConfig,
 ) -> Option<i64> {
-    node.cpus.with_view(&[], &scoring.cpu, |view| {
+    node.cpu_ledger().with_view(&[], &scoring.cpu, |view| {
         let view = view.ok()?;
         let mut aligned = |mask: NumaMask| {
             devices.is_some_and(|d| devices_fit_within(node, d, &[], scoring, Some(mask)))
         };
         let callback: Option<&mut dyn FnMut(NumaMask) -> bool> =
-            if devices.is_some() && node.devices.devices().is_some() {
+            if devices.is_some() && node.device_ledger().devices().is_some() {
                 Some(&mut aligned)
             } else {
                 None
@@ -269,7 +274,7 @@ mod tests {
             .unwrap(),
         ));
         let holder = PodUid::new("holder");
-        node.devices.record(
+        node.ledgers_for_test().0.record(
             holder.clone(),
             RecordedAllocation::Allocated(DeviceAllocations(BTreeMap::from([(
                 DeviceType::Gpu,

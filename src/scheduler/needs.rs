@@ -138,7 +138,10 @@ mod tests {
     #[test]
     fn the_plain_pod_rule_applies_to_every_caller() {
         let scoring = ScoringConfig::default();
-        let plain = pod("LS", json!({"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "1"}));
+        let plain = pod(
+            "LS",
+            json!({"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "1"}),
+        );
         let needs = pod_needs(&plain, inputs(&scoring, false)).unwrap();
         assert!(needs.cpu.is_none() && needs.devices.is_some());
         assert!(

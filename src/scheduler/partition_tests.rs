@@ -79,8 +79,8 @@ fn hold(cluster: &ClusterState, uid: usize, minor: i32, percent: u8) {
         r#"{{"gpu":[{{"minor":{minor},"resources":{{"koordinator.sh/gpu-core":"{percent}","koordinator.sh/gpu-memory-ratio":"{percent}"}}}}]}}"#
     ))
     .expect("allocation");
-    cluster.with_existing_node("n", |s| {
-        s.devices.record(
+    cluster.edit_node_for_test("n", |s| {
+        s.ledgers_for_test().0.record(
             crate::model::ids::PodUid::new(format!("h{uid}")),
             RecordedAllocation::Allocated(alloc),
             EntryState::Committed,
@@ -184,7 +184,7 @@ proptest! {
         let needs = needs(gpus, shared, spec);
         let scoring = ScoringConfig::default();
         let full = cluster
-            .with_existing_node("n", |s| decide_on_node(Some(s), &needs, &[], &scoring))
+            .edit_node_for_test("n", |s| decide_on_node(Some(s), &needs, &[], &scoring))
             .expect("node");
 
         // The oracle, from the objects written above.
@@ -249,7 +249,7 @@ fn a_device_table_is_followed_and_a_malformed_one_is_reported() {
     let scoring = ScoringConfig::default();
     let decide = |cluster: &ClusterState, needs: &PodNeeds| {
         cluster
-            .with_existing_node("n", |s| decide_on_node(Some(s), needs, &[], &scoring))
+            .edit_node_for_test("n", |s| decide_on_node(Some(s), needs, &[], &scoring))
             .expect("node")
     };
     let two = needs(2, false, None);
@@ -280,11 +280,11 @@ fn a_device_table_is_followed_and_a_malformed_one_is_reported() {
             .contains("scheduling.koordinator.sh/gpu-partitions")
     );
     let before = cluster
-        .with_existing_node("n", |s| s.devices.free(&[]))
+        .edit_node_for_test("n", |s| s.device_ledger().free(&[]))
         .expect("node");
     cluster.set_devices("n", Some(broken));
     let after = cluster
-        .with_existing_node("n", |s| s.devices.free(&[]))
+        .edit_node_for_test("n", |s| s.device_ledger().free(&[]))
         .expect("node");
     assert_eq!(before, after, "what pods hold is untouched");
     // No table now: Prefer (the Node has no policy) places as before; a pod spec is refused.

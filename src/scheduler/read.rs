@@ -332,7 +332,7 @@ mod aligned_tests {
             cpusets: Vec::new(),
         };
         let mut state = NodeState::default();
-        state.cpus.set_nrt(Some(
+        state.ledgers_for_test().1.set_nrt(Some(
             crate::cluster::records::two_numa_test_topology()
                 .cpu
                 .clone(),
@@ -364,7 +364,8 @@ mod aligned_tests {
             )
         });
         state
-            .devices
+            .ledgers_for_test()
+            .0
             .set_devices(Some(NodeDevices::from_slots(slots)));
         let scoring = ScoringConfig::default();
         for (i, (mask, ratio)) in gpu_holders.iter().enumerate() {
@@ -376,18 +377,18 @@ mod aligned_tests {
                 continue;
             };
             if let Ok(a) = fit_on_numa(
-                &state.devices,
+                state.device_ledger(),
                 &req,
                 &[],
                 &scoring.device,
                 Some(NumaMask(*mask)),
             )
-            .or_else(|_| fit_with(&state.devices, &req, &[], &scoring.device))
+            .or_else(|_| fit_with(state.device_ledger(), &req, &[], &scoring.device))
             {
                 for entry in a.0.values().flatten() {
                     facts.gpus[entry.minor as usize].1 += u32::from(*ratio);
                 }
-                state.devices.record(
+                state.ledgers_for_test().0.record(
                     PodUid::new(format!("g{i}")),
                     RecordedAllocation::Allocated(a),
                     EntryState::Committed,
@@ -403,7 +404,7 @@ mod aligned_tests {
             }
             taken = taken.union(&set);
             facts.cpusets.push(set);
-            state.cpus.record(
+            state.ledgers_for_test().1.record(
                 PodUid::new(format!("c{i}")),
                 RecordedCpus::Allocated(crate::cluster::cpus::CpuAllocation {
                     cpuset: set,
@@ -524,10 +525,10 @@ mod aligned_tests {
                 prop_assert_eq!(got, full);
             }
             // Prioritize's CPU score on the fast path equals the full placement's.
-            let full_score = state.cpus.with_view(&[], &scoring.cpu, |view| {
+            let full_score = state.cpu_ledger().with_view(&[], &scoring.cpu, |view| {
                 let view = view.ok()?;
                 let mut aligned = |mask: NumaMask| {
-                    fit_on_numa(&state.devices, &devices, &[], &scoring.device, Some(mask)).is_ok()
+                    fit_on_numa(state.device_ledger(), &devices, &[], &scoring.device, Some(mask)).is_ok()
                 };
                 score_or_zero(&view, req, Some(&mut aligned), &scoring.cpu)
             });

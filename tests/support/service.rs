@@ -515,7 +515,7 @@ pub fn cache_counts(cluster: &device_numa_extender::cluster::ClusterState) -> Ca
             let s = entry.read();
             c.nodes += usize::from(s.node.is_some());
             c.pods += s.pods.len();
-            c.devices += usize::from(s.devices.devices().is_some());
+            c.devices += usize::from(s.device_ledger().devices().is_some());
             c.topologies += usize::from(s.topology.is_some());
         }
     }

@@ -34,10 +34,10 @@ use super::decide::{Decision, decide_on_node};
 use super::needs::{NeedsInputs, PodNeeds, pod_needs};
 use super::write_back;
 use crate::cluster::NodeState;
-use crate::cluster::assumed::{AssumedPod, Outcome};
+use crate::cluster::assumed::Outcome;
 use crate::cluster::cpus::RecordedCpus;
-use crate::cluster::devices::{EntryState, RecordedAllocation};
-use crate::cluster::{ClusterState, PodRecord};
+
+use crate::cluster::{Assumption, ClusterState, PodRecord};
 use crate::metrics::Metrics;
 use crate::model::annotations::{DEVICE_ALLOCATED, RESOURCE_STATUS};
 use crate::model::ids::PodUid;
@@ -315,7 +315,7 @@ impl Binder {
             node: node.clone(),
             reason: e.reason.to_string(),
         };
-        let decided = self.cluster.with_existing_node(node, |state| {
+        let decided = self.cluster.assume(node, &target.uid, |state| {
             // Checked under the node lock, right before deciding: a fence raised after this
             // point only concerns binds that decide after it.
             if !self.readiness.pods_current() {
@@ -332,11 +332,10 @@ impl Binder {
             }
             let decision =
                 decide_on_node(Some(state), needs, &[], &self.scoring).map_err(does_not_fit)?;
-            assumed.at = self.assume(target, pod, needs, state, decision, &mut assumed.written);
-            Ok(())
+            Ok(self.assumption(target, pod, needs, state, decision, &mut assumed.written))
         });
         match decided {
-            Some(result) => result.map(|()| assumed),
+            Some(result) => result.map(|at| Assumed { at, ..assumed }),
             // A node no object names: the decision on no state (a cpuset pod cannot go there).
             None => match decide_on_node(None, needs, &[], &self.scoring) {
                 Ok(_) => Ok(assumed),
@@ -345,77 +344,59 @@ impl Binder {
         }
     }
 
-    /// Records `decision` as assumed in the node's ledgers and in the assumptions, and the
-    /// annotations it is written as into `written`; the instant it was assumed at, or `None`
-    /// when it holds nothing. Called with the node's write lock held (lock order: node, then
-    /// the assumptions).
-    fn assume(
+    /// What `decision` assumes on the node ([`crate::cluster::ClusterState::assume`] records
+    /// it), and the annotations it is written as, into `written`; `None` when it holds
+    /// nothing. Runs under the node's write lock, reading the state.
+    fn assumption(
         &self,
         target: &Target<'_>,
         pod: &Pod,
         needs: &PodNeeds,
-        state: &mut NodeState,
+        state: &NodeState,
         decision: Decision,
         written: &mut BTreeMap<String, Option<String>>,
-    ) -> Option<std::time::Instant> {
-        // One instant for every ledger: one pod UID, one assumed-entry lifecycle.
-        let at = std::time::Instant::now();
-        let uid = &target.uid;
-        let mut held = false;
-        if let Some(allocation) = decision.devices {
+    ) -> Option<Assumption> {
+        let devices = decision.devices;
+        if let Some(allocation) = &devices {
             written.insert(
                 DEVICE_ALLOCATED.to_string(),
                 Some(allocation.to_annotation()),
             );
-            state.devices.record(
-                uid.clone(),
-                RecordedAllocation::Allocated(allocation),
-                EntryState::Assumed { at },
-            );
-            held = true;
         }
+        let mut cpus = None;
         if let (Some(placement), Some(req)) = (&decision.cpu, &needs.cpu)
             && let Some(status) = write_back::resource_status(placement)
         {
             written.insert(RESOURCE_STATUS.to_string(), Some(status));
-            if let Some(spec) =
-                write_back::resource_spec_write_back(pod, placement, req, state.cpus.bind_policy())
-            {
+            if let Some(spec) = write_back::resource_spec_write_back(
+                pod,
+                placement,
+                req,
+                state.cpu_ledger().bind_policy(),
+            ) {
                 written.insert(RESOURCE_SPEC.to_string(), Some(spec));
             }
-            state.cpus.record(
-                uid.clone(),
-                RecordedCpus::Allocated(write_back::recorded_cpus(placement, req)),
-                EntryState::Assumed { at },
-            );
-            held = true;
+            cpus = Some(RecordedCpus::Allocated(write_back::recorded_cpus(
+                placement, req,
+            )));
         }
-        if !held {
+        if devices.is_none() && cpus.is_none() {
             return None;
         }
         // Until the watch lists the pod here, the amplification check counts its CPU request
-        // from this record (while the entries above stay assumed).
+        // from this record (while the entries stay assumed).
         let cpu_milli = crate::model::requests::pod_requests_compact(&pod.spec)
             .ok()
             .and_then(|r| r.get("cpu").map(|q| q.milli_value()))
             .unwrap_or(0);
-        if cpu_milli > 0 {
-            state.assumed_cpu_milli.insert(uid.clone(), cpu_milli);
-        }
-        let args = target.args;
-        self.cluster.assumptions().record(
-            uid.clone(),
-            AssumedPod {
-                namespace: args.pod_namespace.clone(),
-                name: args.pod_name.clone(),
-                node: Arc::from(args.node.as_str()),
-                at,
-                annotations: written.clone(),
-                outcome: Outcome::Writing,
-                binding: None,
-            },
-        );
-        Some(at)
+        Some(Assumption {
+            devices,
+            cpus,
+            cpu_milli,
+            namespace: target.args.pod_namespace.clone(),
+            name: target.args.pod_name.clone(),
+            annotations: written.clone(),
+        })
     }
 
     /// Phase 4: what the commit's answer means for the assumed entry. Success: a relist may
