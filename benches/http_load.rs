@@ -52,7 +52,7 @@ use hyper_util::rt::TokioExecutor;
 use common::{Case, PerNodeSplit, extender_body, ms, slashed, summarize};
 use device_numa_extender::app::Service;
 use device_numa_extender::extender::input::{decode, read_body};
-use device_numa_extender::extender::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
+use device_numa_extender::model::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
 use device_numa_extender::scheduler::verbs;
 
 const NODES: usize = 5_000;

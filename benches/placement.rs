@@ -46,12 +46,12 @@ use futures::future::BoxFuture;
 use common::{Case, PerNodeSplit, extender_body, slashed, summarize};
 use device_numa_extender::cluster::{Assumption, ClusterState};
 use device_numa_extender::extender::input::decode;
-use device_numa_extender::extender::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
 use device_numa_extender::metrics::Metrics;
 use device_numa_extender::model::cpuset::CpuSet;
 use device_numa_extender::model::device::DEVICE_ALLOCATED;
 use device_numa_extender::model::ids::PodUid;
 use device_numa_extender::model::pod::Pod;
+use device_numa_extender::model::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
 use device_numa_extender::placement::cpu::accumulator::synthetic_topology;
 use device_numa_extender::placement::cpu::{
     CpuBindPolicy, CpuExclusivePolicy, CpuScoring, CpuSummary, CpuTopology, CpusetWish,
@@ -262,9 +262,9 @@ fn undo_bind(state: &Scheduler, uid: &PodUid) {
     undo(state, uid, at);
 }
 
-fn bind_args(case: Case) -> device_numa_extender::extender::wire::ExtenderBindingArgs {
+fn bind_args(case: Case) -> device_numa_extender::model::wire::ExtenderBindingArgs {
     let name = format!("bind-{}", case.label());
-    device_numa_extender::extender::wire::ExtenderBindingArgs {
+    device_numa_extender::model::wire::ExtenderBindingArgs {
         pod_uid: format!("uid-{name}"),
         pod_name: name,
         pod_namespace: "bench".into(),

@@ -436,7 +436,7 @@ impl ServeArgs {
         &self,
     ) -> Option<(
         SocketAddr,
-        crate::model::routing::RoutingRule,
+        crate::placement::routing::RoutingRule,
         crate::extender::tls::TlsFiles,
     )> {
         let addr = self.webhook_listen?;
@@ -445,7 +445,7 @@ impl ServeArgs {
             self.webhook_tls_key_file.clone()?,
         );
         let managed = if self.webhook_managed_resources.is_empty() {
-            crate::model::routing::default_managed_resources()
+            crate::placement::routing::default_managed_resources()
         } else {
             self.webhook_managed_resources
                 .iter()
@@ -455,7 +455,7 @@ impl ServeArgs {
         };
         Some((
             addr,
-            crate::model::routing::RoutingRule {
+            crate::placement::routing::RoutingRule {
                 scheduler_name: self.webhook_scheduler_name.clone(),
                 managed_resources: managed,
                 cpuset_qos: self.webhook_route_cpuset_qos,

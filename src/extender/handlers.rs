@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::input::{BadRequest, decode, read_body, read_json};
-use super::wire::{
+use crate::model::wire::{
     ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority,
 };

@@ -10,14 +10,13 @@
 //! [`crate::bind`] (the one place that commits). Nothing here talks to the API server directly.
 
 pub(crate) mod admission;
+pub(crate) mod debug;
 pub mod handlers;
 pub mod input;
 pub(crate) mod listener;
 pub(crate) mod probes;
 pub(crate) mod tls;
 pub(crate) mod webhook;
-/// The wire types live in `model` (bind and the operator tools speak them too).
-pub use crate::model::wire;
 
 use std::time::Duration;
 
@@ -103,8 +102,8 @@ fn verbs(config: &HttpConfig, metrics: &Metrics) -> Router<AppState> {
         .route(&format!("{prefix}/prioritize"), post(handlers::prioritize))
         .route(&format!("{prefix}/bind"), post(handlers::bind))
         .route(&format!("{prefix}/preempt"), post(handlers::preempt))
-        .route("/debug/nodes", get(probes::debug_nodes))
-        .route("/debug/nodes/{name}", get(probes::debug_node))
+        .route("/debug/nodes", get(debug::debug_nodes))
+        .route("/debug/nodes/{name}", get(debug::debug_node))
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
             config.max_concurrency.max(1),
         ))

@@ -1,6 +1,7 @@
-//! `/healthz`, `/readyz`, `/metrics`, `/debug/nodes` and `/debug/nodes/{name}`.
+//! The probe router's handlers: `/healthz`, `/readyz` and `/metrics` (plain HTTP, for kubelet
+//! and Prometheus). The `/debug` views are [`super::debug`]'s.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
@@ -63,50 +64,4 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         state.scheduler.metrics.encode(),
     )
         .into_response()
-}
-
-/// What the caches hold for one node, as JSON.
-pub async fn debug_node(State(state): State<AppState>, Path(name): Path<String>) -> Response {
-    match state.scheduler.cluster.node(&name) {
-        Some(entry) => {
-            let view = entry.read().debug_json(std::time::Instant::now());
-            axum::Json(serde_json::json!({ "name": name, "state": view })).into_response()
-        }
-        None => (
-            StatusCode::NOT_FOUND,
-            axum::Json(
-                serde_json::json!({ "error": format!("node {name:?} is not in the cache") }),
-            ),
-        )
-            .into_response(),
-    }
-}
-
-#[derive(serde::Deserialize)]
-pub struct NodesQuery {
-    /// Comma-separated node names; all nodes when absent.
-    nodes: Option<String>,
-}
-
-/// The operator view (`inspect`'s JSON, docs/inspect.md) of every node, or of `?nodes=a,b`;
-/// 404 naming the nodes the caches do not hold.
-pub async fn debug_nodes(State(state): State<AppState>, Query(q): Query<NodesQuery>) -> Response {
-    let names: Vec<String> = q
-        .nodes
-        .iter()
-        .flat_map(|s| s.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
-    match crate::cluster::report::select(&state.scheduler.cluster, &names) {
-        Ok(view) => axum::Json(view).into_response(),
-        Err(missing) => (
-            StatusCode::NOT_FOUND,
-            axum::Json(serde_json::json!({
-                "error": format!("not in the cluster: {}", missing.join(", "))
-            })),
-        )
-            .into_response(),
-    }
 }

@@ -1,6 +1,6 @@
 //! The admission webhook (`serve --webhook-listen`): `POST /mutate-pods` answers kube-apiserver's
 //! `AdmissionReview` for pod creations, setting `spec.schedulerName` to the extender's scheduler
-//! on pods the routing rule claims (`model::routing`), so no device or cpuset pod is scheduled
+//! on pods the routing rule claims (`placement::routing`), so no device or cpuset pod is scheduled
 //! by a scheduler that knows nothing of device shares or cpusets.
 //!
 //! Why a listener of `serve`, not a subcommand: the answer needs no cache, leader or API
@@ -31,7 +31,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use super::input::read_body;
 use crate::metrics::Metrics;
 use crate::model::pod::Pod;
-use crate::model::routing::{Rename, Routing, RoutingRule};
+use crate::placement::routing::{Rename, Routing, RoutingRule};
 
 /// The webhook's path (the chart's `MutatingWebhookConfiguration` points here).
 pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
@@ -333,7 +333,7 @@ mod tests {
     #[test]
     fn deprecated_names_are_routed_and_renamed() {
         let rule = RoutingRule {
-            managed_resources: crate::model::routing::default_managed_resources(),
+            managed_resources: crate::placement::routing::default_managed_resources(),
             ..rule()
         };
         let pod = serde_json::json!({

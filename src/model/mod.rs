@@ -51,7 +51,6 @@ pub mod pod;
 pub mod quantity;
 pub mod requests;
 pub mod resource_names;
-pub mod routing;
 pub mod wire;
 
 /// Koordinator annotation keys this service reads or writes.

@@ -3,7 +3,7 @@
 //!
 //! Everything that asks "is this a device resource, and which one?" reads this table: the
 //! device request parser (`placement::device::request`), the deprecated-name mapping
-//! (`model::device::canonical_resource_name`), the webhook's routing rule (`model::routing`),
+//! (`model::device::canonical_resource_name`), the webhook's routing rule (`placement::routing`),
 //! and the rule for nodes without a `Device` object (`scheduler::decide::deviceless_fit`). The
 //! chart's `extenderConfig.managedResources` must list exactly these names
 //! (`chart_lists_every_managed_resource`), and from that list the chart renders the webhook's

@@ -3,7 +3,7 @@
 //! GPUs, cluster-wide; the same per node only with `--per-node-metrics` (one series set per node
 //! is a cardinality cost on big clusters).
 //!
-//! The numbers come from [`super::report`], the same view `inspect` prints, so the dashboard and
+//! The numbers come from [`crate::cluster::report`], the same view `inspect` prints, so the dashboard and
 //! the CLI cannot disagree. This module registers a collector; it never mutates the caches.
 
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntGauge, IntGaugeVec, Opts};
 
-use super::report::{self, DeviceState, NodeReport, StateCounts};
 use crate::cluster::ClusterState;
+use crate::cluster::report::{self, DeviceState, NodeReport, StateCounts};
 use crate::metrics::Metrics;
 
 /// The device states exported, in label order.

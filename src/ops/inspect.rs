@@ -3,7 +3,7 @@
 //! Every source ends in the service's own code: a cluster file is replayed through
 //! [`crate::sync::run_file`] and a kubeconfig is listed once through the service's watchers and
 //! handlers ([`crate::sync::list_kube_once`]), each into a fresh [`ClusterState`]; a running
-//! service is asked for `GET /debug/nodes`, which serves [`super::report::cluster_report`] of its
+//! service is asked for `GET /debug/nodes`, which serves [`crate::cluster::report::cluster_report`] of its
 //! live caches. This module never parses API objects itself.
 
 use std::io::{IsTerminal, Write};
@@ -12,8 +12,8 @@ use std::sync::Arc;
 use super::OpsError;
 use super::args::{InspectArgs, InspectFormat};
 use super::render;
-use super::report::ClusterReport;
 use crate::cluster::ClusterState;
+use crate::cluster::report::ClusterReport;
 use crate::metrics::Metrics;
 use crate::scheduler::bind::PodApi;
 use crate::scheduler::{Scheduler, ScoringConfig};

@@ -16,8 +16,6 @@ pub(crate) mod capacity;
 pub mod inspect;
 pub(crate) mod render;
 pub mod simulate;
-/// The report lives in `cluster` (the service's `/debug/nodes` serves it too).
-pub use crate::cluster::report;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {

@@ -2,11 +2,11 @@
 //! holder, so a row never grows with the number of pods and the default table stays within 80
 //! columns for typical names. Colour is optional (the caller decides: terminal and `NO_COLOR`).
 //!
-//! Presentation only: every number comes from [`super::report`].
+//! Presentation only: every number comes from [`crate::cluster::report`].
 
 use std::fmt::Write as _;
 
-use super::report::{
+use crate::cluster::report::{
     ClusterReport, CpuHolder, CpuReport, DeviceReport, DeviceState, Holder, NodeReport,
     PartitionReport, StateCounts, Summary, Usage,
 };

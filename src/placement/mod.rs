@@ -5,5 +5,6 @@ pub mod arith;
 pub mod cpu;
 pub mod device;
 pub mod fit_error;
+pub mod routing;
 
 pub use fit_error::{FitError, FitReason};

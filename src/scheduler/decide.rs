@@ -6,11 +6,10 @@
 //! also use; then the devices, restricted to the chosen affinity. With no NUMA policy the two
 //! are chosen independently (koordinator's topology manager aligns only under a policy).
 //!
-//! Two ways in: the full decision on a locked [`NodeState`] (bind, preempt, and any node the
-//! summaries cannot answer), and the read verbs' answers from a node's snapshot
-//! [`NodeView`] (`snapshot_fit`, `snapshot_score`), which equal the full decision's wherever
-//! they answer (property tests below). Never mutates anything (bind records the result
-//! itself) and never talks to the network. The snapshot fast path is in `read`.
+//! It decides on a locked [`NodeState`]: for bind and preempt, and for any node the read
+//! verbs' snapshot answers (`super::read`, which must equal this wherever it answers, by its
+//! property tests) defer. Never mutates anything (bind hands the result to
+//! `ClusterState::assume`) and never talks to the network.
 
 use super::config::ScoringConfig;
 use super::needs::PodNeeds;

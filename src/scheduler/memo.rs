@@ -255,6 +255,25 @@ impl<V> Default for MemoCache<V> {
 }
 
 impl<V: Clone + PartialEq + Debug> MemoCache<V> {
+    /// One request's use of the memo, the sequence both read verbs follow: the shape's memo
+    /// taken, `f` answering every node through it, its hits and decisions counted for `verb`,
+    /// then given back (kept unless its table outgrew `limit`) and the bytes kept reported.
+    pub fn with_memo<R>(
+        &self,
+        (shape, reads_devices, reads_cpu): (u128, bool, bool),
+        limit: usize,
+        metrics: &crate::metrics::Metrics,
+        verb: &'static str,
+        f: impl FnOnce(&mut Memo<V>) -> R,
+    ) -> R {
+        let mut memo = self.take(shape, reads_devices, reads_cpu);
+        let out = f(&mut memo);
+        memo.record(metrics, verb);
+        let kept = self.give_back(memo, limit);
+        metrics.set_memo_bytes(verb, kept);
+        out
+    }
+
     /// The memo for a request of shape `shape`: the shape's kept memo, or an empty one.
     pub fn take(&self, shape: u128, reads_devices: bool, reads_cpu: bool) -> Memo<V> {
         let mut memo = Memo::new(shape, reads_devices, reads_cpu);

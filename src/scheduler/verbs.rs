@@ -90,11 +90,6 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
             // decision per distinct node state that no earlier request of this pod shape
             // decided (`memo`).
             let snapshot = state.cluster.read_snapshot();
-            let mut memo = state.memos.filter.take(
-                hash128(&needs),
-                needs.devices.is_some(),
-                needs.cpu.is_some(),
-            );
             let mut finder = snapshot.finder();
             // What this request's aligned decisions share between nodes (`aligned_memo`); a
             // cell, since the memo may run a decision twice (debug builds check a hit).
@@ -103,34 +98,45 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
             // Rejections are collected, then sorted into the maps at once: candidate lists
             // usually come sorted, which makes that one linear pass.
             let (mut rejected, mut hopeless) = (Vec::new(), Vec::new());
-            for name in candidates {
-                let verdict = memo
-                    .answer(finder.find(&name), |view| {
-                        let aligned = &mut aligned.borrow_mut();
-                        read::snapshot_fit(view, &needs, fast.as_ref(), &state.scoring, aligned)
-                    })
-                    .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
-                match verdict {
-                    Ok(()) => passing.push(name),
-                    Err(e) => {
-                        tally[e.reason.class_index()] += 1;
-                        let text = e.reason.text();
-                        if e.unresolvable {
-                            hopeless.push((name, text));
-                        } else {
-                            rejected.push((name, text));
-                        }
-                    }
-                }
-            }
-            failed = BTreeMap::from_iter(rejected);
-            unresolvable = BTreeMap::from_iter(hopeless);
-            memo.record(&state.metrics, "filter");
-            let kept = state
+            let shape = (
+                hash128(&needs),
+                needs.devices.is_some(),
+                needs.cpu.is_some(),
+            );
+            let limit = table_limit(snapshot.len());
+            state
                 .memos
                 .filter
-                .give_back(memo, table_limit(snapshot.len()));
-            state.metrics.set_memo_bytes("filter", kept);
+                .with_memo(shape, limit, &state.metrics, "filter", |memo| {
+                    for name in candidates {
+                        let verdict = memo
+                            .answer(finder.find(&name), |view| {
+                                let aligned = &mut aligned.borrow_mut();
+                                read::snapshot_fit(
+                                    view,
+                                    &needs,
+                                    fast.as_ref(),
+                                    &state.scoring,
+                                    aligned,
+                                )
+                            })
+                            .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
+                        match verdict {
+                            Ok(()) => passing.push(name),
+                            Err(e) => {
+                                tally[e.reason.class_index()] += 1;
+                                let text = e.reason.text();
+                                if e.unresolvable {
+                                    hopeless.push((name, text));
+                                } else {
+                                    rejected.push((name, text));
+                                }
+                            }
+                        }
+                    }
+                });
+            failed = BTreeMap::from_iter(rejected);
+            unresolvable = BTreeMap::from_iter(hopeless);
             result = if passing.is_empty() {
                 "fits_nowhere"
             } else {
@@ -242,40 +248,37 @@ pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<H
         .and_then(|req| FastRequest::new(req, &state.scoring.device));
     let cpu_req = needs.cpu.as_ref().filter(|_| needs.wants_cpu_placement());
     let snapshot = state.cluster.read_snapshot();
-    let mut memo =
+    let mut finder = snapshot.finder();
+    let aligned = RefCell::new(read::ScoreMemo::default());
+    let shape = (hash128(&needs), needs.devices.is_some(), cpu_req.is_some());
+    let limit = table_limit(snapshot.len());
+    let raw: Vec<i64> =
         state
             .memos
             .prioritize
-            .take(hash128(&needs), needs.devices.is_some(), cpu_req.is_some());
-    let mut finder = snapshot.finder();
-    let aligned = RefCell::new(read::ScoreMemo::default());
-    let raw: Vec<i64> = names
-        .iter()
-        .map(|name| {
-            memo.answer(finder.find(name), |view| {
-                let aligned = &mut aligned.borrow_mut();
-                read::snapshot_score(
-                    view,
-                    &needs,
-                    cpu_req,
-                    fast.as_ref(),
-                    &state.scoring,
-                    aligned,
-                )
-            })
-            .unwrap_or_else(|| {
-                let entry = state.cluster.node(name);
-                let guard = entry.as_ref().map(|e| e.read());
-                decide::full_score(guard.as_deref(), &needs, cpu_req, &state.scoring)
-            })
-        })
-        .collect();
-    memo.record(&state.metrics, "prioritize");
-    let kept = state
-        .memos
-        .prioritize
-        .give_back(memo, table_limit(snapshot.len()));
-    state.metrics.set_memo_bytes("prioritize", kept);
+            .with_memo(shape, limit, &state.metrics, "prioritize", |memo| {
+                names
+                    .iter()
+                    .map(|name| {
+                        memo.answer(finder.find(name), |view| {
+                            let aligned = &mut aligned.borrow_mut();
+                            read::snapshot_score(
+                                view,
+                                &needs,
+                                cpu_req,
+                                fast.as_ref(),
+                                &state.scoring,
+                                aligned,
+                            )
+                        })
+                        .unwrap_or_else(|| {
+                            let entry = state.cluster.node(name);
+                            let guard = entry.as_ref().map(|e| e.read());
+                            decide::full_score(guard.as_deref(), &needs, cpu_req, &state.scoring)
+                        })
+                    })
+                    .collect()
+            });
     names
         .into_iter()
         .zip(normalize_scores(&raw))

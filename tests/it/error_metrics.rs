@@ -607,7 +607,7 @@ async fn bind_through_the_handler(
 /// Filter's passing nodes for a pod asking for both of `n1`'s GPUs.
 fn passing_for_both_gpus(state: &device_numa_extender::extender::AppState) -> Vec<String> {
     use device_numa_extender::extender::input::decode;
-    use device_numa_extender::extender::wire::ExtenderArgsRef;
+    use device_numa_extender::model::wire::ExtenderArgsRef;
     use device_numa_extender::scheduler::verbs;
 
     let both = service::pending("q", json!({"nvidia.com/gpu": "2"}));

@@ -19,15 +19,15 @@ use device_numa_extender::cluster::TopologyRecord;
 use device_numa_extender::cluster::cpus::CpuLedger;
 use device_numa_extender::cluster::devices::{DeviceLedger, NodeDevices};
 use device_numa_extender::extender::input::decode;
-use device_numa_extender::extender::wire::{
-    ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderPreemptionArgs,
-};
 use device_numa_extender::model::cpuset::CpuSet;
 use device_numa_extender::model::device::{Device, DeviceAllocations};
 use device_numa_extender::model::koord_cpu::{self, ResourceStatus};
 use device_numa_extender::model::nrt::NodeResourceTopology;
 use device_numa_extender::model::pod::Pod;
 use device_numa_extender::model::quantity::Quantity;
+use device_numa_extender::model::wire::{
+    ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderPreemptionArgs,
+};
 use device_numa_extender::placement::device::pod_device_request;
 use device_numa_extender::placement::device::request::parse_device_request;
 use proptest::prelude::*;

@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use device_numa_extender::extender::input::decode;
-use device_numa_extender::extender::wire::ExtenderArgsRef;
+use device_numa_extender::model::wire::ExtenderArgsRef;
 use device_numa_extender::ops::inspect::load_cluster_file;
 use device_numa_extender::scheduler::Scheduler;
 use device_numa_extender::scheduler::ScoringConfig;

@@ -11,8 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use device_numa_extender::app::Service;
+use device_numa_extender::cluster::report::cluster_report;
 use device_numa_extender::ops::inspect::load_cluster_file;
-use device_numa_extender::ops::report::cluster_report;
 use device_numa_extender::ops::simulate::{Simulation, cluster_yaml, simulate};
 use device_numa_extender::scheduler::ScoringConfig;
 use device_numa_extender::sync::file_source::ClusterFile;

@@ -195,12 +195,7 @@ impl Acc<'_> {
                     .filter(|&&(n, _)| !(exclusive && self.numa_is_exclusive(n)))
                     .map(|&(n, _)| (n, self.full_core_cpus(self.topo.numa_cpus(n))))
                     .collect();
-                let len_of = |n: NumaId| {
-                    lists
-                        .iter()
-                        .find(|(m, _)| *m == n)
-                        .map_or(0, |(_, l)| l.len())
-                };
+                let len_of = |n: NumaId| offered_len(&lists, n);
                 // The socket tie-break counts what the pass admits (`freeCoresInNode`).
                 let admitted = if exclusive {
                     self.free
@@ -210,12 +205,10 @@ impl Acc<'_> {
                 };
                 let socket_admitted =
                     |s: u32| self.topo.socket_cpus(s).intersection(&admitted).len();
-                for (n, len) in self.order_numas_by(len_of, socket_admitted) {
-                    if len >= need
-                        && let Some((_, list)) = lists.iter().find(|(m, _)| *m == n)
-                    {
-                        return Some(list[..need].iter().copied().collect());
-                    }
+                let order = self.order_numas_by(len_of, socket_admitted);
+                if let Some(taken) = first_holding(&lists, order.into_iter().map(|(n, _)| n), need)
+                {
+                    return Some(taken);
                 }
             }
         }
@@ -225,18 +218,9 @@ impl Acc<'_> {
                 .sockets()
                 .map(|s| (s, self.full_core_cpus(self.topo.socket_cpus(s))))
                 .collect();
-            let len_of = |s: u32| {
-                lists
-                    .iter()
-                    .find(|(m, _)| *m == s)
-                    .map_or(0, |(_, l)| l.len())
-            };
-            for s in self.order_sockets(len_of) {
-                if let Some((_, list)) = lists.iter().find(|(m, _)| *m == s)
-                    && list.len() >= need
-                {
-                    return Some(list[..need].iter().copied().collect());
-                }
+            let order = self.order_sockets(|s| offered_len(&lists, s));
+            if let Some(taken) = first_holding(&lists, order, need) {
+                return Some(taken);
             }
         }
         // No single NUMA node or socket holds it: whole sockets' free cores, largest first,
@@ -305,13 +289,9 @@ impl Acc<'_> {
                     |n| self.topo.numa_cpus(n).intersection(&usable).len(),
                     |s| self.topo.socket_cpus(s).intersection(&usable).len(),
                 );
-                for (n, _) in order {
-                    if let Some((_, list)) = lists.iter().find(|(m, _)| *m == n)
-                        && !list.is_empty()
-                        && list.len() >= need
-                    {
-                        return Some(list[..need].iter().copied().collect());
-                    }
+                if let Some(taken) = first_holding(&lists, order.into_iter().map(|(n, _)| n), need)
+                {
+                    return Some(taken);
                 }
             }
         }
@@ -336,19 +316,9 @@ impl Acc<'_> {
                         (s, list)
                     })
                     .collect();
-                let len_of = |s: u32| {
-                    lists
-                        .iter()
-                        .find(|(m, _)| *m == s)
-                        .map_or(0, |(_, l)| l.len())
-                };
-                for s in self.order_sockets(len_of) {
-                    if let Some((_, list)) = lists.iter().find(|(m, _)| *m == s)
-                        && !list.is_empty()
-                        && list.len() >= need
-                    {
-                        return Some(list[..need].iter().copied().collect());
-                    }
+                let order = self.order_sockets(|s| offered_len(&lists, s));
+                if let Some(taken) = first_holding(&lists, order, need) {
+                    return Some(taken);
                 }
             }
         }
@@ -453,6 +423,27 @@ impl Acc<'_> {
 type FallbackKey = (std::cmp::Reverse<usize>, i64, i64, usize, u32, u32);
 
 /// The first element of every list, then the second, and so on.
+/// How many CPUs region `key` offers (0 when it offers none).
+fn offered_len<K: PartialEq>(lists: &[(K, Vec<CpuId>)], key: K) -> usize {
+    lists
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or(0, |(_, l)| l.len())
+}
+
+/// The first region, in `order`, whose offer holds the request: the first `need` CPUs it
+/// offers (`need` ≥ 1: `take_cpus` answers 0 itself). The one loop of every path and pass.
+fn first_holding<K: PartialEq>(
+    lists: &[(K, Vec<CpuId>)],
+    order: impl IntoIterator<Item = K>,
+    need: usize,
+) -> Option<CpuSet> {
+    order.into_iter().find_map(|key| {
+        let (_, list) = lists.iter().find(|(k, _)| *k == key)?;
+        (list.len() >= need).then(|| list[..need].iter().copied().collect())
+    })
+}
+
 fn round_robin(lists: &[Vec<CpuId>]) -> Vec<CpuId> {
     let longest = lists.iter().map(Vec::len).max().unwrap_or(0);
     let mut out = Vec::with_capacity(lists.iter().map(Vec::len).sum());

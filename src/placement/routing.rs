@@ -16,9 +16,9 @@
 
 use std::collections::BTreeSet;
 
-use super::koord_cpu::QOS_CLASS_LABEL;
-use super::pod::{Container, Pod};
-use super::resource_names::{MANAGED_RESOURCES, managed};
+use crate::model::koord_cpu::QOS_CLASS_LABEL;
+use crate::model::pod::{Container, Pod};
+use crate::model::resource_names::{MANAGED_RESOURCES, managed};
 
 /// What the API server defaults an unset `schedulerName` to (before mutating admission).
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
