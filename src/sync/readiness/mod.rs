@@ -1,13 +1,22 @@
-//! Readiness: the fixed set of required kinds, each kind's sync phase, and the other reasons
-//! `/readyz` fails (shutdown, staleness, not the leader).
+//! Readiness: whether the service may serve scheduling verbs (`/readyz`), composed of what
+//! each part owns:
+//! - each kind's sync progress and the one "settled" rule ([`progress`]);
+//! - leadership and its lease deadline ([`leadership`], written by `crate::leader` only);
+//! - the pod fence and the takeover window ([`fence`]), told of pod (re)lists and of
+//!   leadership gained here, so binds never decide on a pod cache that may miss a binding;
+//! - shutdown, the configuration refusal and the bootstrap hook (here: a flag each).
 //!
 //! The set of kinds is decided once at startup and never grows, so "all synced" can never be
 //! true over an empty or partial set (koordinator #3125's gate hazard). A kind becomes synced
 //! when its handler has *applied* its first `InitDone`, and stays synced across relists.
 
+mod fence;
+mod leadership;
+mod progress;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -16,6 +25,9 @@ use serde::Serialize;
 use super::kind::Kind;
 use crate::clock::BootInstant;
 use crate::metrics::Metrics;
+use fence::PodFence;
+use leadership::Leadership;
+use progress::Progress;
 
 /// How a kind takes part in readiness.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -37,25 +49,6 @@ pub enum Phase {
     Pending,
     Listing,
     Synced,
-}
-
-#[derive(Debug)]
-struct KindState {
-    requirement: Requirement,
-    phase: Phase,
-    /// Objects applied by the latest completed (re)list.
-    replayed: u64,
-    relists: u64,
-    cached: u64,
-    first_error_unhealthy: Option<Instant>,
-    last_error: Option<Instant>,
-    last_error_message: Option<String>,
-    /// The pod fence (see [`Readiness::pods_current`]): how many times it was raised, and the
-    /// raise count seen when the latest (re)list began.
-    fence_raised: u64,
-    relist_epoch: u64,
-    /// Between a (re)list's `Init` and its `InitDone`.
-    relisting: bool,
 }
 
 /// Why `/readyz` is or is not 200, as JSON.
@@ -93,44 +86,11 @@ fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
-/// A watch that errored and then kept quiet this long is assumed reconnected: kube's watcher
-/// backs off at most 30 s between attempts, so a still-failing watch errors more often.
-const ERROR_QUIET_PERIOD: Duration = Duration::from_secs(65);
-
-/// Per kind, what `on_init_apply` touches, so buffering an object takes no lock.
-#[derive(Default)]
-struct ListingCounter {
-    /// Objects buffered by the (re)list in progress.
-    listing: AtomicU64,
-    /// `first_error_unhealthy` is set: the next healthy event must take the lock to clear it.
-    unhealthy: AtomicBool,
-}
-
 pub struct Readiness {
-    kinds: Mutex<BTreeMap<Kind, KindState>>,
-    /// Indexed by `Kind::index`.
-    listing: [ListingCounter; Kind::ALL.len()],
+    progress: Progress,
+    leadership: Leadership,
+    fence: PodFence,
     shutting_down: AtomicBool,
-    leader: AtomicBool,
-    /// When leadership lapses unless renewed, as [`BootInstant`] nanoseconds (0: no deadline,
-    /// as when following the scheduler's Lease). Checked on every [`Self::is_leader`], so a
-    /// leader whose election task is stalled, or whose machine was suspended, stops writing
-    /// on time anyway.
-    leader_until: AtomicU64,
-    /// Wakes [`Self::leadership_lost`] when the flag changes.
-    leader_changed: tokio::sync::watch::Sender<()>,
-    /// True while the pod cache may be missing binds that other writers completed: after this
-    /// replica became leader, or after a pod watch error, until a relist that began afterwards
-    /// has been applied. Binds refuse to decide meanwhile.
-    pods_fenced: AtomicBool,
-    /// How long a binding the previous leader sent may still land after this replica becomes
-    /// leader ([`crate::scheduler::bind::PodApi::binding_deadline`]; 0 = none). See [`Self::pods_current`].
-    takeover_window_nanos: AtomicU64,
-    /// The end of the current takeover window as [`BootInstant`] nanoseconds (0: none).
-    takeover_until: AtomicU64,
-    /// Per kind (by `Kind::index`): asks that kind's watcher to start over with a fresh list.
-    restart: [tokio::sync::Notify; Kind::ALL.len()],
-    max_staleness: Option<Duration>,
     started: Instant,
     bootstrap_recorded: AtomicBool,
     /// Runs once, when every kind is first synced, before readiness is reported: builds what
@@ -155,47 +115,11 @@ impl Readiness {
         for always in [Kind::Nodes, Kind::Pods] {
             kinds.insert(always, Requirement::Required);
         }
-        let kinds = kinds
-            .into_iter()
-            .map(|(kind, requirement)| {
-                let gauge = match requirement {
-                    Requirement::Required | Requirement::Discovering => 0,
-                    _ => -1,
-                };
-                metrics
-                    .sync_phase
-                    .with_label_values(&[kind.as_str()])
-                    .set(gauge);
-                (
-                    kind,
-                    KindState {
-                        requirement,
-                        phase: Phase::Pending,
-                        replayed: 0,
-                        relists: 0,
-                        cached: 0,
-                        first_error_unhealthy: None,
-                        last_error: None,
-                        last_error_message: None,
-                        fence_raised: 0,
-                        relist_epoch: 0,
-                        relisting: false,
-                    },
-                )
-            })
-            .collect();
         Arc::new(Readiness {
-            kinds: Mutex::new(kinds),
-            listing: Default::default(),
+            progress: Progress::new(kinds, max_staleness, metrics.clone()),
+            leadership: Leadership::new(),
+            fence: PodFence::new(metrics.clone()),
             shutting_down: AtomicBool::new(false),
-            leader: AtomicBool::new(true),
-            leader_until: AtomicU64::new(0),
-            leader_changed: tokio::sync::watch::Sender::new(()),
-            pods_fenced: AtomicBool::new(false),
-            takeover_window_nanos: AtomicU64::new(0),
-            takeover_until: AtomicU64::new(0),
-            restart: Default::default(),
-            max_staleness,
             started: Instant::now(),
             bootstrap_recorded: AtomicBool::new(false),
             on_bootstrap: Mutex::new(None),
@@ -205,104 +129,77 @@ impl Readiness {
         })
     }
 
+    // ---- sync progress ([`progress`]) ----
+
     /// Settles a kind's requirement once discovery has answered. Only kinds declared at
     /// construction can be set: the set of kinds never grows.
     pub fn set_requirement(&self, kind: Kind, requirement: Requirement) {
-        if let Some(k) = self.kinds.lock().get_mut(&kind) {
-            let gauge = match requirement {
-                Requirement::Required | Requirement::Discovering => 0,
-                _ => -1,
-            };
-            if k.phase == Phase::Pending {
-                self.metrics
-                    .sync_phase
-                    .with_label_values(&[kind.as_str()])
-                    .set(gauge);
-            }
-            k.requirement = requirement;
-        }
+        self.progress.set_requirement(kind, requirement);
         self.check_bootstrap();
     }
 
     pub fn requirement(&self, kind: Kind) -> Option<Requirement> {
-        self.kinds.lock().get(&kind).map(|k| k.requirement.clone())
+        self.progress.requirement(kind)
     }
 
     pub fn is_enabled(&self, kind: Kind) -> bool {
         matches!(self.requirement(kind), Some(Requirement::Required))
     }
 
-    fn counter(&self, kind: Kind) -> &ListingCounter {
-        &self.listing[kind.index()]
-    }
-
-    /// Clears the staleness clock; the caller holds the kinds lock.
-    fn healthy(&self, kind: Kind, k: &mut KindState) {
-        k.first_error_unhealthy = None;
-        self.counter(kind).unhealthy.store(false, Ordering::Relaxed);
-    }
-
     pub fn on_init(&self, kind: Kind) {
-        let mut kinds = self.kinds.lock();
-        if let Some(k) = kinds.get_mut(&kind) {
-            k.relists += 1;
-            k.relist_epoch = k.fence_raised;
-            k.relisting = true;
-            self.counter(kind).listing.store(0, Ordering::Relaxed);
-            if k.phase == Phase::Pending {
-                k.phase = Phase::Listing;
-                self.metrics
-                    .sync_phase
-                    .with_label_values(&[kind.as_str()])
-                    .set(1);
-            }
-            self.healthy(kind, k);
+        self.progress.on_init(kind);
+        if kind == Kind::Pods {
+            self.fence.relist_began();
         }
-        self.metrics
-            .relists
-            .with_label_values(&[kind.as_str()])
-            .inc();
     }
 
     /// Once per buffered object: an atomic add, and the lock only when an error is pending.
     /// A kind's events (this, `on_error`, ...) come from its one sync task, in order.
     pub fn on_init_apply(&self, kind: Kind) {
-        let counter = self.counter(kind);
-        counter.listing.fetch_add(1, Ordering::Relaxed);
-        if counter.unhealthy.load(Ordering::Relaxed)
-            && let Some(k) = self.kinds.lock().get_mut(&kind)
-        {
-            self.healthy(kind, k);
-        }
+        self.progress.on_init_apply(kind);
     }
 
     /// Called by the kind's handler *after* it applied the diff of a completed (re)list.
     pub fn on_init_done(&self, kind: Kind, replayed: u64, cached: u64) {
-        {
-            let mut kinds = self.kinds.lock();
-            if let Some(k) = kinds.get_mut(&kind) {
-                k.phase = Phase::Synced;
-                k.relisting = false;
-                k.replayed = replayed;
-                self.counter(kind).listing.store(0, Ordering::Relaxed);
-                k.cached = cached;
-                self.healthy(kind, k);
-                if kind == Kind::Pods
-                    && k.relist_epoch == k.fence_raised
-                    && self.pods_fenced.swap(false, Ordering::SeqCst)
-                {
-                    tracing::info!(
-                        "pod cache current again: a relist begun after the fence was applied"
-                    );
-                }
-            }
+        self.progress.on_init_done(kind, replayed, cached);
+        if kind == Kind::Pods {
+            self.fence.relist_applied();
         }
-        self.metrics
-            .sync_phase
-            .with_label_values(&[kind.as_str()])
-            .set(2);
         self.check_bootstrap();
     }
+
+    pub fn on_applied(&self, kind: Kind, cached: u64) {
+        self.progress.on_applied(kind, cached);
+    }
+
+    pub fn on_error(&self, kind: Kind, message: String) {
+        self.progress.on_error(kind, message);
+        if kind == Kind::Pods {
+            self.fence.watch_error();
+        }
+    }
+
+    /// Every required kind has applied its first `InitDone` and no insisted-on kind is missing.
+    pub fn all_synced(&self) -> bool {
+        self.progress.all_settled()
+    }
+
+    /// Kinds the caches are still waiting for (for the verbs' `Error` text).
+    pub fn waiting_for(&self) -> Vec<Kind> {
+        self.progress.unsettled()
+    }
+
+    /// Resolves when `kind`'s watcher should drop its stream and start over with a list (only
+    /// the pod fence asks, of the pod watcher).
+    pub async fn restart_requested(&self, kind: Kind) {
+        if kind == Kind::Pods {
+            self.fence.relist_requested().await
+        } else {
+            std::future::pending().await
+        }
+    }
+
+    // ---- bootstrap ----
 
     /// Once every kind is first synced: runs the bootstrap hook, then records bootstrap as
     /// complete (readiness waits for this).
@@ -329,38 +226,10 @@ impl Readiness {
         *self.on_bootstrap.lock() = Some(Box::new(hook));
     }
 
-    pub fn on_applied(&self, kind: Kind, cached: u64) {
-        if let Some(k) = self.kinds.lock().get_mut(&kind) {
-            k.cached = cached;
-            self.healthy(kind, k);
-        }
-    }
+    // ---- shutdown and refusal ----
 
-    pub fn on_error(&self, kind: Kind, message: String) {
-        let now = Instant::now();
-        if let Some(k) = self.kinds.lock().get_mut(&kind) {
-            let quiet = k
-                .last_error
-                .is_none_or(|t| now.duration_since(t) > ERROR_QUIET_PERIOD);
-            if k.first_error_unhealthy.is_none() || quiet {
-                k.first_error_unhealthy = Some(now);
-            }
-            self.counter(kind).unhealthy.store(true, Ordering::Relaxed);
-            k.last_error = Some(now);
-            k.last_error_message = Some(message);
-            // An error while a relist begun after the latest fence is still listing (a list
-            // page failed) opens no new gap: the list kube's watcher retries is still read
-            // after that fence, so it still lifts it. Raising again would restart that very
-            // list, and a list that keeps failing would then restart without backoff.
-            let relist_covers_it = k.relisting && k.relist_epoch == k.fence_raised;
-            if kind == Kind::Pods && !relist_covers_it {
-                self.raise_pod_fence(k, "watch_error");
-            }
-        }
-        self.metrics
-            .watch_errors
-            .with_label_values(&[kind.as_str()])
-            .inc();
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
     }
 
     /// Sets (or clears) the configuration refusal: while set, not ready, with this reason.
@@ -370,42 +239,31 @@ impl Readiness {
         *r = reason;
     }
 
-    pub fn set_shutting_down(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-    }
+    // ---- leadership ([`leadership`]) and the pod fence ([`fence`]) ----
 
     /// Sets the takeover window: after becoming leader, binds wait this long (and then for a
     /// relist begun afterwards) because a binding the previous leader sent may land that late.
     pub fn set_takeover_window(&self, window: Duration) {
-        self.takeover_window_nanos.store(
-            u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::SeqCst,
-        );
+        self.fence.set_takeover_window(window);
     }
 
     /// Becoming leader raises the pod fence: the previous leader's last binds may not have
     /// reached this replica's pod watch yet, or may not even have landed (see
     /// [`Self::pods_current`]).
     pub fn set_leader(&self, leader: bool) {
-        let was = self.leader.swap(leader, Ordering::SeqCst);
-        if leader && !was {
-            self.begin_takeover();
+        if self.leadership.set(leader) {
+            self.fence.begin_takeover("became_leader");
         }
-        if !leader {
-            self.leader_until.store(0, Ordering::SeqCst);
-        }
-        self.leader_changed.send_replace(());
     }
 
     /// Leadership was (re)confirmed: it lapses at `until` unless confirmed again. A lapse
     /// that is followed by a renewal counts as becoming leader again (the pod fence is raised):
     /// while it had lapsed another replica may have held the lease and bound pods.
     pub fn set_leader_until(&self, until: BootInstant) {
-        let previous = self.leader_until.swap(until.as_nanos(), Ordering::SeqCst);
-        let lapsed = previous != 0 && BootInstant::now().as_nanos() >= previous;
+        let lapsed = self.leadership.renew(until);
         self.set_leader(true);
         if lapsed {
-            self.begin_takeover();
+            self.fence.begin_takeover("became_leader");
         }
     }
 
@@ -414,172 +272,41 @@ impl Readiness {
     /// server applies after this one's first list. Called once at start when no leader
     /// election will call [`Self::set_leader`]; with one, gaining the lease does the same.
     pub fn fence_start(&self) {
-        self.begin_takeover_because("started");
-    }
-
-    /// Fences the pod cache for a new leadership term and opens the takeover window.
-    fn begin_takeover(&self) {
-        self.begin_takeover_because("became_leader");
-    }
-
-    fn begin_takeover_because(&self, why: &'static str) {
-        let window = self.takeover_window_nanos.load(Ordering::SeqCst);
-        if window > 0 {
-            let until = BootInstant::now().as_nanos().saturating_add(window);
-            self.takeover_until.store(until, Ordering::SeqCst);
-        }
-        let mut kinds = self.kinds.lock();
-        if let Some(k) = kinds.get_mut(&Kind::Pods) {
-            self.raise_pod_fence(k, why);
-        }
+        self.fence.begin_takeover("started");
     }
 
     /// Resolves once this replica is not the leader: the flag cleared, or the renewal
     /// deadline passed (on the suspend-counting clock). Bind races its API writes against it.
     pub async fn leadership_lost(&self) {
-        let mut changed = self.leader_changed.subscribe();
-        loop {
-            if !self.is_leader() {
-                return;
-            }
-            let until = self.leader_until.load(Ordering::SeqCst);
-            let left = (until != 0).then(|| {
-                BootInstant::from_nanos(until).saturating_duration_since(BootInstant::now())
-            });
-            tokio::select! {
-                _ = changed.changed() => {}
-                // Past a suspend, the sleep may overrun; is_leader above re-reads the clock.
-                _ = tokio::time::sleep(left.unwrap_or(Duration::MAX / 4)), if left.is_some() => {}
-            }
-        }
-    }
-
-    /// Raises the pod fence and, unless the first list has not begun yet (it will begin after
-    /// the raise anyway), asks the pod watcher to relist. The caller holds the kinds lock, which
-    /// orders this against `on_init` recording the epoch its list began in.
-    fn raise_pod_fence(&self, k: &mut KindState, why: &'static str) {
-        k.fence_raised += 1;
-        self.pods_fenced.store(true, Ordering::SeqCst);
-        self.metrics.pod_fences.with_label_values(&[why]).inc();
-        if k.phase != Phase::Pending {
-            tracing::info!(
-                reason = why,
-                "pod cache fenced: binds wait for a fresh pod relist"
-            );
-            self.restart[Kind::Pods.index()].notify_one();
-        }
-    }
-
-    /// Whether the pod cache holds every bind completed before the last fence: binds decide
-    /// only then. A failover or a pod watch gap could otherwise hide another writer's pods
-    /// from this replica and let it hand out what they hold.
-    ///
-    /// After a takeover that is not enough: the previous leader checked its leadership before
-    /// each write, but a binding it sent just before losing the Lease can still be applied by
-    /// the API server until that request's own deadline (`?timeout=`, and kube's client may
-    /// resend a 504'd binding once: [`crate::scheduler::bind::PodApi::binding_deadline`]), after this
-    /// replica's first relist. Its pod is not written meanwhile, so the binding's
-    /// resourceVersion precondition does not stop it. So for the takeover window binds wait,
-    /// and when it has passed the fence is raised once more: only a relist begun after every
-    /// such binding has landed (or never will) lifts it. Residual window: a previous leader
-    /// that stalls for longer than the Lease between its leadership check and the send (a
-    /// frozen VM) sends a binding no timer here can see; only a fence the API server enforces
-    /// would close that.
-    pub fn pods_current(&self) -> bool {
-        let until = self.takeover_until.load(Ordering::SeqCst);
-        if until != 0 {
-            if BootInstant::now().as_nanos() < until {
-                return false;
-            }
-            if self
-                .takeover_until
-                .compare_exchange(until, 0, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                let mut kinds = self.kinds.lock();
-                if let Some(k) = kinds.get_mut(&Kind::Pods) {
-                    self.raise_pod_fence(k, "takeover_window");
-                }
-            }
-        }
-        !self.pods_fenced.load(Ordering::SeqCst)
-    }
-
-    /// Ends the current takeover window now, as if its time had passed: tests order events
-    /// around the window's end instead of sleeping past it (a descheduled thread would
-    /// otherwise decide whether a step fell inside it).
-    #[cfg(test)]
-    fn expire_takeover_window(&self) {
-        let _ = self
-            .takeover_until
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
-                (u != 0).then_some(1)
-            });
-    }
-
-    /// Resolves when `kind`'s watcher should drop its stream and start over with a list.
-    pub async fn restart_requested(&self, kind: Kind) {
-        self.restart[kind.index()].notified().await
+        self.leadership.lost().await
     }
 
     pub fn is_leader(&self) -> bool {
-        if !self.leader.load(Ordering::SeqCst) {
-            return false;
-        }
-        let until = self.leader_until.load(Ordering::SeqCst);
-        until == 0 || BootInstant::now().as_nanos() < until
+        self.leadership.is_leader()
     }
 
-    /// Every required kind has applied its first `InitDone` and no insisted-on kind is missing.
-    pub fn all_synced(&self) -> bool {
-        self.kinds.lock().values().all(|k| match k.requirement {
-            Requirement::Required => k.phase == Phase::Synced,
-            Requirement::Disabled { .. } => true,
-            Requirement::Unavailable { .. } | Requirement::Discovering => false,
-        })
+    /// Whether the pod cache holds every bind completed before the last fence: binds decide
+    /// only then ([`fence`] says why, and what the takeover window adds).
+    pub fn pods_current(&self) -> bool {
+        self.fence.pods_current()
     }
 
-    /// Kinds the caches are still waiting for (for the verbs' `Error` text).
-    pub fn waiting_for(&self) -> Vec<Kind> {
-        self.kinds
-            .lock()
-            .iter()
-            .filter(|(_, k)| match k.requirement {
-                Requirement::Required => k.phase != Phase::Synced,
-                Requirement::Disabled { .. } => false,
-                Requirement::Unavailable { .. } | Requirement::Discovering => true,
-            })
-            .map(|(kind, _)| *kind)
-            .collect()
+    #[cfg(test)]
+    fn expire_takeover_window(&self) {
+        self.fence.expire_takeover_window();
     }
+
+    // ---- the composition ----
 
     /// Ready to serve scheduling verbs: synced, not shutting down, leader.
     /// Every verb call asks this, so it decides without building the report's strings and
     /// maps; the same conditions as [`Self::report`], which runs only when not ready.
     pub fn is_ready(&self) -> bool {
-        if self.shutting_down.load(Ordering::SeqCst)
-            || self.refused.load(Ordering::SeqCst)
-            || !self.is_leader()
-            || !self.bootstrap_recorded.load(Ordering::SeqCst)
-        {
-            return false;
-        }
-        let now = Instant::now();
-        self.kinds.lock().values().all(|k| {
-            let settled = match k.requirement {
-                Requirement::Required => k.phase == Phase::Synced,
-                Requirement::Disabled { .. } => true,
-                Requirement::Unavailable { .. } | Requirement::Discovering => false,
-            };
-            settled && self.stale_for(k, now).is_none()
-        })
-    }
-
-    /// How long a kind's watch has been failing, when that exceeds `--max-staleness`.
-    fn stale_for(&self, k: &KindState, now: Instant) -> Option<Duration> {
-        let (bound, since, last) = (self.max_staleness?, k.first_error_unhealthy?, k.last_error?);
-        let unhealthy = now.duration_since(since);
-        (now.duration_since(last) <= ERROR_QUIET_PERIOD && unhealthy > bound).then_some(unhealthy)
+        !self.shutting_down.load(Ordering::SeqCst)
+            && !self.refused.load(Ordering::SeqCst)
+            && self.is_leader()
+            && self.bootstrap_recorded.load(Ordering::SeqCst)
+            && self.progress.all_current(Instant::now())
     }
 
     /// Why scheduling verbs must not decide now, or `None` when they may.
@@ -593,7 +320,6 @@ impl Readiness {
 
     pub fn report(&self) -> ReadinessReport {
         let now = Instant::now();
-        // Before the kinds lock: pods_current may take it (the takeover window's end).
         let binds_wait_for_pod_relist = !self.pods_current();
         let mut reasons = Vec::new();
         if self.shutting_down.load(Ordering::SeqCst) {
@@ -602,32 +328,11 @@ impl Readiness {
         if let Some(refusal) = self.refusal.lock().clone() {
             reasons.push(refusal);
         }
-        let kinds = self.kinds.lock();
-        let waiting: Vec<&str> = kinds
-            .iter()
-            .filter(|(_, k)| {
-                matches!(
-                    k.requirement,
-                    Requirement::Required | Requirement::Discovering
-                ) && k.phase != Phase::Synced
-            })
-            .map(|(kind, _)| kind.as_str())
-            .collect();
-        if !waiting.is_empty() {
-            reasons.push(format!("waiting for {}", waiting.join(", ")));
+        let problems = self.progress.problems(now);
+        if !problems.waiting.is_empty() {
+            reasons.push(format!("waiting for {}", problems.waiting.join(", ")));
         }
-        for (kind, k) in kinds.iter() {
-            if let Requirement::Unavailable { reason } = &k.requirement {
-                reasons.push(format!("{kind} required but unavailable: {reason}"));
-            }
-            if let (Some(unhealthy), Some(bound)) = (self.stale_for(k, now), self.max_staleness) {
-                reasons.push(format!(
-                    "{kind} watch unhealthy for {}s (max staleness {}s)",
-                    unhealthy.as_secs(),
-                    bound.as_secs()
-                ));
-            }
-        }
+        reasons.extend(problems.reasons);
         if !self.bootstrap_recorded.load(Ordering::SeqCst) && reasons.is_empty() {
             reasons.push("building the read snapshot".to_string());
         }
@@ -636,29 +341,12 @@ impl Readiness {
         if !self.is_leader() {
             reasons.push("not the leader".to_string());
         }
-        let report_kinds = kinds
-            .iter()
-            .map(|(kind, k)| {
-                (
-                    *kind,
-                    KindReport {
-                        requirement: k.requirement.clone(),
-                        phase: k.phase,
-                        replayed: k.replayed,
-                        listing: self.counter(*kind).listing.load(Ordering::Relaxed),
-                        relists: k.relists,
-                        cached: k.cached,
-                        last_error: k.last_error_message.clone(),
-                    },
-                )
-            })
-            .collect();
         ReadinessReport {
             ready: reasons.is_empty(),
             standby_ready,
             reasons,
             binds_wait_for_pod_relist,
-            kinds: report_kinds,
+            kinds: self.progress.reports(),
         }
     }
 }
