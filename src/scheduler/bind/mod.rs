@@ -36,7 +36,6 @@ use super::write_back;
 use crate::cluster::NodeState;
 use crate::cluster::assumed::Outcome;
 use crate::cluster::cpus::RecordedCpus;
-
 use crate::cluster::{Assumption, ClusterState, PodRecord};
 use crate::metrics::Metrics;
 use crate::model::annotations::{DEVICE_ALLOCATED, RESOURCE_STATUS};

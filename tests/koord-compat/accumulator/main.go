@@ -137,15 +137,7 @@ func main() {
 			Exclusive: string(exclusive),
 			Strategy:  string(strategy),
 		}
-		got, err := takeCPUs(topo, 1, available, allocated, need, policy, exclusive, strategy)
-		if err != nil {
-			rec.Error = err.Error()
-		} else {
-			rec.Answer = got.String()
-		}
-		if err := out.Encode(rec); err != nil {
-			panic(err)
-		}
+		answer(out, rec, topo, available, allocated)
 		written++
 	}
 	// Then cases meant to be refused, from their own stream (the cases above stay as they
@@ -168,7 +160,7 @@ func main() {
 		policy := policies[rr.Intn(2)]
 		need := available.Size() + 1 + rr.Intn(dims[3]+1)
 		if policy == schedulingconfig.CPUBindPolicyFullPCPUs && dims[3] > 1 {
-			// Whole cores, more than are entirely free but no more than the free CPUs allow.
+			// Whole cores (two threads each here): one more than are entirely free.
 			fullyFree := 0
 			for core := 0; core < topo.NumCores; core++ {
 				if available.Contains(core*dims[3]) && available.Contains(core*dims[3]+1) {
@@ -192,15 +184,22 @@ func main() {
 			Exclusive: string(exclusive),
 			Strategy:  string(strategy),
 		}
-		got, err := takeCPUs(topo, 1, available, allocated, need, policy, exclusive, strategy)
-		if err != nil {
-			rec.Error = err.Error()
-		} else {
-			rec.Answer = got.String()
-		}
-		if err := out.Encode(rec); err != nil {
-			panic(err)
-		}
+		answer(out, rec, topo, available, allocated)
 		n++
+	}
+}
+
+// answer records koordinator's answer to rec (its refusal as Error) on out.
+func answer(out *json.Encoder, rec record, topo *nodenumaresource.CPUTopology, available cpuset.CPUSet, allocated nodenumaresource.CPUDetails) {
+	got, err := takeCPUs(topo, 1, available, allocated, rec.Need,
+		schedulingconfig.CPUBindPolicy(rec.Policy), schedulingconfig.CPUExclusivePolicy(rec.Exclusive),
+		schedulingconfig.NUMAAllocateStrategy(rec.Strategy))
+	if err != nil {
+		rec.Error = err.Error()
+	} else {
+		rec.Answer = got.String()
+	}
+	if err := out.Encode(rec); err != nil {
+		panic(err)
 	}
 }
