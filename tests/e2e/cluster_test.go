@@ -19,6 +19,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -180,6 +181,22 @@ func (cp *controlPlane) bootstrapAdmin() {
 	cp.admin = kubernetes.NewForConfigOrDie(cp.adminCfg)
 	cp.dyn = dynamic.NewForConfigOrDie(cp.adminCfg)
 	cp.adminKubeconfig = cp.writeKubeconfig("admin", token)
+	// The RBAC authorizer reads bindings from an informer: a request right after the binding
+	// was created can still be forbidden (seen once: the next namespace create answered 403).
+	// Wait, as an ordering, until the apiserver itself says the binding is in effect.
+	review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "*", Group: "*", Resource: "*"},
+	}}
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, hangGuard, true, func(ctx context.Context) (bool, error) {
+		got, err := cp.admin.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return got.Status.Allowed, nil
+	})
+	if err != nil {
+		t.Fatalf("the e2e-admin binding never took effect: %v", err)
+	}
 }
 
 // stopAPIServer stops kube-apiserver; etcd keeps every object and the proxy refuses
