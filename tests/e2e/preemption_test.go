@@ -23,6 +23,18 @@ func (cp *controlPlane) priorityClass(name string, value int32) {
 	if _, err := cp.admin.SchedulingV1().PriorityClasses().Create(cp.ctx, pc, metav1.CreateOptions{}); err != nil {
 		cp.t.Fatal(err)
 	}
+	// The Priority admission plugin resolves the class from an informer: a pod created right
+	// after the class can be refused ("no PriorityClass with name ... was found"; seen once in
+	// CI). Wait, as an ordering, until a dry-run pod naming the class is admitted.
+	probe := newPod(podSpec{name: "priority-probe-" + name, scheduler: "none", priority: name})
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	err := wait.PollUntilContextTimeout(cp.ctx, 50*time.Millisecond, hangGuard, true, func(ctx context.Context) (bool, error) {
+		_, err := cp.admin.CoreV1().Pods(testNamespace).Create(ctx, probe, dryRun)
+		return err == nil, nil
+	})
+	if err != nil {
+		cp.t.Fatalf("PriorityClass %s never admitted a pod: %v", name, err)
+	}
 }
 
 // playKubelet finishes the deletion of every terminating pod (grace 0), checking the oracle
