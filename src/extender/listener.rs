@@ -144,11 +144,11 @@ impl Phase {
 }
 
 /// A connection's phase, shared by its reader (first byte of a head), its service (request
-/// start and end) and its task (deadlines). `since` is when the phase began, in milliseconds
+/// start and end) and its task (deadlines). `since` is when the phase began, in microseconds
 /// from the listener's start, so the registry can pick who has waited longest.
 struct Activity {
     phase: AtomicU8,
-    since_ms: AtomicU64,
+    since_us: AtomicU64,
     changed: Notify,
     epoch: Instant,
 }
@@ -157,16 +157,16 @@ impl Activity {
     fn new(epoch: Instant) -> Arc<Activity> {
         let a = Arc::new(Activity {
             phase: AtomicU8::new(Phase::Head as u8),
-            since_ms: AtomicU64::new(0),
+            since_us: AtomicU64::new(0),
             changed: Notify::new(),
             epoch,
         });
-        a.since_ms.store(a.now_ms(), Ordering::Relaxed);
+        a.since_us.store(a.now_us(), Ordering::Relaxed);
         a
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
     }
 
     fn phase(&self) -> Phase {
@@ -174,13 +174,13 @@ impl Activity {
     }
 
     fn since(&self) -> Instant {
-        self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Relaxed))
+        self.epoch + Duration::from_micros(self.since_us.load(Ordering::Relaxed))
     }
 
     /// Restarts the clock of `phase` if the connection is still in it.
     fn restart(&self, phase: Phase) {
         if self.phase() == phase {
-            self.since_ms.store(self.now_ms(), Ordering::Relaxed);
+            self.since_us.store(self.now_us(), Ordering::Relaxed);
         }
     }
 
@@ -194,7 +194,7 @@ impl Activity {
             None => self.phase.swap(to as u8, Ordering::AcqRel) != to as u8,
         };
         if moved {
-            self.since_ms.store(self.now_ms(), Ordering::Relaxed);
+            self.since_us.store(self.now_us(), Ordering::Relaxed);
             self.changed.notify_one();
         }
     }
@@ -296,11 +296,14 @@ impl Registry {
             .filter(|e| !e.evict.is_cancelled() || e.activity.phase() == Phase::Busy)
             .count();
         if live >= cap {
-            let victim = self
+            // Two phases can begin in the same microsecond (a keep-alive connection going idle
+            // as a new one's head arrives, on a fast loopback): the older connection goes
+            // first, so the choice never depends on the map's order.
+            let (_, victim) = self
                 .open
-                .values()
-                .filter(|e| !e.evict.is_cancelled() && e.activity.phase() != Phase::Busy)
-                .min_by_key(|e| e.activity.since_ms.load(Ordering::Relaxed))?;
+                .iter()
+                .filter(|(_, e)| !e.evict.is_cancelled() && e.activity.phase() != Phase::Busy)
+                .min_by_key(|(id, e)| (e.activity.since_us.load(Ordering::Relaxed), **id))?;
             victim.evict.cancel();
         }
         let id = self.next_id;
@@ -572,10 +575,10 @@ impl Connection {
 mod tests {
     use super::*;
 
-    fn entry(epoch: Instant, phase: Phase, since_ms: u64) -> Arc<Activity> {
+    fn entry(epoch: Instant, phase: Phase, since_us: u64) -> Arc<Activity> {
         let a = Activity::new(epoch);
         a.phase.store(phase as u8, Ordering::Relaxed);
-        a.since_ms.store(since_ms, Ordering::Relaxed);
+        a.since_us.store(since_us, Ordering::Relaxed);
         a
     }
 
@@ -596,6 +599,24 @@ mod tests {
         // An evicted connection no longer counts while it closes: the next evicts the idle one.
         r.admit(3, entry(epoch, Phase::Busy, 1000)).unwrap();
         assert!(scheduler.is_cancelled());
+    }
+
+    /// Phases that began in the same microsecond: the connection admitted first goes, whatever
+    /// the map's order (the integration test `at_the_cap_connections_trickling_a_body_…` once
+    /// lost a trickling body instead of the harness's idle keep-alive connection this way).
+    #[test]
+    fn a_tie_on_when_the_phase_began_evicts_the_older_connection() {
+        let epoch = Instant::now();
+        for _ in 0..64 {
+            let mut r = Registry::default();
+            let (_, idle) = r.admit(3, entry(epoch, Phase::Idle, 7)).unwrap();
+            let later: Vec<_> = (0..2)
+                .map(|_| r.admit(3, entry(epoch, Phase::Body, 7)).unwrap().1)
+                .collect();
+            r.admit(3, entry(epoch, Phase::Body, 7)).unwrap();
+            assert!(idle.is_cancelled());
+            assert!(later.iter().all(|t| !t.is_cancelled()));
+        }
     }
 
     /// Issue 36 §2: a connection still sending its body is evictable like one sending its head
