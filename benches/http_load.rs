@@ -53,7 +53,7 @@ use common::{Case, PerNodeSplit, extender_body, ms, slashed, summarize};
 use device_numa_extender::app::Service;
 use device_numa_extender::extender::input::{decode, read_body};
 use device_numa_extender::model::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
-use device_numa_extender::scheduler::verbs;
+use device_numa_extender::scheduler::{relative, verbs};
 
 const NODES: usize = 5_000;
 const THROUGHPUT_NODES: usize = 1_000;
@@ -226,7 +226,10 @@ async fn run() {
             let args = || decode::<ExtenderArgsRef>(body).expect("body");
             canned.prioritize.insert(
                 key.clone(),
-                Arc::new(verbs::prioritize(&svc.state.scheduler, args())),
+                Arc::new(relative::relative_to_most_common(verbs::prioritize(
+                    &svc.state.scheduler,
+                    args(),
+                ))),
             );
             canned.filter.insert(
                 key.clone(),

@@ -18,7 +18,7 @@ use crate::model::wire::{
     ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority,
 };
-use crate::scheduler::verbs;
+use crate::scheduler::{relative, verbs};
 
 /// How a verb call ended, for the metric label.
 #[derive(Clone, Copy)]
@@ -199,7 +199,11 @@ pub async fn prioritize(State(state): State<AppState>, headers: HeaderMap, body:
         verb,
         started,
         |_| Vec::<HostPriority>::new(),
-        |s, args: ExtenderArgsRef| (verbs::prioritize(&s.scheduler, args), Outcome::Ok),
+        |s, args: ExtenderArgsRef| {
+            // kube-scheduler ranks the short answer exactly as the full one (see `relative`).
+            let scores = verbs::prioritize(&s.scheduler, args);
+            (relative::relative_to_most_common(scores), Outcome::Ok)
+        },
     )
 }
 

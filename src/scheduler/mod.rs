@@ -12,6 +12,8 @@
 //!   `placement::device::allocate`), **the cpuset in [`decide::cpu_decision`]** (then
 //!   `placement::cpu::place`);
 //! - [`verbs`]: filter, prioritize and preempt over many candidate nodes;
+//! - [`relative`]: prioritize's answer as kube-scheduler reads it, without the hosts that
+//!   score alike;
 //! - [`bind`]: the one place an allocation is committed, in named phases;
 //! - [`write_back`]: the koordinator annotations a CPU placement is written as;
 //! - [`requeue`]: the pods filter rejected everywhere and the signal that retries them.
@@ -31,6 +33,7 @@ mod needs;
 #[cfg(test)]
 mod partition_tests;
 mod read;
+pub mod relative;
 pub mod requeue;
 pub mod verbs;
 mod write_back;

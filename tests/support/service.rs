@@ -401,6 +401,40 @@ pub fn pending(name: &str, requests: Value) -> Value {
     pod("ml", name, &format!("uid-{name}"), requests, None, None)
 }
 
+/// What kube-scheduler adds to each candidate's total from a prioritize answer, divided by
+/// its `weight × 10`: the listed score, or 0 for a host the answer leaves out (v1.37
+/// `prioritizeNodes`). The answer lists only hosts whose score differs from the most common
+/// one, so tests compare candidates through this, never by the answer's length. Panics on a
+/// listed host that was not a candidate, or one listed twice.
+pub fn scores_as_added(answer: &Value, candidates: &[&str]) -> Vec<(String, i64)> {
+    let listed = answer
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {answer}"));
+    let mut seen = std::collections::BTreeSet::new();
+    for h in listed {
+        let host = h["Host"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no Host: {answer}"));
+        assert!(
+            candidates.contains(&host),
+            "{host} was not a candidate: {answer}"
+        );
+        assert!(seen.insert(host), "{host} listed twice: {answer}");
+        assert!(h["Score"].is_i64(), "an integer score: {answer}");
+    }
+    candidates
+        .iter()
+        .map(|c| {
+            let score = listed
+                .iter()
+                .find(|h| h["Host"] == *c)
+                .and_then(|h| h["Score"].as_i64())
+                .unwrap_or(0);
+            (c.to_string(), score)
+        })
+        .collect()
+}
+
 /// The extender's filter/prioritize body for `pod` over `nodes` (names mode).
 pub fn extender_args(pod: &Value, nodes: &[&str]) -> Value {
     json!({"Pod": pod, "Nodes": null, "NodeNames": nodes})
