@@ -5,9 +5,11 @@ package e2e
 // nodes advertise; NodeResourcesFit alone), (b) with the chart's configuration (GPU pods, whole
 // and shared) and (c) with every pod routed to the extender (LSR cpuset pods, GPU + cpuset
 // pods), at the scheduler's default percentageOfNodesToScore and at 100. Pods/s from creation to
-// bound, sampled once a second from a pod informer; CPU seconds of the extender and of
-// kube-scheduler (a separate process here, built from the same module) per 1,000 pods; the
-// extender's verb latencies from its own metrics.
+// bound, sampled once a second from a pod informer; CPU seconds of the extender, of
+// kube-scheduler (a separate process here, built from the same module) and of the control plane
+// (etcd and kube-apiserver, in this test process) per 1,000 pods, and what the extender adds to
+// their sum; the machine's load average when each case starts; the extender's verb latencies
+// from its own metrics.
 //
 // Not part of CI: DNE_E2E_BENCH=1 scripts/e2e.sh -run TestThroughput -v
 // (DNE_E2E_BENCH_NODES=1000,5000 and DNE_E2E_BENCH_PODS=1000 by default;
@@ -55,7 +57,12 @@ type benchResult struct {
 	wall                  time.Duration
 	avg, p50              float64
 	extenderCPU, schedCPU float64 // seconds per 1,000 pods
-	latencies             string
+	// This test process's CPU per 1,000 pods: etcd and kube-apiserver run in it, with the
+	// bench's own pod creators and informer (the same work in every case), so its difference
+	// between cases is the API server's.
+	controlPlaneCPU float64
+	loadBefore      string // /proc/loadavg's 1-minute figure when the case started
+	latencies       string
 }
 
 func TestThroughput(t *testing.T) {
@@ -116,8 +123,8 @@ func runThroughputAt(t *testing.T, nodes, pods int) []benchResult {
 			}
 			r := runThroughputCase(cp, ext, chart, c, pods)
 			r.nodes = nodes
-			t.Logf("%d nodes, %s, percentageOfNodesToScore %s: %.1f pods/s (p50 %.1f), %v; CPU/1000 pods: extender %.2fs, scheduler %.2fs; %s",
-				nodes, c.name, pct, r.avg, r.p50, r.wall.Round(time.Millisecond), r.extenderCPU, r.schedCPU, r.latencies)
+			t.Logf("%d nodes, %s, percentageOfNodesToScore %s: %.1f pods/s (p50 %.1f), %v; CPU/1000 pods: extender %.2fs, scheduler %.2fs, control plane %.2fs; load %s; %s",
+				nodes, c.name, pct, r.avg, r.p50, r.wall.Round(time.Millisecond), r.extenderCPU, r.schedCPU, r.controlPlaneCPU, r.loadBefore, r.latencies)
 			results = append(results, r)
 		}
 	}
@@ -216,7 +223,8 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 
 	stopProfiles := startProfiles(cp, c, map[string]int{"extender": ext.pid(), "kube-scheduler": sched.pid()})
 	defer stopProfiles()
-	extCPU0, schedCPU0 := procCPUSeconds(ext.pid()), procCPUSeconds(sched.pid())
+	load := loadAverage()
+	extCPU0, schedCPU0, cpCPU0 := procCPUSeconds(ext.pid()), procCPUSeconds(sched.pid()), procCPUSeconds(os.Getpid())
 	metrics0 := ext.metrics()
 	start := time.Now()
 	go createPodsConcurrently(cp, c, n, schedulerName(chart))
@@ -238,6 +246,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	wall := time.Unix(0, atomic.LoadInt64(&lastBoundAt)).Sub(start)
 	stopProfiles()
 	extCPU, schedCPU := procCPUSeconds(ext.pid())-extCPU0, procCPUSeconds(sched.pid())-schedCPU0
+	cpCPU := procCPUSeconds(os.Getpid()) - cpCPU0
 	lat := verbLatencies(metrics0, ext.metrics())
 	if !c.extender {
 		lat = "extender not called"
@@ -246,6 +255,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 		benchCase: c, pods: n, wall: wall,
 		avg: float64(n) / wall.Seconds(), p50: median(samples),
 		extenderCPU: extCPU * 1000 / float64(n), schedCPU: schedCPU * 1000 / float64(n),
+		controlPlaneCPU: cpCPU * 1000 / float64(n), loadBefore: load,
 		latencies: lat,
 	}
 }
@@ -294,6 +304,18 @@ func (cp *controlPlane) deleteAllPods() {
 		pods, err := cp.admin.CoreV1().Pods(testNamespace).List(ctx, metav1.ListOptions{Limit: 1})
 		return err == nil && len(pods.Items) == 0, nil
 	})
+}
+
+// loadAverage is /proc/loadavg's 1-minute figure ("?" where it cannot be read).
+func loadAverage() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(raw)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
 
 // procCPUSeconds is utime+stime of a process from /proc (clock ticks of 1/100 s).
@@ -389,23 +411,26 @@ func verbLatencies(before, after string) string {
 
 func throughputTable(rs []benchResult) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| nodes | pctOfNodesToScore | case | pods | wall | pods/s avg | pods/s p50 | ratio to (a) | extender CPU s/1000 pods | scheduler CPU s/1000 pods | extender verbs |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|\n")
-	baseline := map[string]float64{}
+	fmt.Fprintf(&b, "| nodes | pctOfNodesToScore | case | load | pods | wall | pods/s avg | pods/s p50 | ratio to (a) | CPU s/1000 pods: extender | kube-scheduler | control plane | added by the extender | extender verbs |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	baseline := map[string]benchResult{}
 	for _, r := range rs {
 		key := fmt.Sprintf("%d/%s/%s", r.nodes, r.pctOfNode, r.podSet)
-		ratio := "1"
+		ratio, added := "1", "-"
 		if !r.extender {
-			baseline[key] = r.avg
-		} else if base := baseline[key]; base > 0 {
-			ratio = fmt.Sprintf("%.2f", r.avg/base)
+			baseline[key] = r
+		} else if base, ok := baseline[key]; ok && base.avg > 0 {
+			ratio = fmt.Sprintf("%.2f", r.avg/base.avg)
+			// Everything (b) or (c) spent that (a) did not: the extender's own CPU, and
+			// kube-scheduler's and the control plane's extra.
+			added = fmt.Sprintf("%.2f", r.extenderCPU+(r.schedCPU-base.schedCPU)+(r.controlPlaneCPU-base.controlPlaneCPU))
 		}
 		extCPU := "-"
 		if r.extender {
 			extCPU = fmt.Sprintf("%.2f", r.extenderCPU)
 		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %d | %v | %.1f | %.1f | %s | %s | %.2f | %s |\n",
-			r.nodes, r.pctOfNode, r.name, r.pods, r.wall.Round(100*time.Millisecond), r.avg, r.p50, ratio, extCPU, r.schedCPU, r.latencies)
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %d | %v | %.1f | %.1f | %s | %s | %.2f | %.2f | %s | %s |\n",
+			r.nodes, r.pctOfNode, r.name, r.loadBefore, r.pods, r.wall.Round(100*time.Millisecond), r.avg, r.p50, ratio, extCPU, r.schedCPU, r.controlPlaneCPU, added, r.latencies)
 	}
 	return b.String()
 }
