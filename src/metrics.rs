@@ -50,6 +50,12 @@ pub struct Metrics {
     /// 409s on bind's resourceVersion-guarded writes (the binding, or a stale-annotation
     /// removal); a binding's is retried after a fresh read.
     pub bind_patch_conflicts: IntCounter,
+    /// Where each bind read its pod (`source`): `filter` (the copy kube-scheduler sent with
+    /// filter in the same scheduling cycle, no API call) or `api` (a GET).
+    pub bind_reads: IntCounterVec,
+    /// Binds whose binding got a 409 and whose re-read pod asked for something else than the
+    /// decision was made for: failed, for kube-scheduler to retry.
+    pub bind_pod_changed: IntCounter,
     /// Binds that found the pod bound to another node mid-bind (`stage`: patch, binding,
     /// probe); the pod's annotations were left alone.
     pub bound_elsewhere: IntCounterVec,
@@ -254,6 +260,17 @@ impl Metrics {
             bind_patch_conflicts: reg!(IntCounter::new(
                 "bind_patch_conflicts_total",
                 "409 Conflicts on the bind's resourceVersion-guarded writes: the binding that carries its annotations (retried after a fresh read), or the removal of a stale annotation before it."
+            )),
+            bind_reads: reg!(IntCounterVec::new(
+                Opts::new(
+                    "bind_reads_total",
+                    "Where binds read their pod: filter (the copy kube-scheduler sent with filter in the same cycle, no API call) or api (a GET)."
+                ),
+                &["source"]
+            )),
+            bind_pod_changed: reg!(IntCounter::new(
+                "bind_pod_changed_total",
+                "Binds whose binding got a 409 and whose re-read pod asked for something else than the decision was made for; failed for kube-scheduler to retry."
             )),
             bound_elsewhere: reg!(IntCounterVec::new(
                 Opts::new(
@@ -477,6 +494,9 @@ impl Metrics {
         }
         for stage in ["patch", "binding", "probe"] {
             self.bound_elsewhere.with_label_values(&[stage]);
+        }
+        for source in ["filter", "api"] {
+            self.bind_reads.with_label_values(&[source]);
         }
         self
     }

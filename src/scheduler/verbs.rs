@@ -161,6 +161,11 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
         }
     };
     record_filter(state, result, &tally);
+    // The bind of this scheduling cycle decides on this copy (`bind::sent`); only a pod that
+    // fits somewhere is bound.
+    if !passing.is_empty() {
+        state.binder.keep_sent(pod);
+    }
     if nodes_mode {
         let nodes = args.nodes.unwrap_or_default();
         let passing: std::collections::HashSet<&str> = passing.iter().map(|n| &**n).collect();

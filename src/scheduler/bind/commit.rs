@@ -9,9 +9,11 @@ use super::outcome::{BindError, BindOutcome};
 use super::pod_api::ApiError;
 use super::{Binder, OWNED_ANNOTATIONS, carries};
 use crate::cluster::assumed::SentBinding;
+use crate::cluster::snapshot::hash128;
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
 use crate::model::wire::ExtenderBindingArgs;
+use crate::scheduler::needs::{NeedsInputs, pod_needs};
 
 /// What a failed commit left behind.
 pub(super) enum AfterFailure {
@@ -157,6 +159,9 @@ impl Binder {
             .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
             .collect();
         let mut conflicts = 0;
+        // What the decision was made for, taken from the pod it was made on at the first 409
+        // (only then is it needed): a re-read pod must still ask for the same.
+        let mut decided_for: Option<Option<u128>> = None;
         // A re-read after a 409 that found the pod bound: judged as the read-back, not read
         // again.
         let mut bound_read = None;
@@ -216,6 +221,16 @@ impl Binder {
                 tracing::info!(pod = %pod_key, attempt = conflicts, "binding conflicted; re-reading the pod");
                 match self.reread(args, pod_key).await {
                     Ok(ReRead::Unbound(fresh)) => {
+                        let before = *decided_for.get_or_insert_with(|| self.asks(&current));
+                        if self.asks(&fresh) != before {
+                            self.metrics.bind_pod_changed.inc();
+                            return Err((
+                                BindError::PodChanged {
+                                    pod: pod_key.to_string(),
+                                },
+                                AfterFailure::NotBound,
+                            ));
+                        }
                         current = *fresh;
                         continue;
                     }
@@ -264,6 +279,14 @@ impl Binder {
                 ReadBack::Ambiguous => Err((e, AfterFailure::Ambiguous)),
             };
         }
+    }
+
+    /// What `pod` asks of a node, by the read verbs' rule with today's inputs, as a
+    /// fingerprint (`None`: an invalid request). Two reads of one pod that ask for the same
+    /// compare equal.
+    fn asks(&self, pod: &Pod) -> Option<u128> {
+        let inputs = NeedsInputs::of(&self.readiness, &self.cluster, &self.scoring);
+        pod_needs(pod, inputs).ok().map(|needs| hash128(&needs))
     }
 
     /// The error for a pod found bound by another write during this bind: on this node it

@@ -22,9 +22,11 @@ mod commit;
 mod outcome;
 mod pod_api;
 mod probe;
+mod sent;
 
 pub use outcome::{BindError, BindOutcome};
 pub use pod_api::{ApiError, KubePodApi, OfflinePodApi, PodApi};
+pub use sent::SentPods;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -106,6 +108,8 @@ pub struct Binder {
     readiness: Arc<Readiness>,
     scoring: Arc<ScoringConfig>,
     metrics: Metrics,
+    /// The pods filter saw, for the bind of the same scheduling cycle ([`sent`]).
+    sent: SentPods,
 }
 
 impl Binder {
@@ -122,7 +126,22 @@ impl Binder {
             readiness,
             scoring,
             metrics,
+            sent: SentPods::default(),
         }
+    }
+
+    /// Filter leaves the pod kube-scheduler sent it here, for its bind ([`sent`]). Only
+    /// against an API server, which checks the binding's resourceVersion: offline a read costs
+    /// nothing, and hand-written requests may give one UID and resourceVersion two contents.
+    pub fn keep_sent(&self, pod: Pod) {
+        if self.api.confirmed_by_watch() {
+            self.sent.keep(pod);
+        }
+    }
+
+    /// The pods kept for their binds (tests).
+    pub fn sent_pods(&self) -> &SentPods {
+        &self.sent
     }
 
     fn released(&self, path: &str, n: usize) {
@@ -158,6 +177,19 @@ impl Binder {
     /// Phase 1: reads the pod, resolves an earlier attempt's held allocation against that
     /// read, checks it is the pod kube-scheduler meant, and says what it needs.
     async fn read(&self, target: &Target<'_>) -> Result<(Pod, PodNeeds), BindError> {
+        // The copy filter kept, when nothing this bind decides depends on the pod's current
+        // state (see `sent`): no earlier attempt holds an allocation, the pod watch has not
+        // seen it bound here (a retry of a bind that succeeded is answered from the live pod),
+        // and DRA serves nothing of it here. A 409 on the binding re-reads it.
+        if let Some(pod) = self.sent.take(&target.uid)
+            && self.cluster.assumptions().get(&target.uid).is_none()
+            && self.fresh_on(&target.args.node, &target.uid)
+            && let Ok((pod, needs)) = self.needs_of(target, pod)
+        {
+            self.metrics.bind_reads.with_label_values(&["filter"]).inc();
+            return Ok((pod, needs));
+        }
+        self.metrics.bind_reads.with_label_values(&["api"]).inc();
         let args = target.args;
         let pod = self
             .api
@@ -175,6 +207,12 @@ impl Binder {
         let pod = pod.ok_or_else(|| BindError::PodNotFound {
             pod: target.key.clone(),
         })?;
+        self.needs_of(target, pod)
+    }
+
+    /// Checks `pod` is the one kube-scheduler meant and says what it needs on the target node.
+    fn needs_of(&self, target: &Target<'_>, pod: Pod) -> Result<(Pod, PodNeeds), BindError> {
+        let args = target.args;
         let actual_uid = pod.metadata.uid.clone().unwrap_or_default();
         if actual_uid != args.pod_uid {
             return Err(BindError::UidMismatch {
@@ -201,6 +239,16 @@ impl Binder {
                 cpu: needs.cpu,
             },
         ))
+    }
+
+    /// Whether a pod's bind on `node` can decide on the copy filter kept: the node holds no
+    /// committed allocation of the pod, and DRA serves none of the names the extender
+    /// manages there (no request depends on the status kube-scheduler's PreBind writes).
+    fn fresh_on(&self, node: &str, uid: &PodUid) -> bool {
+        self.cluster.node(node).is_none_or(|n| {
+            let state = n.read();
+            !state.holds_committed(uid) && state.dra_served().is_empty()
+        })
     }
 
     /// The pod's device request less what kube-scheduler serves through DRA (KEP-5004), by

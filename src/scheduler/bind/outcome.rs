@@ -45,6 +45,13 @@ pub enum BindError {
         "pod {pod} was bound to node {node} by another write while this bind decided: nothing written, its allocation is the one it was bound with"
     )]
     BoundMeanwhile { pod: String, node: String },
+    /// The binding got a 409 and the re-read pod asks for something else than the decision
+    /// was made for (its requests, annotations or policy changed since kube-scheduler sent
+    /// it): nothing is written; kube-scheduler retries with the new pod.
+    #[error(
+        "pod {pod} changed what it asks for while this bind decided: nothing written, retry with the new pod"
+    )]
+    PodChanged { pod: String },
     /// An earlier attempt's binding of this pod has no known outcome and may still land (the
     /// pod is unchanged since it was sent and the API server's deadline has not passed):
     /// deciding again now could hold the pod's devices on two nodes, or let its first binding
@@ -102,6 +109,7 @@ impl BindError {
             BindError::UidMismatch { .. } => "uid_mismatch",
             BindError::BoundElsewhere { .. } => "bound_elsewhere",
             BindError::BoundMeanwhile { .. } => "bound_meanwhile",
+            BindError::PodChanged { .. } => "pod_changed",
             BindError::PreviousBindingPending { .. } => "previous_binding_pending",
             BindError::BoundWithoutAllocation { .. } => "bound_without_allocation",
             BindError::DoesNotFit { .. } => "does_not_fit",

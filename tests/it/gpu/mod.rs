@@ -5,6 +5,7 @@
 //! Every wait has a timeout: HTTP calls (30 s in [`Http`]), `eventually`, and the joins of
 //! concurrent bursts.
 
+mod bind_read;
 mod concurrency;
 mod defects;
 mod expiry;
