@@ -3,13 +3,27 @@
 //! Every failure path in the service increments something here. This module owns metric names
 //! and labels only; it never decides anything.
 
+use std::sync::Arc;
+
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// The process's metrics: a handle to one [`MetricSet`], cheap to clone (one reference count;
+/// axum clones the state, and so this, for every request).
 #[derive(Clone)]
-pub struct Metrics {
+pub struct Metrics(Arc<MetricSet>);
+
+impl std::ops::Deref for Metrics {
+    type Target = MetricSet;
+    fn deref(&self) -> &MetricSet {
+        &self.0
+    }
+}
+
+/// Every metric family, registered in `registry`.
+pub struct MetricSet {
     pub registry: Registry,
     /// HTTP requests per verb and outcome (`ok`, `error`, `not_ready`, `bad_request`, ...).
     pub requests: IntCounterVec,
@@ -109,6 +123,12 @@ impl Metrics {
     }
 
     fn build() -> Self {
+        Metrics(Arc::new(MetricSet::register()))
+    }
+}
+
+impl MetricSet {
+    fn register() -> Self {
         let registry = Registry::new_custom(Some("dne".into()), None).expect("static prefix");
         macro_rules! reg {
             ($m:expr) => {{
@@ -123,7 +143,7 @@ impl Metrics {
             0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
             2.5, 5.0,
         ];
-        Metrics {
+        MetricSet {
             requests: reg!(IntCounterVec::new(
                 Opts::new(
                     "http_requests_total",
@@ -408,7 +428,9 @@ impl Metrics {
             registry,
         }
     }
+}
 
+impl Metrics {
     /// Creates the series of every known label value at 0, so `rate()` and `absent()`-based
     /// alerts work before the first event, and every documented family is always exported.
     fn with_series_at_zero(self) -> Self {

@@ -221,7 +221,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	}
 	base := atomic.LoadInt64(&bound)
 
-	stopProfiles := startProfiles(cp, c, map[string]int{"extender": ext.pid(), "kube-scheduler": sched.pid()})
+	stopProfiles := startProfiles(cp, c, map[string]int{"extender": ext.pid(), "kube-scheduler": sched.pid(), "control-plane": os.Getpid()})
 	defer stopProfiles()
 	load := loadAverage()
 	extCPU0, schedCPU0, cpCPU0 := procCPUSeconds(ext.pid()), procCPUSeconds(sched.pid()), procCPUSeconds(os.Getpid())
