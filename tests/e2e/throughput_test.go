@@ -16,7 +16,9 @@ package e2e
 // DNE_E2E_BENCH_QPS=<qps> replaces the chart's clientConnection qps (burst twice that), whose
 // 100 caps every configuration near 100 pods/s; DNE_E2E_BENCH_CASES=<regexp> runs only the cases
 // whose "<name> <percentage>" matches; DNE_E2E_BENCH_PERF=<dir> records `perf` profiles of the
-// extender and kube-scheduler for each case). Never asserts a speed.
+// extender, kube-scheduler and this process (etcd, kube-apiserver and the TCP forwarder every
+// client goes through) for each case; DNE_E2E_BINARY=<path> runs another extender binary, for
+// a before/after in one session). Never asserts a speed.
 
 import (
 	"bufio"
