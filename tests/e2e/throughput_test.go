@@ -8,8 +8,8 @@ package e2e
 // bound, sampled once a second from a pod informer; CPU seconds of the extender, of
 // kube-scheduler (a separate process here, built from the same module) and of the control plane
 // (etcd and kube-apiserver, in this test process) per 1,000 pods, and what the extender adds to
-// their sum; the machine's load average when each case starts; the extender's verb latencies
-// from its own metrics.
+// their sum; the machine's load average when each case starts; the extender's bootstrap time
+// and resident memory, and kube-scheduler's; the extender's verb latencies from its own metrics.
 //
 // Not part of CI: DNE_E2E_BENCH=1 scripts/e2e.sh -run TestThroughput -v
 // (DNE_E2E_BENCH_NODES=1000,5000 and DNE_E2E_BENCH_PODS=1000 by default;
@@ -104,8 +104,11 @@ func runThroughputAt(t *testing.T, nodes, pods int) []benchResult {
 	}
 	m := gpuMachine
 	createNodesConcurrently(cp, nodes, m)
+	started := time.Now()
 	ext := cp.startExtender("")
 	ext.waitReady()
+	t.Logf("%d nodes: the extender was ready %v after its start (bootstrap: list and replay every kind); resident %s",
+		nodes, time.Since(started).Round(10*time.Millisecond), residentMiB(ext.pid()))
 
 	var results []benchResult
 	for _, pct := range []string{"default", "100"} {
@@ -249,6 +252,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	stopProfiles()
 	extCPU, schedCPU := procCPUSeconds(ext.pid())-extCPU0, procCPUSeconds(sched.pid())-schedCPU0
 	cpCPU := procCPUSeconds(os.Getpid()) - cpCPU0
+	t.Logf("%s: resident at the end: extender %s, kube-scheduler %s", c.name, residentMiB(ext.pid()), residentMiB(sched.pid()))
 	lat := verbLatencies(metrics0, ext.metrics())
 	if !c.extender {
 		lat = "extender not called"
@@ -316,6 +320,23 @@ func loadAverage() string {
 	}
 	if f := strings.Fields(string(raw)); len(f) > 0 {
 		return f[0]
+	}
+	return "?"
+}
+
+// residentMiB is a process's resident set (VmRSS) in MiB, or "?".
+func residentMiB(pid int) string {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "?"
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseFloat(f[1], 64)
+			if err == nil {
+				return fmt.Sprintf("%.0f MiB", kb/1024)
+			}
+		}
 	}
 	return "?"
 }
