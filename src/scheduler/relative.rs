@@ -30,13 +30,20 @@ use crate::model::wire::HostPriority;
 /// The most common score (the lowest of those equally common: the answer then stays
 /// non-negative whenever the lowest score is among them). `None` for no hosts.
 fn most_common(scores: impl Iterator<Item = i64>) -> Option<i64> {
-    let mut counts: BTreeMap<i64, usize> = BTreeMap::new();
+    // Prioritize's scores are 0..=10: counted in an array, anything else in a map.
+    let mut in_range = [0usize; 11];
+    let mut others: BTreeMap<i64, usize> = BTreeMap::new();
     for s in scores {
-        *counts.entry(s).or_default() += 1;
+        match usize::try_from(s).ok().filter(|i| *i < in_range.len()) {
+            Some(i) => in_range[i] += 1,
+            None => *others.entry(s).or_default() += 1,
+        }
     }
+    let counted = (0i64..).zip(in_range).filter(|&(_, n)| n > 0);
+    let mut all: Vec<(i64, usize)> = counted.chain(others).collect();
+    all.sort_unstable_by_key(|&(score, _)| score);
     // Ascending scores: `max_by_key` keeps the last of equal counts, so compare reversed.
-    counts
-        .into_iter()
+    all.into_iter()
         .rev()
         .max_by_key(|&(_, n)| n)
         .map(|(score, _)| score)
@@ -44,18 +51,17 @@ fn most_common(scores: impl Iterator<Item = i64>) -> Option<i64> {
 
 /// The answer kube-scheduler reads the same way as `scores`: each host whose score differs
 /// from the most common one, with that score subtracted, in the order given.
-pub fn relative_to_most_common(scores: Vec<HostPriority<'_>>) -> Vec<HostPriority<'_>> {
+pub fn relative_to_most_common(mut scores: Vec<HostPriority<'_>>) -> Vec<HostPriority<'_>> {
     let Some(common) = most_common(scores.iter().map(|h| h.score)) else {
         return scores;
     };
+    // In place: when most scores differ (CPU-scored pods), the list is barely shorter, and a
+    // second list of thousands of hosts would cost more than the pass itself.
+    scores.retain_mut(|h| {
+        h.score -= common;
+        h.score != 0
+    });
     scores
-        .into_iter()
-        .filter(|h| h.score != common)
-        .map(|h| HostPriority {
-            score: h.score - common,
-            ..h
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -109,13 +115,14 @@ mod tests {
             .collect()
     }
 
-    /// Nodes with an in-tree total (the default plugins' at most 1,200) and our score 0..=10.
+    /// Nodes with an in-tree total (the default plugins' at most 1,200) and our score, mostly
+    /// 0..=10 (what prioritize answers), sometimes outside it (the function must not care).
     fn cluster() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
         (1usize..60).prop_flat_map(|n| {
             (
                 prop::collection::vec(0i64..=1200, n),
                 // Few distinct values, as a real cluster has: many repeats.
-                prop::collection::vec(prop_oneof![Just(0i64), Just(10), 0i64..=10], n),
+                prop::collection::vec(prop_oneof![Just(0i64), Just(10), 0i64..=10, -20i64..=30], n),
             )
         })
     }
@@ -200,6 +207,11 @@ mod tests {
         assert_eq!(answer(&full(&[10, 10, 6, 10])), vec![("n2".into(), -4)]);
         // Equally common: the lower one goes (the answer stays non-negative).
         assert_eq!(answer(&full(&[10, 0])), vec![("n0".into(), 10)]);
+        // Out of the usual range (counted apart), and ties across both: the lowest goes.
+        assert_eq!(
+            answer(&full(&[-3, 12, 12, -3, 5])),
+            vec![("n1".into(), 15), ("n2".into(), 15), ("n4".into(), 8)]
+        );
         // All alike: nothing to say.
         assert!(answer(&full(&[7, 7, 7])).is_empty());
         assert!(answer(&[]).is_empty());
