@@ -42,8 +42,11 @@ async fn a_bind_after_filter_decides_on_the_pod_filter_saw_and_reads_nothing() {
 
     let f = env.filter(&pod, &["n1"]).await;
     assert_eq!(f["NodeNames"], json!(["n1"]), "{f}");
+    let kept = || env.svc.state.scheduler.binder.sent_pods().len();
+    assert_eq!(kept(), 1, "filter kept the pod it was sent");
     fake.clear_requests();
     env.bind(&pod, "n1").await.unwrap();
+    assert_eq!(kept(), 0, "the bind took it");
 
     assert_eq!(reads_of(&fake, &pod), 0, "{:?}", requests(&fake));
     assert_eq!(
