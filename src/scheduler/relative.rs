@@ -115,6 +115,13 @@ mod tests {
             .collect()
     }
 
+    /// Names `node-<i>` for scores in order: the names, and the full answer.
+    fn named(ours: &[i64]) -> (Vec<String>, Vec<(String, i64)>) {
+        let names: Vec<String> = (0..ours.len()).map(|i| format!("node-{i}")).collect();
+        let full = names.iter().cloned().zip(ours.iter().copied()).collect();
+        (names, full)
+    }
+
     /// Nodes with an in-tree total (the default plugins' at most 1,200) and our score, mostly
     /// 0..=10 (what prioritize answers), sometimes outside it (the function must not care).
     fn cluster() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
@@ -134,8 +141,7 @@ mod tests {
             (in_tree, ours) in cluster(),
             weight in 1i64..=400,
         ) {
-            let names: Vec<String> = (0..ours.len()).map(|i| format!("node-{i}")).collect();
-            let full: Vec<(String, i64)> = names.iter().cloned().zip(ours.iter().copied()).collect();
+            let (names, full) = named(&ours);
             let short = answer(&full);
             let before = kube_scheduler_totals(&in_tree, &names, &full, weight);
             let after = kube_scheduler_totals(&in_tree, &names, &short, weight);
@@ -169,8 +175,7 @@ mod tests {
             (in_tree, ours) in cluster(),
             weight in 1i64..=400,
         ) {
-            let names: Vec<String> = (0..ours.len()).map(|i| format!("node-{i}")).collect();
-            let full: Vec<(String, i64)> = names.iter().cloned().zip(ours.iter().copied()).collect();
+            let (names, full) = named(&ours);
             let after = kube_scheduler_totals(&in_tree, &names, &answer(&full), weight);
             let mut ties: HashMap<i64, Vec<usize>> = HashMap::new();
             for (i, (total, _)) in after.iter().enumerate() {

@@ -185,15 +185,15 @@ async fn binary_serves_the_example_cluster_file_and_answers_the_example_requests
         let path = format!("/{}", verb(name));
         let (status, r) = http.post(&path, body).await;
         assert_eq!(status, 200, "{name}: {r}");
+        let candidates: Vec<&str> = body["NodeNames"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
         match verb(name).as_str() {
             "filter" => {
                 assert_eq!(r["Error"], "", "{name}: {r}");
-                let candidates: Vec<&str> = body["NodeNames"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .collect();
                 let passing: Vec<&str> = r["NodeNames"]
                     .as_array()
                     .unwrap_or_else(|| panic!("{name}: {r}"))
@@ -211,12 +211,7 @@ async fn binary_serves_the_example_cluster_file_and_answers_the_example_requests
             "prioritize" => {
                 // Relative to the most common score, which is left out: differences of the
                 // 0..=10 scale, and no listed host at the common score.
-                let candidates: Vec<&str> = body["NodeNames"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .collect();
+                assert!(!candidates.is_empty(), "{name}: names mode");
                 let added = crate::support::service::scores_as_added(&r, &candidates);
                 let (lo, hi) = added.iter().fold((i64::MAX, i64::MIN), |(lo, hi), (_, s)| {
                     (lo.min(*s), hi.max(*s))

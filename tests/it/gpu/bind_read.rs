@@ -184,3 +184,49 @@ async fn a_retry_while_an_earlier_attempt_holds_an_allocation_reads_the_pod() {
     assert!(reads_of(&fake, &pod) >= 1, "{:?}", requests(&fake));
     env.svc.shutdown().await.unwrap();
 }
+
+/// A pod another writer bound here after filter, and the pod watch committed: the copy filter
+/// kept still says unbound, so it is not used; the read finds the pod bound with its allocation
+/// and the bind answers "already bound", writing nothing and deciding nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_the_watch_saw_bound_here_after_filter_is_read_not_decided_again() {
+    let fake = FakeApiServer::new();
+    add_gpu_node(&fake, "n1", 2, &[]);
+    let env = Env::start(&fake, &[]).await;
+    let pod = created(&fake, pending("p", whole_gpus(1)));
+    env.filter(&pod, &["n1"]).await;
+    let allocated = crate::support::service::whole_gpus(&[0]);
+    fake.patch_merge(
+        Kind::Pod,
+        "ml",
+        "p",
+        json!({"metadata": {"annotations": {"scheduling.koordinator.sh/device-allocated": allocated}}}),
+    )
+    .unwrap();
+    fake.bind_pod("ml", "p", "n1").unwrap();
+    let mut committed = false;
+    for _ in 0..500 {
+        if env.ledger("n1").await["entries"][uid(&pod)]["state"] == json!("committed") {
+            committed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        committed,
+        "the watch never committed the other writer's bind"
+    );
+    fake.clear_requests();
+    env.bind(&pod, "n1").await.unwrap();
+    assert_eq!(
+        requests(&fake),
+        vec!["GET /api/v1/namespaces/ml/pods/p".to_string()],
+        "read, nothing written"
+    );
+    assert_eq!(
+        env.metric("dne_binds_total", "outcome=\"already_bound\"")
+            .await,
+        1.0
+    );
+    env.svc.shutdown().await.unwrap();
+}
