@@ -229,6 +229,23 @@ impl NodeState {
             CpuAmplificationRatio::Invalid(_) => return Amplification::Invalid,
             CpuAmplificationRatio::Ratio(r) => *r,
         };
+        let requested = self.requested_milli_cpu(ignore);
+        let cpuset_cpus = if ignore.is_empty() {
+            self.cpus.allocated().len()
+        } else {
+            self.cpus.allocated_without(ignore).len()
+        };
+        Amplification::On(AmplifiedCpu::new(
+            ratio,
+            node.allocatable_milli_cpu(),
+            requested,
+            cpuset_cpus,
+        ))
+    }
+
+    /// The CPU (millicores) the pods here request, with those a bind assumed here and not
+    /// yet listed, `ignore`'s pods (preemption victims) left out.
+    pub fn requested_milli_cpu(&self, ignore: &[PodUid]) -> i64 {
         let listed: i64 = self
             .pods
             .iter()
@@ -246,17 +263,7 @@ impl NodeState {
             })
             .map(|(_, milli)| *milli)
             .fold(0, i64::saturating_add);
-        let cpuset_cpus = if ignore.is_empty() {
-            self.cpus.allocated().len()
-        } else {
-            self.cpus.allocated_without(ignore).len()
-        };
-        Amplification::On(AmplifiedCpu::new(
-            ratio,
-            node.allocatable_milli_cpu(),
-            listed.saturating_add(assumed),
-            cpuset_cpus,
-        ))
+        listed.saturating_add(assumed)
     }
 
     /// The partition step's facts for the read verbs, on a node with GPUs and a partition

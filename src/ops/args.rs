@@ -88,7 +88,9 @@ pub struct ServeOpsArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ScoringArgs {
     /// Device scoring for prioritize and for ranking devices in bind: least-allocated spreads
-    /// pods over nodes and cards, most-allocated bin-packs them.
+    /// pods over nodes and cards, most-allocated bin-packs them, fragmentation places each GPU
+    /// pod on the node and card where the workload's expected GPU fragmentation grows least
+    /// (FGD; the workload is learned from the pods the extender sees).
     #[arg(long, env = "DNE_SCORE_STRATEGY", default_value = "least-allocated")]
     pub score_strategy: String,
 

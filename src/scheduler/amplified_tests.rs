@@ -85,6 +85,7 @@ fn candidate(cpu_milli: i64, cpuset: bool) -> PodNeeds {
     PodNeeds {
         devices: None,
         cpu: cpu_needs(&pod, true, &ScoringConfig::default()).expect("valid"),
+        cpu_request_milli: None,
     }
 }
 

@@ -28,6 +28,7 @@ pub mod bind;
 mod config;
 mod decide;
 pub mod dra_owner;
+mod fragment;
 mod memo;
 mod needs;
 #[cfg(test)]

@@ -9,6 +9,7 @@ use crate::placement::cpu::classify::ClassifyError;
 use crate::placement::cpu::classify::classify;
 use crate::placement::cpu::{NumaPolicy, PodCpuRequest};
 use crate::placement::device::request::PodDeviceRequest;
+use crate::placement::device::score::ScoringStrategy;
 use crate::placement::device::{PodDeviceRequestError, pod_device_request};
 use crate::sync::Kind;
 use crate::sync::Readiness;
@@ -21,6 +22,9 @@ pub struct PodNeeds {
     /// `None` when CPU placement is off (no NRT CRD) or the pod requests neither cpu nor
     /// memory and asks for no cpuset or NUMA policy.
     pub cpu: Option<PodCpuRequest>,
+    /// The pod's CPU request in millicores, read only for a scorer that needs it whatever the
+    /// CPU placement (the fragmentation strategy: a node short of CPU strands its GPUs).
+    pub cpu_request_milli: Option<i64>,
 }
 
 impl PodNeeds {
@@ -107,7 +111,19 @@ pub fn pod_needs(pod: &Pod, inputs: NeedsInputs<'_>) -> Result<PodNeeds, Invalid
     } else {
         None
     };
-    Ok(PodNeeds { devices, cpu })
+    let cpu_request_milli = (inputs.scoring.device.strategy == ScoringStrategy::Fragmentation
+        && devices.is_some())
+    .then(|| {
+        crate::model::requests::pod_requests_compact(&pod.spec)
+            .ok()
+            .and_then(|r| r.get("cpu").map(|q| q.milli_value()))
+            .unwrap_or(0)
+    });
+    Ok(PodNeeds {
+        devices,
+        cpu,
+        cpu_request_milli,
+    })
 }
 
 #[cfg(test)]

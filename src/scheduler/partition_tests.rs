@@ -70,6 +70,7 @@ fn needs(gpus: u32, shared: bool, spec: Option<&str>) -> PodNeeds {
     PodNeeds {
         devices: pod_device_request(&pod).expect("valid"),
         cpu: None,
+        cpu_request_milli: None,
     }
 }
 

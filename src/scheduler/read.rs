@@ -234,6 +234,10 @@ pub fn snapshot_score(
     scoring: &ScoringConfig,
     shared: &mut ScoreMemo,
 ) -> Option<i64> {
+    // The fragmentation measure reads the node's cards and CPU in full.
+    if super::fragment::applies(needs, scoring) {
+        return None;
+    }
     let Some(node) = node else {
         return Some(0);
     };
@@ -471,6 +475,7 @@ mod aligned_tests {
         let needs = PodNeeds {
             devices: Some(devices.clone()),
             cpu,
+            cpu_request_milli: None,
         };
         (devices, needs, fast)
     }

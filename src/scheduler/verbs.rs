@@ -79,6 +79,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
             Vec::new()
         }
         Ok(needs) => {
+            super::fragment::observe(&pod, &needs, &state.scoring);
             let fast = needs
                 .devices
                 .as_ref()
@@ -284,9 +285,14 @@ pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<H
                     })
                     .collect()
             });
+    let scores = if super::fragment::applies(&needs, &state.scoring) {
+        super::fragment::normalize(&raw)
+    } else {
+        normalize_scores(&raw)
+    };
     names
         .into_iter()
-        .zip(normalize_scores(&raw))
+        .zip(scores)
         .map(|(host, score)| HostPriority { host, score })
         .collect()
 }

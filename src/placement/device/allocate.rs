@@ -474,6 +474,71 @@ impl<'a> View<'a> {
 
     /// Devices that can take the per-device request now, ascending by minor, with their score.
     fn candidates(&self, t: &DeviceType, r: &DeviceTypeRequest) -> Vec<Candidate<'a>> {
+        let mut out = self.scored_candidates(t, r);
+        if let Some(growth) = self.fragmentation_growth(t, r) {
+            for c in &mut out {
+                c.score = growth.get(&c.slot.minor).copied().unwrap_or(i64::MIN);
+            }
+        }
+        out
+    }
+
+    /// Under the fragmentation strategy, for a share of one GPU: per minor that can take it,
+    /// the negated growth of the workload's fragmentation (thousandths of a milli-GPU) if the
+    /// share goes there, so the best card scores highest. `None` elsewhere (whole GPUs all
+    /// leave the same: any wholly free card).
+    fn fragmentation_growth(
+        &self,
+        t: &DeviceType,
+        r: &DeviceTypeRequest,
+    ) -> Option<BTreeMap<i32, i64>> {
+        use super::fragmentation::{GpuAsk, NodeFree, TaskShape, ask_milli, card_free_milli};
+        if self.cfg.strategy != super::score::ScoringStrategy::Fragmentation
+            || *t != DeviceType::Gpu
+            || !r.shared
+            || r.count != 1
+        {
+            return None;
+        }
+        let empty = DeviceResources::new();
+        let healthy: Vec<&DeviceSlot> = self
+            .slots
+            .get(t)?
+            .iter()
+            .copied()
+            .filter(|s| s.healthy)
+            .collect();
+        // The share in milli-GPUs on the first card that can carry its filled form (the
+        // cards of one node are alike; the measure assumes one size).
+        let d = healthy.iter().find_map(|s| {
+            fill_gpu_memory(&r.per_device, s).map(|filled| ask_milli(&filled, &s.total))
+        })?;
+        let node = NodeFree {
+            // Which card takes the share never changes what CPU is left.
+            cpu_milli: None,
+            gpus: healthy
+                .iter()
+                .map(|s| card_free_milli(&s.total, self.free_of(t, s.minor).unwrap_or(&empty)))
+                .collect(),
+        };
+        let task = TaskShape {
+            cpu_milli: 0,
+            gpu: GpuAsk::Share(d.max(1)),
+        };
+        let mix = self.cfg.mix.current().or_only(&task);
+        let before = mix.fragmentation(&node);
+        let growth = super::fragmentation::share_growth(&mix, &node, before, d.max(1));
+        Some(
+            healthy
+                .iter()
+                .zip(growth)
+                .filter_map(|(s, g)| Some((s.minor, -(g? * 1000.0).round() as i64)))
+                .collect(),
+        )
+    }
+
+    /// [`Self::candidates`] with the configured formula's score.
+    fn scored_candidates(&self, t: &DeviceType, r: &DeviceTypeRequest) -> Vec<Candidate<'a>> {
         let empty = DeviceResources::new();
         self.slots
             .get(t)
@@ -1492,6 +1557,7 @@ mod tests {
                             ScoringStrategy::LeastAllocated if requested > 100 => 0,
                             ScoringStrategy::LeastAllocated => 100 - requested,
                             ScoringStrategy::MostAllocated => requested.min(100),
+                            ScoringStrategy::Fragmentation => unreachable!("koordinator has none"),
                         }
                     };
                     // koordinator's `scoreDevice(request, free, total)` into `(request, total,
@@ -1503,6 +1569,7 @@ mod tests {
                         match cfg.strategy {
                             ScoringStrategy::LeastAllocated => (free - requested) * 100 / free,
                             ScoringStrategy::MostAllocated => requested * 100 / free,
+                            ScoringStrategy::Fragmentation => unreachable!("koordinator has none"),
                         }
                     };
                     assert!(

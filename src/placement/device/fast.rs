@@ -301,9 +301,17 @@ fn score_dims(req: &FastRequest, request: &NeedVec, sums: &TypeSums) -> i64 {
             0
         };
         let requested = used + request[d].max(0);
+        // As `DeviceScoring::score`: fragmentation's GPU score is the full scorer's (the read
+        // path never asks this for it), other types spread.
         let s = match req.strategy {
-            ScoringStrategy::LeastAllocated if requested > capacity => 0,
-            ScoringStrategy::LeastAllocated => div((capacity - requested) * 100, capacity),
+            ScoringStrategy::LeastAllocated | ScoringStrategy::Fragmentation
+                if requested > capacity =>
+            {
+                0
+            }
+            ScoringStrategy::LeastAllocated | ScoringStrategy::Fragmentation => {
+                div((capacity - requested) * 100, capacity)
+            }
             ScoringStrategy::MostAllocated => div(requested.min(capacity) * 100, capacity),
         };
         sum += s * w;

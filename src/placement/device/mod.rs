@@ -7,6 +7,7 @@ pub(crate) mod allocate;
 pub mod deviceless;
 pub mod dra_served;
 pub(crate) mod fast;
+pub mod fragmentation;
 pub(crate) mod index;
 pub(crate) mod inventory;
 pub(crate) mod partition;

@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
+use super::fragmentation::MixSource;
 use super::inventory::DeviceHoldings;
 use crate::model::device::{
     DeviceResources, FPGA, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, RDMA, canonical_resource_name,
@@ -23,11 +25,16 @@ pub enum ScoringStrategy {
     LeastAllocated,
     /// Prefer devices/nodes that end up most used (bin-pack).
     MostAllocated,
+    /// Prefer the GPU and the node where the workload's expected GPU fragmentation grows
+    /// least (FGD, [`super::fragmentation`]); other device types score as LeastAllocated.
+    Fragmentation,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceScoringError {
-    #[error("unknown scoring strategy {0:?}: expected least-allocated or most-allocated")]
+    #[error(
+        "unknown scoring strategy {0:?}: expected least-allocated, most-allocated or fragmentation"
+    )]
     Strategy(String),
     #[error("invalid resource weight {entry:?}: {reason}")]
     Weight { entry: String, reason: String },
@@ -41,6 +48,7 @@ impl FromStr for ScoringStrategy {
         match s.trim() {
             "least-allocated" | "LeastAllocated" => Ok(Self::LeastAllocated),
             "most-allocated" | "MostAllocated" => Ok(Self::MostAllocated),
+            "fragmentation" | "Fragmentation" => Ok(Self::Fragmentation),
             other => Err(DeviceScoringError::Strategy(other.to_string())),
         }
     }
@@ -51,6 +59,7 @@ impl fmt::Display for ScoringStrategy {
         f.write_str(match self {
             Self::LeastAllocated => "least-allocated",
             Self::MostAllocated => "most-allocated",
+            Self::Fragmentation => "fragmentation",
         })
     }
 }
@@ -116,11 +125,23 @@ impl FromStr for ResourceWeights {
 }
 
 /// How devices and nodes are scored; shared by allocation (minor ranking) and prioritize.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct DeviceScoring {
     pub strategy: ScoringStrategy,
     pub weights: ResourceWeights,
+    /// The workload the fragmentation strategy scores against (learned from the pods the
+    /// filter sees, unless fixed); unused by the other strategies.
+    pub mix: Arc<MixSource>,
 }
+
+/// Two scorings are equal when they are configured alike: the mix is state, not configuration.
+impl PartialEq for DeviceScoring {
+    fn eq(&self, other: &Self) -> bool {
+        self.strategy == other.strategy && self.weights == other.weights
+    }
+}
+
+impl Eq for DeviceScoring {}
 
 impl DeviceScoring {
     /// From CLI flag values; `weights: None` keeps the defaults.
@@ -131,6 +152,7 @@ impl DeviceScoring {
                 Some(w) => w.parse()?,
                 None => ResourceWeights::default(),
             },
+            mix: Arc::default(),
         })
     }
 
@@ -158,9 +180,17 @@ impl DeviceScoring {
                 0
             };
             let requested = used + v(request, name).max(0);
+            // Fragmentation ranks GPUs and nodes by its own measure (the allocator and the
+            // node scorer ask it); where it is asked this formula, it spreads.
             let s = match self.strategy {
-                ScoringStrategy::LeastAllocated if requested > capacity => 0,
-                ScoringStrategy::LeastAllocated => (capacity - requested) * 100 / capacity,
+                ScoringStrategy::LeastAllocated | ScoringStrategy::Fragmentation
+                    if requested > capacity =>
+                {
+                    0
+                }
+                ScoringStrategy::LeastAllocated | ScoringStrategy::Fragmentation => {
+                    (capacity - requested) * 100 / capacity
+                }
                 ScoringStrategy::MostAllocated => requested.min(capacity) * 100 / capacity,
             };
             sum += s * i128::from(*w);

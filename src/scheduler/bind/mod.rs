@@ -232,13 +232,7 @@ impl Binder {
         )
         .map_err(invalid)?;
         let devices = self.without_dra_served(target, &pod, needs.devices)?;
-        Ok((
-            pod,
-            PodNeeds {
-                devices,
-                cpu: needs.cpu,
-            },
-        ))
+        Ok((pod, PodNeeds { devices, ..needs }))
     }
 
     /// Whether a pod's bind on `node` can decide on the copy filter kept: the node holds no

@@ -1,0 +1,632 @@
+//! GPU fragmentation (Weng et al., "Beware of Fragmentation", USENIX ATC '23): how much of a
+//! node's free GPU capacity a workload could not use, how much a placement changes that, and
+//! the workload mix the measure is taken against, learned from the pods the extender sees.
+//!
+//! The measure, in the paper's terms (checked against its simulator's `GetNodePodFrag` and
+//! `NodeGpuShareFragAmount`): for one task kind, a node's *fragment* is all of its free GPU
+//! capacity when the task cannot run there (too little CPU, no card with the share free, too few
+//! wholly free cards) or asks no GPU at all; otherwise it is the free part of the cards the task
+//! could not use (cards with less free than its share; partly used cards for whole-GPU tasks).
+//! For a workload, the fragments of its kinds weighted by their share of the workload.
+//! Fragmentation Gradient Descent places each pod where that expectation grows least.
+//!
+//! Owns the arithmetic and the mix. Pure: reads no ledger and takes no lock of the caches; the
+//! scorer and the allocator bring it a node's free capacity and ask.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use super::request::PodDeviceRequest;
+use crate::model::device::{DeviceResources, DeviceType, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO};
+use crate::model::quantity::Quantity;
+
+/// One GPU in milli-GPUs.
+pub const MILLI_PER_GPU: i64 = 1000;
+
+/// What a task asks of GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GpuAsk {
+    /// No GPU (a CPU-only task).
+    None,
+    /// A share of one card, in milli-GPUs (1..=999).
+    Share(i64),
+    /// This many whole cards.
+    Whole(i64),
+}
+
+/// A task kind: its CPU request and its GPU ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskShape {
+    pub cpu_milli: i64,
+    pub gpu: GpuAsk,
+}
+
+/// A node's free capacity as the measure reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeFree {
+    /// Free CPU in millicores; `None` when the node's CPU is not known (then CPU never
+    /// blocks a task).
+    pub cpu_milli: Option<i64>,
+    /// Free milli-GPUs of each healthy card (0..=1000), in minor order.
+    pub gpus: Vec<i64>,
+}
+
+impl NodeFree {
+    fn total(&self) -> i64 {
+        self.gpus.iter().map(|g| (*g).max(0)).sum()
+    }
+}
+
+/// The node's fragment for one task kind, in milli-GPUs (see the module docs).
+pub fn task_fragment(node: &NodeFree, task: &TaskShape) -> i64 {
+    let total = node.total();
+    let cpu_short = node.cpu_milli.is_some_and(|free| free < task.cpu_milli);
+    match task.gpu {
+        GpuAsk::None => total,
+        _ if cpu_short => total,
+        GpuAsk::Share(d) => {
+            if node.gpus.iter().any(|g| *g >= d) {
+                node.gpus
+                    .iter()
+                    .filter(|g| **g < d)
+                    .map(|g| (*g).max(0))
+                    .sum()
+            } else {
+                total
+            }
+        }
+        GpuAsk::Whole(k) => {
+            let whole = node.gpus.iter().filter(|g| **g >= MILLI_PER_GPU).count() as i64;
+            if whole >= k {
+                node.gpus
+                    .iter()
+                    .filter(|g| **g < MILLI_PER_GPU)
+                    .map(|g| (*g).max(0))
+                    .sum()
+            } else {
+                total
+            }
+        }
+    }
+}
+
+/// The GPU dimensions a card's fraction is read from.
+const CARD_DIMS: [&str; 3] = [GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY];
+
+fn fraction_milli(part: Quantity, whole: Quantity, round_up: bool) -> i64 {
+    let (part, whole) = (part.milli().max(0), whole.milli());
+    let scaled = part * i128::from(MILLI_PER_GPU);
+    let v = if round_up {
+        (scaled + whole - 1) / whole
+    } else {
+        scaled / whole
+    };
+    i64::try_from(v.min(i128::from(MILLI_PER_GPU))).unwrap_or(MILLI_PER_GPU)
+}
+
+/// A card's free part in milli-GPUs: its scarcest GPU dimension as a fraction of the card's
+/// (0 when the card has none of them).
+pub fn card_free_milli(total: &DeviceResources, free: &DeviceResources) -> i64 {
+    CARD_DIMS
+        .iter()
+        .filter_map(|d| {
+            let whole = total.get(*d).filter(|q| q.milli() > 0)?;
+            Some(fraction_milli(
+                free.get(*d).copied().unwrap_or(Quantity::ZERO),
+                *whole,
+                false,
+            ))
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+/// What a per-card ask takes of a card of `total`, in milli-GPUs: its largest GPU dimension
+/// as a fraction of the card's, rounded up (0 when it names none the card has).
+pub fn ask_milli(need: &DeviceResources, total: &DeviceResources) -> i64 {
+    CARD_DIMS
+        .iter()
+        .filter_map(|d| {
+            let whole = total.get(*d).filter(|q| q.milli() > 0)?;
+            Some(fraction_milli(need.get(*d).copied()?, *whole, true))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// A pod's task kind from its GPU request and CPU request: a share of one card in milli-GPUs
+/// on a card of `card_total` (without one, as a fraction of a card from the pod's percentages
+/// alone), or whole cards. `None` when the measure cannot read it: no GPU request, a share
+/// spread over several cards, or a share by bytes with no card to size it against.
+pub fn task_of(
+    req: &PodDeviceRequest,
+    cpu_milli: i64,
+    card_total: Option<&DeviceResources>,
+) -> Option<TaskShape> {
+    let r = req.get(&DeviceType::Gpu)?;
+    let gpu = if !r.shared {
+        GpuAsk::Whole(i64::try_from(r.count).ok()?)
+    } else if r.count == 1 {
+        let percent_card: DeviceResources = [GPU_CORE, GPU_MEMORY_RATIO]
+            .into_iter()
+            .map(|d| (d.to_string(), Quantity::from_milli(100_000)))
+            .collect();
+        let d = ask_milli(&r.per_device, card_total.unwrap_or(&percent_card));
+        match d {
+            0 => return None,
+            MILLI_PER_GPU.. => GpuAsk::Whole(1),
+            d => GpuAsk::Share(d),
+        }
+    } else {
+        return None;
+    };
+    Some(TaskShape { cpu_milli, gpu })
+}
+
+/// Task kinds with their share of the workload (shares sum to 1; empty: no workload known).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkloadMix {
+    kinds: Vec<(TaskShape, f64)>,
+}
+
+impl WorkloadMix {
+    /// From kinds and non-negative weights (normalized here; non-positive weights dropped).
+    pub fn new(kinds: impl IntoIterator<Item = (TaskShape, f64)>) -> Self {
+        let kinds: Vec<(TaskShape, f64)> = kinds
+            .into_iter()
+            .filter(|(_, w)| w.is_finite() && *w > 0.0)
+            .collect();
+        let sum: f64 = kinds.iter().map(|(_, w)| w).sum();
+        WorkloadMix {
+            kinds: kinds.into_iter().map(|(k, w)| (k, w / sum)).collect(),
+        }
+    }
+
+    pub fn kinds(&self) -> &[(TaskShape, f64)] {
+        &self.kinds
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+
+    /// This mix, or one of only `pod`'s kind while nothing is known yet (the first pod).
+    pub fn or_only(self: Arc<Self>, pod: &TaskShape) -> Arc<WorkloadMix> {
+        if self.is_empty() {
+            Arc::new(WorkloadMix::new([(*pod, 1.0)]))
+        } else {
+            self
+        }
+    }
+
+    /// The node's expected fragment for this workload, in milli-GPUs.
+    pub fn fragmentation(&self, node: &NodeFree) -> f64 {
+        self.kinds
+            .iter()
+            .map(|(task, share)| share * task_fragment(node, task) as f64)
+            .sum()
+    }
+}
+
+/// What placing a pod on a node does to the node's fragmentation: the change (negative when
+/// the pod fills a fragment) and, for a share, the card that changes it least.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Placement {
+    pub delta: f64,
+    /// Index into [`NodeFree::gpus`] of the chosen card (shares only).
+    pub card: Option<usize>,
+}
+
+/// The least fragmentation growth over the ways `pod` can be placed on `node`; `None` when it
+/// cannot be placed there at all (no card with the share free, too few wholly free cards).
+/// Ties between cards go to the lowest index. CPU only lowers the free CPU: which card a share
+/// takes never changes what CPU leaves.
+pub fn place(mix: &WorkloadMix, node: &NodeFree, pod: &TaskShape) -> Option<Placement> {
+    let before = mix.fragmentation(node);
+    let mut after = node.clone();
+    if let (Some(cpu), true) = (after.cpu_milli.as_mut(), pod.cpu_milli > 0) {
+        *cpu -= pod.cpu_milli;
+    }
+    match pod.gpu {
+        GpuAsk::None => Some(Placement {
+            delta: mix.fragmentation(&after) - before,
+            card: None,
+        }),
+        GpuAsk::Whole(k) => {
+            let mut left = k;
+            for g in after.gpus.iter_mut() {
+                if left > 0 && *g >= MILLI_PER_GPU {
+                    *g = 0;
+                    left -= 1;
+                }
+            }
+            (left == 0).then(|| Placement {
+                delta: mix.fragmentation(&after) - before,
+                card: None,
+            })
+        }
+        GpuAsk::Share(d) => {
+            let mut best: Option<Placement> = None;
+            for (i, growth) in share_growth(mix, &after, before, d).into_iter().enumerate() {
+                let Some(delta) = growth else {
+                    continue;
+                };
+                // Equal growth (to rounding) keeps the lower card.
+                if best.is_none_or(|b| delta < b.delta - TIE) {
+                    best = Some(Placement {
+                        delta,
+                        card: Some(i),
+                    });
+                }
+            }
+            best
+        }
+    }
+}
+
+/// Per card of `node` (free CPU already lowered by the pod's), the growth of fragmentation
+/// over `before` if a `d` milli-GPU share goes there; `None` for a card with less free.
+pub fn share_growth(mix: &WorkloadMix, node: &NodeFree, before: f64, d: i64) -> Vec<Option<f64>> {
+    let mut after = node.clone();
+    (0..after.gpus.len())
+        .map(|i| {
+            if after.gpus[i] < d {
+                return None;
+            }
+            after.gpus[i] -= d;
+            let delta = mix.fragmentation(&after) - before;
+            after.gpus[i] += d;
+            Some(delta)
+        })
+        .collect()
+}
+
+/// Growths closer than this (milli-GPUs) are equal: float sums of the same terms in another
+/// order must not decide a card.
+const TIE: f64 = 1e-7;
+
+/// How many task kinds the learned mix keeps (the rarest goes when a new kind arrives).
+pub const MIX_KINDS: usize = 64;
+/// How many pod UIDs the learner remembers, so a pod retried many times counts once.
+pub const MIX_SEEN: usize = 8192;
+/// Observations over which a kind's weight halves: the mix follows the workload of the last
+/// few thousand pods.
+pub const MIX_HALF_LIFE: f64 = 2000.0;
+
+/// The mix learned from the pods the extender sees: kinds quantized (whole cores, shares to
+/// 10 milli-GPUs), weights decaying so the mix follows the workload. Bounded in memory.
+#[derive(Debug)]
+struct MixLearner {
+    weights: BTreeMap<TaskShape, f64>,
+    /// Weight a new observation adds; grows by 1/decay per observation instead of decaying
+    /// every weight, and everything is rescaled when it grows large.
+    increment: f64,
+    decay: f64,
+    seen: HashSet<String>,
+    seen_order: VecDeque<String>,
+}
+
+impl MixLearner {
+    fn new() -> Self {
+        MixLearner {
+            weights: BTreeMap::new(),
+            increment: 1.0,
+            decay: 0.5f64.powf(1.0 / MIX_HALF_LIFE),
+            seen: HashSet::new(),
+            seen_order: VecDeque::new(),
+        }
+    }
+
+    /// Counts `task` once for `uid`; false when the uid was counted already.
+    fn observe(&mut self, uid: &str, task: TaskShape) -> bool {
+        if !self.seen.insert(uid.to_string()) {
+            return false;
+        }
+        self.seen_order.push_back(uid.to_string());
+        if self.seen_order.len() > MIX_SEEN
+            && let Some(old) = self.seen_order.pop_front()
+        {
+            self.seen.remove(&old);
+        }
+        let task = quantize(task);
+        if !self.weights.contains_key(&task) && self.weights.len() >= MIX_KINDS {
+            let rarest = self
+                .weights
+                .iter()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(k, _)| *k);
+            if let Some(k) = rarest {
+                self.weights.remove(&k);
+            }
+        }
+        *self.weights.entry(task).or_insert(0.0) += self.increment;
+        self.increment /= self.decay;
+        if self.increment > 1e100 {
+            for w in self.weights.values_mut() {
+                *w /= self.increment;
+            }
+            self.increment = 1.0;
+        }
+        true
+    }
+
+    fn mix(&self) -> WorkloadMix {
+        WorkloadMix::new(self.weights.iter().map(|(k, w)| (*k, *w)))
+    }
+}
+
+/// Whole cores (rounded to nearest), shares to 10 milli-GPUs (1..=99 tenths stay at least 10).
+fn quantize(task: TaskShape) -> TaskShape {
+    TaskShape {
+        cpu_milli: ((task.cpu_milli.max(0) + 500) / 1000) * 1000,
+        gpu: match task.gpu {
+            GpuAsk::Share(d) => GpuAsk::Share((((d + 5) / 10) * 10).clamp(10, 990)),
+            other => other,
+        },
+    }
+}
+
+/// The workload mix every verb scores against: learned from the pods seen (the learner behind
+/// a lock) or fixed, and readable without a lock as last published.
+#[derive(Debug)]
+pub struct MixSource {
+    /// `None` for a fixed mix.
+    learner: Option<Mutex<MixLearner>>,
+    current: ArcSwap<WorkloadMix>,
+}
+
+impl Default for MixSource {
+    /// A learning source, empty until the first pod.
+    fn default() -> Self {
+        MixSource {
+            learner: Some(Mutex::new(MixLearner::new())),
+            current: ArcSwap::from_pointee(WorkloadMix::default()),
+        }
+    }
+}
+
+impl MixSource {
+    /// A source fixed to `mix` (the operator's, or a test's): observing never changes it.
+    pub fn fixed(mix: WorkloadMix) -> Self {
+        MixSource {
+            learner: None,
+            current: ArcSwap::from_pointee(mix),
+        }
+    }
+
+    /// Counts a pod's task kind once per UID and publishes the new mix (a fixed source
+    /// ignores it).
+    pub fn observe(&self, uid: &str, task: TaskShape) {
+        let Some(learner) = &self.learner else {
+            return;
+        };
+        let mut learner = learner.lock();
+        if learner.observe(uid, task) {
+            self.current.store(Arc::new(learner.mix()));
+        }
+    }
+
+    /// The mix as last published.
+    pub fn current(&self) -> Arc<WorkloadMix> {
+        self.current.load_full()
+    }
+
+    /// True when observations change the mix (not [`Self::fixed`]).
+    pub fn learns(&self) -> bool {
+        self.learner.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn share(cpu: i64, d: i64) -> TaskShape {
+        TaskShape {
+            cpu_milli: cpu,
+            gpu: GpuAsk::Share(d),
+        }
+    }
+    fn whole(cpu: i64, k: i64) -> TaskShape {
+        TaskShape {
+            cpu_milli: cpu,
+            gpu: GpuAsk::Whole(k),
+        }
+    }
+    fn node(cpu: Option<i64>, gpus: &[i64]) -> NodeFree {
+        NodeFree {
+            cpu_milli: cpu,
+            gpus: gpus.to_vec(),
+        }
+    }
+
+    /// The paper's Figure 3 cases, by hand.
+    #[test]
+    fn fragment_of_one_task_kind() {
+        let n = node(Some(8000), &[1000, 600, 300, 0]);
+        // A 500 share uses the 1000 and 600 cards; the 300 card is fragment.
+        assert_eq!(task_fragment(&n, &share(1000, 500)), 300);
+        // One whole GPU fits; the partly used cards are fragment.
+        assert_eq!(task_fragment(&n, &whole(1000, 1)), 900);
+        // Two whole GPUs do not fit: everything free is fragment.
+        assert_eq!(task_fragment(&n, &whole(1000, 2)), 1900);
+        // Too little CPU: everything.
+        assert_eq!(task_fragment(&n, &share(9000, 100)), 1900);
+        // A CPU-only task uses no GPU: everything.
+        assert_eq!(
+            task_fragment(
+                &n,
+                &TaskShape {
+                    cpu_milli: 0,
+                    gpu: GpuAsk::None
+                }
+            ),
+            1900
+        );
+        // A 700 share fits only the full card: the other two are fragment.
+        assert_eq!(task_fragment(&n, &share(0, 700)), 900);
+        // A share larger than any card's free part: everything.
+        assert_eq!(
+            task_fragment(&node(None, &[600, 300, 0]), &share(0, 700)),
+            900
+        );
+        // CPU unknown never blocks.
+        assert_eq!(task_fragment(&node(None, &[400]), &share(1 << 40, 300)), 0);
+    }
+
+    /// FGD's choice in the paper's example: a share goes to the card where what is left stays
+    /// usable by the workload.
+    #[test]
+    fn a_share_goes_where_the_remainder_stays_usable() {
+        let mix = WorkloadMix::new([(share(0, 500), 1.0)]);
+        // 500 on the full card leaves 500 (usable) — on the 700 card it would leave 200 (not).
+        let n = node(None, &[700, 1000]);
+        let p = place(&mix, &n, &share(0, 500)).unwrap();
+        assert_eq!(p.card, Some(1));
+        // 700 left on card 0 is usable by a 500 share; card 1 goes 1000 -> 500: no fragment.
+        assert_eq!(p.delta, 0.0);
+        // A 200 share best-fits the 700 card (leaves 500, usable).
+        let p = place(&mix, &n, &share(0, 200)).unwrap();
+        assert_eq!(p.card, Some(0));
+        // Nowhere to put 800.
+        assert_eq!(place(&mix, &node(None, &[700, 300]), &share(0, 800)), None);
+        assert_eq!(place(&mix, &node(None, &[1000, 300]), &whole(0, 2)), None);
+    }
+
+    #[test]
+    fn the_learner_weights_recent_kinds_and_counts_a_pod_once() {
+        let source = MixSource::default();
+        assert!(source.current().is_empty());
+        source.observe("a", share(3200, 470));
+        source.observe("a", share(3200, 470));
+        source.observe("b", whole(11_000, 1));
+        let mix = source.current();
+        assert_eq!(mix.kinds().len(), 2);
+        // Quantized: 3.2 cores -> 3, 470 stays.
+        assert_eq!(mix.kinds()[0].0, share(3000, 470));
+        // "b" came later: it weighs a little more.
+        assert!(mix.kinds()[1].1 > mix.kinds()[0].1);
+        let sum: f64 = mix.kinds().iter().map(|k| k.1).sum();
+        assert!((sum - 1.0).abs() < 1e-9);
+        // Bounded: many kinds keep at most MIX_KINDS, the newest among them.
+        for i in 0..(MIX_KINDS as i64 * 2) {
+            source.observe(&format!("p{i}"), share(1000, 10 + 10 * (i % 98)));
+        }
+        let mix = source.current();
+        assert_eq!(mix.kinds().len(), MIX_KINDS);
+        // A fixed source ignores observations.
+        let fixed = MixSource::fixed(WorkloadMix::new([(share(0, 500), 1.0)]));
+        fixed.observe("x", whole(0, 8));
+        assert_eq!(fixed.current().kinds().len(), 1);
+        assert!(!fixed.learns() && source.learns());
+    }
+
+    /// The measure from its definition, card by card, written without `task_fragment`: each
+    /// free milli-GPU is fragment unless the task can run on the node and could take a slice
+    /// of that card.
+    fn oracle_fragment(cpu: Option<i64>, gpus: &[i64], task: &TaskShape) -> i64 {
+        let runs = cpu.is_none_or(|c| c >= task.cpu_milli)
+            && match task.gpu {
+                GpuAsk::None => false,
+                GpuAsk::Share(d) => gpus.iter().any(|g| *g >= d),
+                GpuAsk::Whole(k) => gpus.iter().filter(|g| **g == 1000).count() as i64 >= k,
+            };
+        let mut fragment = 0;
+        for g in gpus {
+            let usable_card = match task.gpu {
+                GpuAsk::None => false,
+                GpuAsk::Share(d) => *g >= d,
+                GpuAsk::Whole(_) => *g == 1000,
+            };
+            if !(runs && usable_card) {
+                fragment += g;
+            }
+        }
+        fragment
+    }
+
+    fn arb_task() -> impl Strategy<Value = TaskShape> {
+        (
+            0i64..16_000,
+            prop_oneof![
+                Just(GpuAsk::None),
+                (1i64..1000).prop_map(GpuAsk::Share),
+                (1i64..=8).prop_map(GpuAsk::Whole)
+            ],
+        )
+            .prop_map(|(cpu_milli, gpu)| TaskShape { cpu_milli, gpu })
+    }
+
+    fn arb_node() -> impl Strategy<Value = NodeFree> {
+        (
+            proptest::option::of(0i64..32_000),
+            proptest::collection::vec(prop_oneof![Just(0i64), Just(1000i64), 0i64..=1000], 0..=8),
+        )
+            .prop_map(|(cpu_milli, gpus)| NodeFree { cpu_milli, gpus })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// The measure agrees with its definition card by card.
+        #[test]
+        fn fragment_matches_the_definition(n in arb_node(), t in arb_task()) {
+            prop_assert_eq!(task_fragment(&n, &t), oracle_fragment(n.cpu_milli, &n.gpus, &t));
+        }
+
+        /// `place` is the brute-force minimum over every card (shares) of the oracle's
+        /// workload fragmentation after minus before; it never picks a card that cannot hold
+        /// the share, and it finds a placement exactly when one exists.
+        #[test]
+        fn place_is_the_least_growth_over_every_card(
+            n in arb_node(),
+            pod in arb_task(),
+            kinds in proptest::collection::vec((arb_task(), 1u32..100), 1..6),
+        ) {
+            let mix = WorkloadMix::new(kinds.iter().map(|(k, w)| (*k, f64::from(*w))));
+            let total: f64 = kinds.iter().map(|(_, w)| f64::from(*w)).sum();
+            let oracle = |cpu: Option<i64>, gpus: &[i64]| -> f64 {
+                kinds.iter().map(|(k, w)| f64::from(*w) / total * oracle_fragment(cpu, gpus, k) as f64).sum()
+            };
+            let cpu_after = n.cpu_milli.map(|c| c - pod.cpu_milli.max(0));
+            let before = oracle(n.cpu_milli, &n.gpus);
+            let mut options: Vec<(f64, Option<usize>)> = Vec::new();
+            match pod.gpu {
+                GpuAsk::None => options.push((oracle(cpu_after, &n.gpus) - before, None)),
+                GpuAsk::Whole(k) => {
+                    let mut after = n.gpus.clone();
+                    let mut left = k;
+                    for g in after.iter_mut() {
+                        if left > 0 && *g == 1000 { *g = 0; left -= 1; }
+                    }
+                    if left == 0 { options.push((oracle(cpu_after, &after) - before, None)); }
+                }
+                GpuAsk::Share(d) => {
+                    for i in 0..n.gpus.len() {
+                        if n.gpus[i] >= d {
+                            let mut after = n.gpus.clone();
+                            after[i] -= d;
+                            options.push((oracle(cpu_after, &after) - before, Some(i)));
+                        }
+                    }
+                }
+            }
+            let got = place(&mix, &n, &pod);
+            prop_assert_eq!(got.is_some(), !options.is_empty());
+            if let Some(p) = got {
+                let best = options.iter().map(|o| o.0).fold(f64::INFINITY, f64::min);
+                prop_assert!((p.delta - best).abs() < 1e-6, "delta {} best {}", p.delta, best);
+                if let (GpuAsk::Share(d), Some(i)) = (pod.gpu, p.card) {
+                    prop_assert!(n.gpus[i] >= d);
+                    // The lowest card among the best.
+                    let first = options.iter().find(|o| (o.0 - best).abs() < 1e-6).and_then(|o| o.1);
+                    prop_assert_eq!(Some(i), first);
+                }
+            }
+        }
+    }
+}
