@@ -15,6 +15,7 @@ pub mod args;
 pub(crate) mod capacity;
 pub mod inspect;
 pub(crate) mod render;
+pub mod replay;
 pub mod simulate;
 
 #[derive(Debug, thiserror::Error)]

@@ -95,7 +95,7 @@ fn ignored_by_scheduler(resource: &str) -> bool {
 }
 
 /// kube-scheduler's NodeResourcesFit, as far as simulate models it (see the module docs).
-fn scheduler_fit(node: &NodeState, requests: &Requests) -> Result<(), String> {
+pub(super) fn scheduler_fit(node: &NodeState, requests: &Requests) -> Result<(), String> {
     let Some(record) = &node.node else {
         return Err("node not found".into());
     };

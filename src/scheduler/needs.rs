@@ -111,14 +111,13 @@ pub fn pod_needs(pod: &Pod, inputs: NeedsInputs<'_>) -> Result<PodNeeds, Invalid
     } else {
         None
     };
-    let cpu_request_milli = (inputs.scoring.device.strategy == ScoringStrategy::Fragmentation
-        && devices.is_some())
-    .then(|| {
-        crate::model::requests::pod_requests_compact(&pod.spec)
-            .ok()
-            .and_then(|r| r.get("cpu").map(|q| q.milli_value()))
-            .unwrap_or(0)
-    });
+    let cpu_request_milli = (inputs.scoring.device.strategy == ScoringStrategy::Fragmentation)
+        .then(|| {
+            crate::model::requests::pod_requests_compact(&pod.spec)
+                .ok()
+                .and_then(|r| r.get("cpu").map(|q| q.milli_value()))
+                .unwrap_or(0)
+        });
     Ok(PodNeeds {
         devices,
         cpu,

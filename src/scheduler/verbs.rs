@@ -67,8 +67,12 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
     let nodes_mode = args.nodes_mode();
     let candidates: Vec<Cow<'a, str>> = args.take_candidates();
     let passing: Vec<Cow<'a, str>> = match pod_needs(&pod, state.needs_inputs()) {
-        // No device or CPU needs: pass through untouched and cheaply.
-        Ok(needs) if needs.is_none() => candidates,
+        // No device or CPU needs: pass through untouched and cheaply (a routed pod's CPU
+        // still joins the fragmentation strategy's workload mix).
+        Ok(needs) if needs.is_none() => {
+            super::fragment::observe(&pod, &needs, &state.scoring);
+            candidates
+        }
         Err(invalid) => {
             result = "invalid_request";
             let reason = invalid.to_string();
@@ -238,7 +242,13 @@ pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<H
         .as_ref()
         .map(|p| pod_needs(p, state.needs_inputs()))
     {
-        Some(Ok(needs)) if needs.devices.is_some() || needs.wants_cpu_placement() => needs,
+        Some(Ok(needs))
+            if needs.devices.is_some()
+                || needs.wants_cpu_placement()
+                || super::fragment::applies(&needs, &state.scoring) =>
+        {
+            needs
+        }
         // No device or CPU placement needs (or an invalid request, which filter already
         // rejected): no opinion.
         _ => {
