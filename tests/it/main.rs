@@ -31,4 +31,5 @@ mod sync_prop;
 mod tls;
 mod wire;
 // Out of alphabetical order on purpose: parallel branches add modules above.
+mod fragmentation;
 mod ops;

@@ -953,6 +953,42 @@ mod tests {
         );
     }
 
+    /// Fragmentation keeps a card whole when the workload asks whole cards: a share fills the
+    /// partly used card, where least-allocated would break the free one.
+    #[test]
+    fn fragmentation_fills_the_partly_used_card_the_workload_cannot_use() {
+        use crate::placement::device::fragmentation::{GpuAsk, MixSource, TaskShape, WorkloadMix};
+        let mut l = ledger(vec![gpu(0, 0, "a", true, 80), gpu(1, 0, "a", true, 80)]);
+        let held = fit(
+            &ledger(vec![gpu(1, 0, "a", true, 80)]),
+            &request(&[(GPU_MEMORY_RATIO, "50")], &[]),
+            &[],
+        )
+        .unwrap();
+        l.record(
+            PodUid::new("s"),
+            RecordedAllocation::Allocated(held),
+            EntryState::Committed,
+        );
+        let ask = request(&[(GPU_MEMORY_RATIO, "50")], &[]);
+        let whole_gpus = |gpu| DeviceScoring {
+            strategy: ScoringStrategy::Fragmentation,
+            mix: std::sync::Arc::new(MixSource::fixed(WorkloadMix::new([(
+                TaskShape { cpu_milli: 0, gpu },
+                1.0,
+            )]))),
+            ..DeviceScoring::default()
+        };
+        let fgd = fit_with(&l, &ask, &[], &whole_gpus(GpuAsk::Whole(1))).unwrap();
+        assert_eq!(minors(&fgd, &DeviceType::Gpu), vec![1]);
+        let spread = fit(&l, &ask, &[]).unwrap();
+        assert_eq!(minors(&spread, &DeviceType::Gpu), vec![0]);
+        // A workload of 60 % shares: card 1's 50 % is fragment either way, card 0 going to
+        // 50 % makes it one too; filling card 1 grows nothing.
+        let fgd = fit_with(&l, &ask, &[], &whole_gpus(GpuAsk::Share(600))).unwrap();
+        assert_eq!(minors(&fgd, &DeviceType::Gpu), vec![1]);
+    }
+
     #[test]
     fn shared_requests_bin_pack_onto_partly_used_cards() {
         let most = DeviceScoring {
@@ -2030,7 +2066,24 @@ mod tests {
             layout in arb_layout(),
             reqs in proptest::collection::vec(arb_req(), 1..24),
             remove_order in proptest::collection::vec(any::<proptest::sample::Index>(), 24),
+            strategy in prop_oneof![
+                Just(ScoringStrategy::LeastAllocated),
+                Just(ScoringStrategy::MostAllocated),
+                Just(ScoringStrategy::Fragmentation),
+            ],
+            mix in proptest::collection::vec((1i64..1000, 1u32..10), 0..4),
         ) {
+            // Every strategy only ranks the devices that can take the ask: the oracles hold
+            // for each (fragmentation with a workload of random shares, or none yet).
+            use crate::placement::device::fragmentation::{GpuAsk, MixSource, TaskShape, WorkloadMix};
+            let cfg = DeviceScoring {
+                strategy,
+                mix: std::sync::Arc::new(MixSource::fixed(WorkloadMix::new(mix.iter().map(|(d, w)| {
+                    (TaskShape { cpu_milli: 0, gpu: GpuAsk::Share(*d) }, f64::from(*w))
+                })))),
+                ..DeviceScoring::default()
+            };
+            let fit = |l: &DeviceLedger, r: &PodDeviceRequest, ignore: &[PodUid]| fit_with(l, r, ignore, &cfg);
             let mut l = ledger(slots_of(&layout));
             let mut history = vec![(l.free(&[]), l.used().clone())];
             let mut recorded = Vec::new();
