@@ -162,7 +162,19 @@ impl NodeState {
                 unresolvable: u.unresolvable,
             }),
         };
-        NodeSummary::new(devices, slots, sums, partitions, self.dra_served(), cpu)
+        let free_cpu_milli = self
+            .node
+            .as_ref()
+            .map(|n| n.allocatable_milli_cpu() - self.requested_milli_cpu(&[]));
+        NodeSummary::new(
+            devices,
+            slots,
+            sums,
+            partitions,
+            self.dra_served(),
+            cpu,
+            free_cpu_milli,
+        )
     }
 
     /// Whether plain pods (no cpuset wish, no NUMA policy) must be checked here: the node

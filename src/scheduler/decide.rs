@@ -204,18 +204,10 @@ pub fn full_score(
     cpu: Option<&PodCpuRequest>,
     scoring: &ScoringConfig,
 ) -> i64 {
-    let fragmentation = super::fragment::applies(needs, scoring);
     let Some(node) = node else {
-        return if fragmentation {
-            super::fragment::UNMEASURED
-        } else {
-            0
-        };
+        return 0;
     };
     let cpu = cpu.and_then(|req| full_cpu_score(node, req, needs.devices.as_ref(), scoring));
-    if fragmentation {
-        return super::fragment::raw_score(node, needs, scoring, cpu);
-    }
     let device = needs
         .devices
         .as_ref()

@@ -3,15 +3,23 @@
 //! Reads a node's free GPUs (its device ledger) and free CPU (its Node and pods), and asks
 //! [`crate::placement::device::fragmentation`]; never mutates anything.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use super::Scheduler;
 use super::config::ScoringConfig;
 use super::needs::PodNeeds;
 use crate::cluster::NodeState;
+use crate::cluster::snapshot::{DeviceView, NodeView};
 use crate::model::device::DeviceResources;
 use crate::model::device::DeviceType;
 use crate::model::pod::Pod;
+use crate::model::quantity::Quantity;
+use crate::placement::device::fragmentation::WorkloadMix;
 use crate::placement::device::fragmentation::{
-    GpuAsk, MILLI_PER_GPU, NodeFree, TaskShape, card_free_milli, place, task_of,
+    GpuAsk, MILLI_PER_GPU, NodeFree, TaskShape, card_free_milli_of_used, place, task_of,
 };
+use crate::placement::device::index::{DimVec, INDEX_DIMS};
 use crate::placement::device::score::ScoringStrategy;
 
 /// A raw score at or below this: the pod cannot be measured or placed on the node (no
@@ -52,25 +60,25 @@ fn task_on(needs: &PodNeeds, card: Option<&DeviceResources>) -> Option<TaskShape
 
 /// The node's free capacity as the measure reads it, and the size of its first healthy card.
 fn node_free(node: &NodeState) -> Option<(NodeFree, DeviceResources)> {
+    use crate::placement::device::inventory::DeviceHoldings;
     let ledger = node.device_ledger();
     let devices = ledger.devices()?;
-    let free = ledger.free(&[]);
-    let empty = Default::default();
-    let gpu_free = free.get(&DeviceType::Gpu);
-    let healthy: Vec<_> = devices
-        .slots(&DeviceType::Gpu)
-        .filter(|s| s.healthy)
-        .collect();
-    let card = healthy.first()?.total.clone();
-    let gpus = healthy
-        .iter()
-        .map(|s| {
-            card_free_milli(
-                &s.total,
-                gpu_free.and_then(|f| f.get(&s.minor)).unwrap_or(&empty),
-            )
-        })
-        .collect();
+    // Free per card as `ledger.free(&[])` would give it, without building that map
+    // (prioritize runs this on every candidate): nothing is free while a malformed entry
+    // blocks the node.
+    let blocked = ledger.blocked(&[]);
+    let used = ledger.used().get(&DeviceType::Gpu);
+    let mut card = None;
+    let mut gpus = Vec::new();
+    for slot in devices.slots(&DeviceType::Gpu).filter(|s| s.healthy) {
+        card.get_or_insert(&slot.total);
+        gpus.push(if blocked {
+            0
+        } else {
+            card_free_milli_of_used(&slot.total, used.and_then(|u| u.get(&slot.minor)))
+        });
+    }
+    let card = card?.clone();
     let cpu_milli = node
         .node
         .as_ref()
@@ -83,12 +91,7 @@ fn node_free(node: &NodeState) -> Option<(NodeFree, DeviceResources)> {
 /// better, in tenths of a milli-GPU, scaled to leave room for two tie-breaks ([`packed`], then
 /// the CPU score `cpu`, 0..=100); [`UNMEASURED`] when the node cannot take the pod or has no
 /// `Device` object (a GPU pod).
-pub fn raw_score(
-    node: &NodeState,
-    needs: &PodNeeds,
-    scoring: &ScoringConfig,
-    cpu: Option<i64>,
-) -> i64 {
+pub fn raw_score(node: &NodeState, needs: &PodNeeds, mix: &WorkloadMix, cpu: Option<i64>) -> i64 {
     let (free, card) = match node_free(node) {
         Some((free, card)) => (free, Some(card)),
         // No GPUs to strand: a CPU-only pod fragments nothing here.
@@ -104,15 +107,174 @@ pub fn raw_score(
     let Some(task) = task_on(needs, card.as_ref()) else {
         return UNMEASURED;
     };
-    let mix = scoring.device.mix.current().or_only(&task);
-    match place(&mix, &free, &task) {
+    score_of(mix, &free, &task, cpu)
+}
+
+/// The raw score of `task` on a node whose free capacity is `free`.
+fn score_of(mix: &WorkloadMix, free: &NodeFree, task: &TaskShape, cpu: Option<i64>) -> i64 {
+    let learned;
+    let mix = if mix.is_empty() {
+        learned = WorkloadMix::new([(*task, 1.0)]);
+        &learned
+    } else {
+        mix
+    };
+    match place(mix, free, task) {
         None => UNMEASURED,
         Some(p) => {
             let growth = (p.delta * 10.0).round().clamp(-1e12, 1e12) as i64;
-            ((-growth) * TIE_BREAK + packed(&free, &task)) * TIE_BREAK
+            ((-growth) * TIE_BREAK + packed(free, task)) * TIE_BREAK
                 + cpu.unwrap_or(0).clamp(0, 100)
         }
     }
+}
+
+/// Prioritize's raw scores where [`applies`], one mix for the whole request: from the read
+/// snapshot (each distinct node state measured once), under the node's lock where the
+/// snapshot cannot answer (devices it does not index, a pod that also asks for CPU placement,
+/// whose CPU score the full scorer gives).
+pub fn prioritize_raw(state: &Scheduler, names: &[Cow<'_, str>], needs: &PodNeeds) -> Vec<i64> {
+    let mix = state.scoring.device.mix.current();
+    let snapshot = state.cluster.read_snapshot();
+    let mut finder = snapshot.finder();
+    let mut measured: HashMap<(Option<i64>, Vec<i64>, DimVec), i64> = HashMap::new();
+    let mut tasks: HashMap<DimVec, Option<TaskShape>> = HashMap::new();
+    let cpu_placement = needs.wants_cpu_placement();
+    names
+        .iter()
+        .map(|name| {
+            let found = finder.find(name);
+            let from_snapshot = (!cpu_placement)
+                .then(|| found.map(|f| f.view()))
+                .flatten()
+                .and_then(|view| snapshot_free(view, needs));
+            match from_snapshot {
+                Some(Free::Unmeasured) => UNMEASURED,
+                Some(Free::Node(free, card)) => {
+                    let task = *tasks
+                        .entry(card)
+                        .or_insert_with(|| task_on(needs, card_resources(&card).as_ref()));
+                    let Some(task) = task else {
+                        return UNMEASURED;
+                    };
+                    *measured
+                        .entry((free.cpu_milli, free.gpus.clone(), card))
+                        .or_insert_with(|| score_of(&mix, &free, &task, None))
+                }
+                None => {
+                    let entry = state.cluster.node(name);
+                    let guard = entry.as_ref().map(|e| e.read());
+                    let Some(node) = guard.as_deref() else {
+                        return UNMEASURED;
+                    };
+                    let cpu = needs
+                        .cpu
+                        .as_ref()
+                        .filter(|_| cpu_placement)
+                        .and_then(|req| {
+                            super::decide::full_cpu_score(
+                                node,
+                                req,
+                                needs.devices.as_ref(),
+                                &state.scoring,
+                            )
+                        });
+                    raw_score(node, needs, &mix, cpu)
+                }
+            }
+        })
+        .collect()
+}
+
+/// What the snapshot says of a node's free capacity for the measure.
+enum Free {
+    /// Free capacity, and the size of its cards (zero: no GPUs).
+    Node(NodeFree, DimVec),
+    /// The pod cannot be measured here (a GPU pod on a node without GPUs it could use).
+    Unmeasured,
+}
+
+const CORE: usize = 0;
+const MEM: usize = 1;
+const RATIO: usize = 2;
+
+/// The node's free capacity from its published facts, exactly as [`node_free`] reads it from
+/// the ledgers; `None` where only the ledgers can say (devices the index cannot carry, cards of
+/// different sizes).
+fn snapshot_free(view: NodeView<'_>, needs: &PodNeeds) -> Option<Free> {
+    debug_assert_eq!(INDEX_DIMS[CORE], crate::model::device::GPU_CORE);
+    debug_assert_eq!(INDEX_DIMS[MEM], crate::model::device::GPU_MEMORY);
+    debug_assert_eq!(INDEX_DIMS[RATIO], crate::model::device::GPU_MEMORY_RATIO);
+    let no_gpus = || {
+        if needs.devices.is_none() {
+            Free::Node(
+                NodeFree {
+                    cpu_milli: None,
+                    gpus: Vec::new(),
+                },
+                DimVec::default(),
+            )
+        } else {
+            Free::Unmeasured
+        }
+    };
+    let index = match view.devices {
+        DeviceView::Missing { .. } => return Some(no_gpus()),
+        DeviceView::Unindexed => return None,
+        DeviceView::Indexed(index) => index,
+    };
+    let totals = index.totals(&DeviceType::Gpu);
+    let Some(first) = totals.first() else {
+        return Some(no_gpus());
+    };
+    if totals.iter().any(|t| t.dims != first.dims) {
+        return None;
+    }
+    let card = first.dims;
+    let cards: usize = totals.iter().map(|t| usize::from(t.count)).sum();
+    let mut gpus = Vec::with_capacity(cards);
+    if !index.blocked {
+        for group in index.frees(&DeviceType::Gpu) {
+            let milli = [CORE, MEM, RATIO]
+                .into_iter()
+                .filter(|d| card[*d] > 0)
+                .map(|d| {
+                    let free = i128::from(group.dims[d].clamp(0, card[d]));
+                    (free * i128::from(MILLI_PER_GPU) / i128::from(card[d])) as i64
+                })
+                .min()
+                .unwrap_or(0);
+            gpus.extend(std::iter::repeat_n(milli, usize::from(group.count)));
+        }
+    }
+    gpus.resize(cards.max(gpus.len()), 0);
+    Some(Free::Node(
+        NodeFree {
+            cpu_milli: view.free_cpu_milli,
+            gpus,
+        },
+        card,
+    ))
+}
+
+/// A card's size as resources (what [`task_of`] reads), from its index dimensions; `None` for
+/// a node without cards.
+fn card_resources(card: &DimVec) -> Option<DeviceResources> {
+    if card.iter().all(|d| *d == 0) {
+        return None;
+    }
+    Some(
+        [CORE, MEM, RATIO]
+            .into_iter()
+            .filter(|d| card[*d] > 0)
+            .map(|d| {
+                (
+                    INDEX_DIMS[d].to_string(),
+                    Quantity::from_milli(i128::from(card[d])),
+                )
+            })
+            .collect(),
+    )
 }
 
 /// The first tie-break between equal growths, 0..=100: how much of the node's GPU capacity
@@ -174,6 +336,128 @@ pub fn observe(pod: &Pod, needs: &PodNeeds, scoring: &ScoringConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    /// A node with `cards` GPUs (one unhealthy when `sick`, one card size or two), the holders'
+    /// shares per card (percent; 100 a whole card), one holder with a malformed annotation
+    /// when `malformed`, and plain pods' CPU requests.
+    fn cluster(
+        cards: usize,
+        sick: bool,
+        mixed_sizes: bool,
+        held: &[(usize, u32)],
+        malformed: bool,
+        plain_cpu: &[u32],
+    ) -> String {
+        let devices: Vec<Value> = (0..cards)
+            .map(|m| {
+                let mem = if mixed_sizes && m == 0 { "40Gi" } else { "80Gi" };
+                json!({"type": "gpu", "id": format!("GPU-{m}"), "minor": m,
+                    "health": !(sick && m == cards - 1),
+                    "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": mem,
+                        "koordinator.sh/gpu-memory-ratio": "100"}})
+            })
+            .collect();
+        let mut items = vec![
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
+                "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": cards.to_string()}}}),
+            json!({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+                "metadata": {"name": "n"}, "spec": {"devices": devices}}),
+        ];
+        let pod = |i: usize, cpu: u32, annotation: Option<String>| {
+            let mut meta =
+                json!({"name": format!("p{i}"), "namespace": "ns", "uid": format!("u{i}")});
+            if let Some(a) = annotation {
+                meta["annotations"] = json!({"scheduling.koordinator.sh/device-allocated": a});
+            }
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                "spec": {"nodeName": "n", "containers": [{"name": "c",
+                    "resources": {"requests": {"cpu": cpu.to_string()}}}]},
+                "status": {"phase": "Running"}})
+        };
+        for (i, (card, percent)) in held.iter().enumerate() {
+            let minor = card % cards;
+            let a = json!({"gpu": [{"minor": minor, "resources": {
+                "koordinator.sh/gpu-core": percent.to_string(),
+                "koordinator.sh/gpu-memory-ratio": percent.to_string()}}]});
+            items.push(pod(i, 2, Some(a.to_string())));
+        }
+        if malformed {
+            items.push(pod(90, 1, Some("{not json".into())));
+        }
+        for (i, cpu) in plain_cpu.iter().enumerate() {
+            items.push(pod(100 + i, *cpu, None));
+        }
+        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    }
+
+    fn needs_of(state: &Scheduler, requests: Value) -> PodNeeds {
+        let pod: Pod = serde_json::from_value(
+            json!({"metadata": {"name": "x", "namespace": "ns", "uid": "x"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": requests}}]}}),
+        )
+        .unwrap();
+        super::super::needs::pod_needs(&pod, state.needs_inputs()).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// The snapshot's free capacity is the ledgers': every raw score the snapshot path
+        /// gives equals the one the node's locked state gives, for every kind of pod, on
+        /// nodes with holders, unhealthy and malformed cards, plain pods and mixed sizes.
+        #[test]
+        fn the_snapshot_measures_what_the_ledgers_measure(
+            cards in 1usize..=8,
+            sick in any::<bool>(),
+            mixed_sizes in any::<bool>(),
+            held in proptest::collection::vec((0usize..8, prop_oneof![Just(100u32), 5u32..95]), 0..10),
+            malformed in proptest::bool::weighted(0.1),
+            plain_cpu in proptest::collection::vec(1u32..24, 0..4),
+            ask in prop_oneof![
+                (1u32..100).prop_map(|p| json!({"cpu": "3", "koordinator.sh/gpu-core": p.to_string(), "koordinator.sh/gpu-memory-ratio": p.to_string()})),
+                (1u32..=3).prop_map(|k| json!({"cpu": "11", "nvidia.com/gpu": k.to_string()})),
+                (1u32..40).prop_map(|c| json!({"cpu": c.to_string()})),
+            ],
+            kinds in proptest::collection::vec((1i64..1000, 0i64..40_000), 0..4),
+        ) {
+            let text = cluster(cards, sick, mixed_sizes, &held, malformed, &plain_cpu);
+            let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
+            let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(file.pods.clone()));
+            let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
+                device_strategy: "fragmentation",
+                device_weights: None,
+                cpu_strategy: "least-allocated",
+                numa_strategy: "least-allocated",
+                cpu_weights: None,
+                default_cpu_bind_policy: "FullPCPUs",
+            }).unwrap();
+            for (i, (d, cpu)) in kinds.iter().enumerate() {
+                scoring.device.mix.observe(&format!("k{i}"), TaskShape { cpu_milli: *cpu, gpu: GpuAsk::Share(*d) });
+            }
+            let state = crate::ops::inspect::load_cluster_file(file).into_scheduler(api, scoring);
+            let needs = needs_of(&state, ask);
+            prop_assume!(applies(&needs, &state.scoring));
+            let mix = state.scoring.device.mix.current();
+            let snapshot = state.cluster.read_snapshot();
+            let view = snapshot.find("n").map(|f| f.view()).unwrap();
+            let entry = state.cluster.node("n").unwrap();
+            let node = entry.read();
+            let full = raw_score(&node, &needs, &mix, None);
+            match snapshot_free(view, &needs) {
+                None => prop_assert!(mixed_sizes, "only mixed card sizes need the ledgers"),
+                Some(Free::Unmeasured) => prop_assert_eq!(full, UNMEASURED),
+                Some(Free::Node(free, card)) => {
+                    let got = match task_on(&needs, card_resources(&card).as_ref()) {
+                        None => UNMEASURED,
+                        Some(task) => score_of(&mix, &free, &task, None),
+                    };
+                    prop_assert_eq!(got, full);
+                }
+            }
+        }
+    }
 
     #[test]
     fn normalization_ranks_the_growths() {

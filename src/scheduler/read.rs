@@ -234,10 +234,6 @@ pub fn snapshot_score(
     scoring: &ScoringConfig,
     shared: &mut ScoreMemo,
 ) -> Option<i64> {
-    // The fragmentation measure reads the node's cards and CPU in full.
-    if super::fragment::applies(needs, scoring) {
-        return None;
-    }
     let Some(node) = node else {
         return Some(0);
     };

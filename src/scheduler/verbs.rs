@@ -258,6 +258,16 @@ pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<H
                 .collect();
         }
     };
+    if super::fragment::applies(&needs, &state.scoring) {
+        // Fragmentation measures every candidate against one mix, outside the memo (its answer
+        // depends on the mix and the free CPU, which fingerprints do not cover).
+        let raw = super::fragment::prioritize_raw(state, &names, &needs);
+        return names
+            .into_iter()
+            .zip(super::fragment::normalize(&raw))
+            .map(|(host, score)| HostPriority { host, score })
+            .collect();
+    }
     let fast = needs
         .devices
         .as_ref()
@@ -295,14 +305,9 @@ pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<H
                     })
                     .collect()
             });
-    let scores = if super::fragment::applies(&needs, &state.scoring) {
-        super::fragment::normalize(&raw)
-    } else {
-        normalize_scores(&raw)
-    };
     names
         .into_iter()
-        .zip(scores)
+        .zip(normalize_scores(&raw))
         .map(|(host, score)| HostPriority { host, score })
         .collect()
 }

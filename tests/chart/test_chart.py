@@ -499,6 +499,22 @@ def test_standalone_notes_print_matching_extenders_stanza(chart, case):
                            host=f"{R.RELEASE}.{R.NAMESPACE}.svc", tls=expects_tls(values))
 
 
+def test_fragmentation_strategy_reaches_the_binary_and_asks_for_every_pod(chart):
+    warning = "WARNING: extender.scoreStrategy=fragmentation"
+    for values, warned in [
+        ({"extender": {"scoreStrategy": "fragmentation"}}, True),
+        ({"extender": {"scoreStrategy": "fragmentation"}, "extenderConfig": {"routeAllPods": True}}, False),
+        ({"mode": "standalone", "extender": {"scoreStrategy": "fragmentation"}}, True),
+        ({"extender": {"scoreStrategy": "most-allocated"}}, False),
+        (None, False),
+    ]:
+        rendered = R.render(values, chart=chart)
+        assert (warning in R.notes(rendered)) == warned, values
+        args = containers(objs(chart, values))["extender"]["args"]
+        strategy = (values or {}).get("extender", {}).get("scoreStrategy")
+        assert (f"--score-strategy={strategy}" in args) == bool(strategy), args
+
+
 def test_pod_security_and_probes(chart):
     for values in (None, {"mode": "standalone"}):
         objects = objs(chart, values)

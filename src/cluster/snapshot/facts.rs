@@ -120,6 +120,8 @@ pub struct NodeView<'a> {
     pub dra_served: ResourceNameSet,
     /// Of `devices` and `cpu`: decisions that share parts between nodes key them by it.
     pub fingerprint: Fingerprint,
+    /// [`NodeSummary::free_cpu_milli`].
+    pub free_cpu_milli: Option<i64>,
 }
 
 /// 128-bit fingerprints of a node's device facts (with its groups and sums) and of its CPU
@@ -177,6 +179,10 @@ pub struct NodeSummary {
     pub(super) dra_served: ResourceNameSet,
     /// A function of the six fields above.
     pub(super) fingerprint: Fingerprint,
+    /// The Node's allocatable CPU less what the pods here request (millicores; `None`: no Node
+    /// object). Not in the fingerprint: only the fragmentation score reads it, which no memo
+    /// keyed by fingerprints answers.
+    pub(super) free_cpu_milli: Option<i64>,
 }
 
 impl NodeSummary {
@@ -189,8 +195,10 @@ impl NodeSummary {
         partitions: Option<Arc<PartitionFacts>>,
         dra_served: ResourceNameSet,
         cpu: CpuFacts,
+        free_cpu_milli: Option<i64>,
     ) -> Self {
         NodeSummary {
+            free_cpu_milli,
             fingerprint: Fingerprint::of(
                 &devices,
                 &slots,
@@ -217,6 +225,7 @@ impl NodeSummary {
             cpu: &self.cpu,
             dra_served: self.dra_served,
             fingerprint: self.fingerprint,
+            free_cpu_milli: self.free_cpu_milli,
         }
     }
 }

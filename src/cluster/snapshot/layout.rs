@@ -59,10 +59,12 @@ pub(super) struct Slot {
     pub(super) slots: (u32, u32),
     /// The managed names kube-scheduler serves through DRA here.
     pub(super) dra_served: ResourceNameSet,
+    /// [`NodeSummary::free_cpu_milli`].
+    pub(super) free_cpu_milli: Option<i64>,
 }
 
 /// One node's published facts, borrowed, as a chunk stores them: devices, device groups,
-/// score sums, partition facts, CPU facts, fingerprint.
+/// score sums, partition facts, CPU facts, fingerprint, free CPU.
 pub(super) type SlotFacts<'a> = (
     &'a DeviceFacts,
     &'a [SlotGroup],
@@ -71,6 +73,7 @@ pub(super) type SlotFacts<'a> = (
     ResourceNameSet,
     &'a CpuFacts,
     Fingerprint,
+    Option<i64>,
 );
 
 /// [`CHUNK`] consecutive nodes, structure of arrays.
@@ -130,6 +133,7 @@ impl Chunk {
             cpu: &self.cpus[pos],
             dra_served: slot.dra_served,
             fingerprint: self.fingerprints[pos],
+            free_cpu_milli: slot.free_cpu_milli,
         })
     }
 
@@ -144,6 +148,7 @@ impl Chunk {
             cpu: self.cpus[pos].clone(),
             dra_served: slot.dra_served,
             fingerprint: self.fingerprints[pos],
+            free_cpu_milli: slot.free_cpu_milli,
         })
     }
 
@@ -176,6 +181,7 @@ impl Chunk {
                             s.dra_served,
                             &s.cpu,
                             s.fingerprint,
+                            s.free_cpu_milli,
                         )
                     }),
                 );
@@ -189,6 +195,7 @@ impl Chunk {
                         old.dra_served,
                         c,
                         self.fingerprints[p],
+                        old.free_cpu_milli,
                     )),
                     _ => None,
                 };
@@ -207,13 +214,14 @@ impl Chunk {
                     devices: None,
                     slots: (start, 0),
                     dra_served: ResourceNameSet::default(),
+                    free_cpu_milli: None,
                 });
                 self.cpus.push(CpuFacts::absent());
                 self.sums.push(NodeSums::default());
                 self.fingerprints.push(Fingerprint::default());
                 self.partitions.push(None);
             }
-            Some((d, slots, sums, partitions, dra_served, c, fingerprint)) => {
+            Some((d, slots, sums, partitions, dra_served, c, fingerprint, free_cpu_milli)) => {
                 self.present |= 1 << self.nodes.len();
                 self.slots.extend_from_slice(slots);
                 self.nodes.push(Slot {
@@ -221,6 +229,7 @@ impl Chunk {
                     devices: Some(*d),
                     slots: (start, slots.len() as u32),
                     dra_served,
+                    free_cpu_milli,
                 });
                 self.cpus.push(c.clone());
                 self.sums.push(*sums);

@@ -142,6 +142,7 @@ impl Snapshot {
                     summary.dra_served,
                     &summary.cpu,
                     summary.fingerprint,
+                    summary.free_cpu_milli,
                 )),
             );
             if chunk.nodes.len() == CHUNK {

@@ -124,6 +124,21 @@ pub fn card_free_milli(total: &DeviceResources, free: &DeviceResources) -> i64 {
         .unwrap_or(0)
 }
 
+/// [`card_free_milli`] from what is used of the card (free = total − used, never below zero),
+/// without building the free map.
+pub fn card_free_milli_of_used(total: &DeviceResources, used: Option<&DeviceResources>) -> i64 {
+    CARD_DIMS
+        .iter()
+        .filter_map(|d| {
+            let whole = total.get(*d).filter(|q| q.milli() > 0)?;
+            let taken = used.and_then(|u| u.get(*d)).map_or(0, Quantity::milli);
+            let free = Quantity::from_milli((whole.milli() - taken).max(0));
+            Some(fraction_milli(free, *whole, false))
+        })
+        .min()
+        .unwrap_or(0)
+}
+
 /// What a per-card ask takes of a card of `total`, in milli-GPUs: its largest GPU dimension
 /// as a fraction of the card's, rounded up (0 when it names none the card has).
 pub fn ask_milli(need: &DeviceResources, total: &DeviceResources) -> i64 {
@@ -269,17 +284,75 @@ pub fn place(mix: &WorkloadMix, node: &NodeFree, pod: &TaskShape) -> Option<Plac
 
 /// Per card of `node` (free CPU already lowered by the pod's), the growth of fragmentation
 /// over `before` if a `d` milli-GPU share goes there; `None` for a card with less free.
+///
+/// One pass per kind, then O(1) per card and kind: a share changes one card, so each kind's
+/// count of cards it can use and the free on those it cannot move by that card alone
+/// (prioritize runs this on every candidate node).
 pub fn share_growth(mix: &WorkloadMix, node: &NodeFree, before: f64, d: i64) -> Vec<Option<f64>> {
-    let mut after = node.clone();
-    (0..after.gpus.len())
-        .map(|i| {
-            if after.gpus[i] < d {
+    struct KindView {
+        /// The least free a card needs for the kind (`None`: the kind uses no GPU).
+        threshold: Option<i64>,
+        cpu_ok: bool,
+        usable: i64,
+        unusable_free: i64,
+    }
+    let views: Vec<KindView> = mix
+        .kinds
+        .iter()
+        .map(|(task, _)| {
+            let threshold = match task.gpu {
+                GpuAsk::None => None,
+                GpuAsk::Share(d) => Some(d),
+                GpuAsk::Whole(_) => Some(MILLI_PER_GPU),
+            };
+            let (mut usable, mut unusable_free) = (0, 0);
+            if let Some(t) = threshold {
+                for g in &node.gpus {
+                    if *g >= t {
+                        usable += 1;
+                    } else {
+                        unusable_free += (*g).max(0);
+                    }
+                }
+            }
+            KindView {
+                threshold,
+                cpu_ok: node.cpu_milli.is_none_or(|free| free >= task.cpu_milli),
+                usable,
+                unusable_free,
+            }
+        })
+        .collect();
+    let total_after = node.total() - d;
+    node.gpus
+        .iter()
+        .map(|&g| {
+            if g < d {
                 return None;
             }
-            after.gpus[i] -= d;
-            let delta = mix.fragmentation(&after) - before;
-            after.gpus[i] += d;
-            Some(delta)
+            let left = g - d;
+            let mut after = 0.0;
+            for ((task, share), v) in mix.kinds.iter().zip(&views) {
+                let fragment = match (v.threshold, v.cpu_ok) {
+                    (Some(t), true) => {
+                        let usable = v.usable - i64::from(g >= t) + i64::from(left >= t);
+                        let unusable = v.unusable_free - if g < t { g.max(0) } else { 0 }
+                            + if left < t { left } else { 0 };
+                        let needed = match task.gpu {
+                            GpuAsk::Whole(k) => k,
+                            _ => 1,
+                        };
+                        if usable >= needed {
+                            unusable
+                        } else {
+                            total_after
+                        }
+                    }
+                    _ => total_after,
+                };
+                after += share * fragment as f64;
+            }
+            Some(after - before)
         })
         .collect()
 }
