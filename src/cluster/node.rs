@@ -162,10 +162,10 @@ impl NodeState {
                 unresolvable: u.unresolvable,
             }),
         };
-        let free_cpu_milli = self
-            .node
-            .as_ref()
-            .map(|n| n.allocatable_milli_cpu() - self.requested_milli_cpu(&[]));
+        let free_cpu_milli = self.node.as_ref().map(|n| {
+            n.allocatable_milli_cpu()
+                .saturating_sub(self.requested_milli_cpu(&[]))
+        });
         NodeSummary::new(
             devices,
             slots,

@@ -27,7 +27,7 @@ use crate::placement::device::score::ScoringStrategy;
 pub const UNMEASURED: i64 = i64::MIN / 4;
 
 /// Room below the growth for each tie-break (both 0..=100): how packed the node's GPUs end
-/// up, then the CPU score of a pod that asks for CPU placement.
+/// up, then the usual score of a pod that asks for CPU placement.
 const TIE_BREAK: i64 = 128;
 
 /// Whether the fragmentation strategy scores this pod's nodes: the strategy is on and the pod
@@ -79,19 +79,19 @@ fn node_free(node: &NodeState) -> Option<(NodeFree, DeviceResources)> {
         });
     }
     let card = card?.clone();
-    let cpu_milli = node
-        .node
-        .as_ref()
-        .map(|n| n.allocatable_milli_cpu() - node.requested_milli_cpu(&[]));
+    let cpu_milli = node.node.as_ref().map(|n| {
+        n.allocatable_milli_cpu()
+            .saturating_sub(node.requested_milli_cpu(&[]))
+    });
     Some((NodeFree { cpu_milli, gpus }, card))
 }
 
 /// Prioritize's raw score where [`applies`]: the growth of the workload's expected
 /// fragmentation if the pod goes here (its best card for a share), negated so that higher is
 /// better, in tenths of a milli-GPU, scaled to leave room for two tie-breaks ([`packed`], then
-/// the CPU score `cpu`, 0..=100); [`UNMEASURED`] when the node cannot take the pod or has no
-/// `Device` object (a GPU pod).
-pub fn raw_score(node: &NodeState, needs: &PodNeeds, mix: &WorkloadMix, cpu: Option<i64>) -> i64 {
+/// the usual score of a pod that asks for CPU placement, added by [`prioritize_raw`]);
+/// [`UNMEASURED`] when the node cannot take the pod or has no `Device` object (a GPU pod).
+pub fn raw_score(node: &NodeState, needs: &PodNeeds, mix: &WorkloadMix) -> i64 {
     let (free, card) = match node_free(node) {
         Some((free, card)) => (free, Some(card)),
         // No GPUs to strand: a CPU-only pod fragments nothing here.
@@ -107,11 +107,11 @@ pub fn raw_score(node: &NodeState, needs: &PodNeeds, mix: &WorkloadMix, cpu: Opt
     let Some(task) = task_on(needs, card.as_ref()) else {
         return UNMEASURED;
     };
-    score_of(mix, &free, &task, cpu)
+    score_of(mix, &free, &task)
 }
 
 /// The raw score of `task` on a node whose free capacity is `free`.
-fn score_of(mix: &WorkloadMix, free: &NodeFree, task: &TaskShape, cpu: Option<i64>) -> i64 {
+fn score_of(mix: &WorkloadMix, free: &NodeFree, task: &TaskShape) -> i64 {
     let learned;
     let mix = if mix.is_empty() {
         learned = WorkloadMix::new([(*task, 1.0)]);
@@ -124,63 +124,58 @@ fn score_of(mix: &WorkloadMix, free: &NodeFree, task: &TaskShape, cpu: Option<i6
         Some(p) => {
             let growth = (p.delta * 10.0).round().clamp(-1e12, 1e12) as i64;
             ((-growth) * TIE_BREAK + packed(free, task)) * TIE_BREAK
-                + cpu.unwrap_or(0).clamp(0, 100)
         }
     }
 }
 
 /// Prioritize's raw scores where [`applies`], one mix for the whole request: from the read
-/// snapshot (each distinct node state measured once), under the node's lock where the
-/// snapshot cannot answer (devices it does not index, a pod that also asks for CPU placement,
-/// whose CPU score the full scorer gives).
-pub fn prioritize_raw(state: &Scheduler, names: &[Cow<'_, str>], needs: &PodNeeds) -> Vec<i64> {
+/// snapshot (each distinct node state measured once), under the node's lock where the snapshot
+/// cannot answer (devices it does not index, cards of different sizes). `usual`: per name, the
+/// configured formulas' score (0..=100), the last tie-break, for a pod that asks for CPU
+/// placement.
+pub fn prioritize_raw(
+    state: &Scheduler,
+    names: &[Cow<'_, str>],
+    needs: &PodNeeds,
+    usual: Option<&[i64]>,
+) -> Vec<i64> {
     let mix = state.scoring.device.mix.current();
     let snapshot = state.cluster.read_snapshot();
     let mut finder = snapshot.finder();
     let mut measured: HashMap<(Option<i64>, Vec<i64>, DimVec), i64> = HashMap::new();
     let mut tasks: HashMap<DimVec, Option<TaskShape>> = HashMap::new();
-    let cpu_placement = needs.wants_cpu_placement();
     names
         .iter()
-        .map(|name| {
+        .enumerate()
+        .map(|(i, name)| {
+            let tie = usual.and_then(|u| u.get(i).copied());
             let found = finder.find(name);
-            let from_snapshot = (!cpu_placement)
-                .then(|| found.map(|f| f.view()))
-                .flatten()
-                .and_then(|view| snapshot_free(view, needs));
-            match from_snapshot {
+            let raw = match found.and_then(|f| snapshot_free(f.view(), needs)) {
                 Some(Free::Unmeasured) => UNMEASURED,
                 Some(Free::Node(free, card)) => {
                     let task = *tasks
                         .entry(card)
                         .or_insert_with(|| task_on(needs, card_resources(&card).as_ref()));
-                    let Some(task) = task else {
-                        return UNMEASURED;
-                    };
-                    *measured
-                        .entry((free.cpu_milli, free.gpus.clone(), card))
-                        .or_insert_with(|| score_of(&mix, &free, &task, None))
+                    match task {
+                        None => UNMEASURED,
+                        Some(task) => *measured
+                            .entry((free.cpu_milli, free.gpus.clone(), card))
+                            .or_insert_with(|| score_of(&mix, &free, &task)),
+                    }
                 }
                 None => {
                     let entry = state.cluster.node(name);
                     let guard = entry.as_ref().map(|e| e.read());
-                    let Some(node) = guard.as_deref() else {
-                        return UNMEASURED;
-                    };
-                    let cpu = needs
-                        .cpu
-                        .as_ref()
-                        .filter(|_| cpu_placement)
-                        .and_then(|req| {
-                            super::decide::full_cpu_score(
-                                node,
-                                req,
-                                needs.devices.as_ref(),
-                                &state.scoring,
-                            )
-                        });
-                    raw_score(node, needs, &mix, cpu)
+                    match guard.as_deref() {
+                        None => UNMEASURED,
+                        Some(node) => raw_score(node, needs, &mix),
+                    }
                 }
+            };
+            if raw <= UNMEASURED {
+                raw
+            } else {
+                raw + tie.unwrap_or(0).clamp(0, 100)
             }
         })
         .collect()
@@ -444,14 +439,14 @@ mod tests {
             let view = snapshot.find("n").map(|f| f.view()).unwrap();
             let entry = state.cluster.node("n").unwrap();
             let node = entry.read();
-            let full = raw_score(&node, &needs, &mix, None);
+            let full = raw_score(&node, &needs, &mix);
             match snapshot_free(view, &needs) {
                 None => prop_assert!(mixed_sizes, "only mixed card sizes need the ledgers"),
                 Some(Free::Unmeasured) => prop_assert_eq!(full, UNMEASURED),
                 Some(Free::Node(free, card)) => {
                     let got = match task_on(&needs, card_resources(&card).as_ref()) {
                         None => UNMEASURED,
-                        Some(task) => score_of(&mix, &free, &task, None),
+                        Some(task) => score_of(&mix, &free, &task),
                     };
                     prop_assert_eq!(got, full);
                 }

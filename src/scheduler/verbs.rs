@@ -260,14 +260,29 @@ pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<H
     };
     if super::fragment::applies(&needs, &state.scoring) {
         // Fragmentation measures every candidate against one mix, outside the memo (its answer
-        // depends on the mix and the free CPU, which fingerprints do not cover).
-        let raw = super::fragment::prioritize_raw(state, &names, &needs);
+        // depends on the mix and the free CPU, which fingerprints do not cover); a pod that
+        // asks for CPU placement breaks its ties by the usual (memoized) score.
+        let usual = needs
+            .wants_cpu_placement()
+            .then(|| usual_raw(state, &names, &needs));
+        let raw = super::fragment::prioritize_raw(state, &names, &needs, usual.as_deref());
         return names
             .into_iter()
             .zip(super::fragment::normalize(&raw))
             .map(|(host, score)| HostPriority { host, score })
             .collect();
     }
+    let raw = usual_raw(state, &names, &needs);
+    names
+        .into_iter()
+        .zip(normalize_scores(&raw))
+        .map(|(host, score)| HostPriority { host, score })
+        .collect()
+}
+
+/// Prioritize's raw scores (0..=100) by the configured formulas: the snapshot, the memo, and
+/// the full scorer where they cannot answer.
+fn usual_raw(state: &Scheduler, names: &[Cow<'_, str>], needs: &PodNeeds) -> Vec<i64> {
     let fast = needs
         .devices
         .as_ref()
@@ -276,7 +291,7 @@ pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<H
     let snapshot = state.cluster.read_snapshot();
     let mut finder = snapshot.finder();
     let aligned = RefCell::new(read::ScoreMemo::default());
-    let shape = (hash128(&needs), needs.devices.is_some(), cpu_req.is_some());
+    let shape = (hash128(needs), needs.devices.is_some(), cpu_req.is_some());
     let limit = table_limit(snapshot.len());
     let raw: Vec<i64> =
         state
@@ -290,7 +305,7 @@ pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<H
                             let aligned = &mut aligned.borrow_mut();
                             read::snapshot_score(
                                 view,
-                                &needs,
+                                needs,
                                 cpu_req,
                                 fast.as_ref(),
                                 &state.scoring,
@@ -300,16 +315,12 @@ pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<H
                         .unwrap_or_else(|| {
                             let entry = state.cluster.node(name);
                             let guard = entry.as_ref().map(|e| e.read());
-                            decide::full_score(guard.as_deref(), &needs, cpu_req, &state.scoring)
+                            decide::full_score(guard.as_deref(), needs, cpu_req, &state.scoring)
                         })
                     })
                     .collect()
             });
-    names
-        .into_iter()
-        .zip(normalize_scores(&raw))
-        .map(|(host, score)| HostPriority { host, score })
-        .collect()
+    raw
 }
 
 /// Preempt: keep the candidate nodes where removing the proposed victims lets the pod fit,

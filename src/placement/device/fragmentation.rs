@@ -243,7 +243,7 @@ pub fn place(mix: &WorkloadMix, node: &NodeFree, pod: &TaskShape) -> Option<Plac
     let before = mix.fragmentation(node);
     let mut after = node.clone();
     if let (Some(cpu), true) = (after.cpu_milli.as_mut(), pod.cpu_milli > 0) {
-        *cpu -= pod.cpu_milli;
+        *cpu = cpu.saturating_sub(pod.cpu_milli);
     }
     match pod.gpu {
         GpuAsk::None => Some(Placement {
@@ -434,7 +434,7 @@ impl MixLearner {
 /// Whole cores (rounded to nearest), shares to 10 milli-GPUs (1..=99 tenths stay at least 10).
 fn quantize(task: TaskShape) -> TaskShape {
     TaskShape {
-        cpu_milli: ((task.cpu_milli.max(0) + 500) / 1000) * 1000,
+        cpu_milli: (task.cpu_milli.max(0).saturating_add(500) / 1000) * 1000,
         gpu: match task.gpu {
             GpuAsk::Share(d) => GpuAsk::Share((((d + 5) / 10) * 10).clamp(10, 990)),
             other => other,
@@ -591,6 +591,8 @@ mod tests {
         }
         let mix = source.current();
         assert_eq!(mix.kinds().len(), MIX_KINDS);
+        // Absurd requests are counted, not overflowed.
+        source.observe("huge", share(i64::MAX, 500));
         // A fixed source ignores observations.
         let fixed = MixSource::fixed(WorkloadMix::new([(share(0, 500), 1.0)]));
         fixed.observe("x", whole(0, 8));
