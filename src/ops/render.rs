@@ -68,8 +68,21 @@ fn table(out: &mut String, indent: &str, rows: &[Vec<Cell>], color: bool) {
     }
 }
 
-fn bytes(v: i64) -> String {
-    format_bytes(Quantity::from_units(v))
+/// Bytes for people: the exact quantity when it has a binary suffix (`80Gi`), else one decimal
+/// of the largest suffix it reaches (`7.5Gi` for 8,074,538,516), never a ten-digit number.
+pub(crate) fn bytes(v: i64) -> String {
+    let exact = format_bytes(Quantity::from_units(v));
+    if v.unsigned_abs() < 1024 || !exact.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
+        return exact;
+    }
+    const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let mut scaled = v as f64 / 1024.0;
+    let mut exp = 0;
+    while scaled.abs() >= 1024.0 && exp < SUFFIXES.len() - 1 {
+        scaled /= 1024.0;
+        exp += 1;
+    }
+    format!("{scaled:.1}{}", SUFFIXES[exp])
 }
 
 fn used_of(u: Option<Usage>, fmt: fn(i64) -> String) -> String {
@@ -424,4 +437,21 @@ pub fn cluster(view: &ClusterReport, wide: bool, color: bool) -> String {
     }
     summary(&mut out, "SUMMARY", &view.summary);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes;
+
+    #[test]
+    fn bytes_read_as_people_read_them() {
+        assert_eq!(bytes(80 << 30), "80Gi");
+        assert_eq!(bytes(512), "512");
+        assert_eq!(bytes(0), "0");
+        // simulate's share of a 32 GiB card, as issue 39 found it printed.
+        assert_eq!(bytes(8_074_538_516), "7.5Gi");
+        assert_eq!(bytes(33_844_342_292), "31.5Gi");
+        assert_eq!(bytes(1536), "1.5Ki");
+        assert_eq!(bytes(-(3 << 20) - 1), "-3.0Mi");
+    }
 }

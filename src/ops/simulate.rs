@@ -422,10 +422,7 @@ fn devices_text(p: &Placement) -> String {
         });
         let mut s = format!("{t} {}", minors.join(","));
         if !whole && let Some(d) = list.first() {
-            let mem = d
-                .resources
-                .get(GPU_MEMORY)
-                .map(|m| crate::model::device::format_bytes(Quantity::from_units(*m)));
+            let mem = d.resources.get(GPU_MEMORY).map(|m| render::bytes(*m));
             let mut detail = Vec::new();
             if let Some(m) = mem {
                 let each = if list.len() > 1 { " each" } else { "" };
