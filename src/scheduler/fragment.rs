@@ -142,25 +142,37 @@ pub fn prioritize_raw(
     let mix = state.scoring.device.mix.current();
     let snapshot = state.cluster.read_snapshot();
     let mut finder = snapshot.finder();
-    let mut measured: HashMap<(Option<i64>, Vec<i64>, DimVec), i64> = HashMap::new();
+    // Distinct node states, measured once each: (free CPU, card size, cards' free). Nodes with
+    // more cards than the key holds are measured every time.
+    let mut measured: HashMap<(Option<i64>, DimVec, [i64; KEY_CARDS]), i64, ahash::RandomState> =
+        HashMap::default();
     let mut tasks: HashMap<DimVec, Option<TaskShape>> = HashMap::new();
+    let mut free = NodeFree {
+        cpu_milli: None,
+        gpus: Vec::new(),
+    };
     names
         .iter()
         .enumerate()
         .map(|(i, name)| {
             let tie = usual.and_then(|u| u.get(i).copied());
             let found = finder.find(name);
-            let raw = match found.and_then(|f| snapshot_free(f.view(), needs)) {
+            let raw = match found.and_then(|f| snapshot_free(f.view(), needs, &mut free)) {
                 Some(Free::Unmeasured) => UNMEASURED,
-                Some(Free::Node(free, card)) => {
+                Some(Free::Node(card)) => {
                     let task = *tasks
                         .entry(card)
                         .or_insert_with(|| task_on(needs, card_resources(&card).as_ref()));
                     match task {
                         None => UNMEASURED,
-                        Some(task) => *measured
-                            .entry((free.cpu_milli, free.gpus.clone(), card))
-                            .or_insert_with(|| score_of(&mix, &free, &task)),
+                        Some(task) if free.gpus.len() <= KEY_CARDS => {
+                            let mut cards = [-1i64; KEY_CARDS];
+                            cards[..free.gpus.len()].copy_from_slice(&free.gpus);
+                            *measured
+                                .entry((free.cpu_milli, card, cards))
+                                .or_insert_with(|| score_of(&mix, &free, &task))
+                        }
+                        Some(task) => score_of(&mix, &free, &task),
                     }
                 }
                 None => {
@@ -181,10 +193,14 @@ pub fn prioritize_raw(
         .collect()
 }
 
+/// Cards per node a measured state's key holds.
+const KEY_CARDS: usize = 16;
+
 /// What the snapshot says of a node's free capacity for the measure.
 enum Free {
-    /// Free capacity, and the size of its cards (zero: no GPUs).
-    Node(NodeFree, DimVec),
+    /// The free capacity is in the caller's buffer; the size of the node's cards (zero: no
+    /// GPUs).
+    Node(DimVec),
     /// The pod cannot be measured here (a GPU pod on a node without GPUs it could use).
     Unmeasured,
 }
@@ -193,22 +209,18 @@ const CORE: usize = 0;
 const MEM: usize = 1;
 const RATIO: usize = 2;
 
-/// The node's free capacity from its published facts, exactly as [`node_free`] reads it from
-/// the ledgers; `None` where only the ledgers can say (devices the index cannot carry, cards of
-/// different sizes).
-fn snapshot_free(view: NodeView<'_>, needs: &PodNeeds) -> Option<Free> {
+/// The node's free capacity from its published facts, into `free`, exactly as [`node_free`]
+/// reads it from the ledgers; `None` where only the ledgers can say (devices the index cannot
+/// carry, cards of different sizes).
+fn snapshot_free(view: NodeView<'_>, needs: &PodNeeds, free: &mut NodeFree) -> Option<Free> {
     debug_assert_eq!(INDEX_DIMS[CORE], crate::model::device::GPU_CORE);
     debug_assert_eq!(INDEX_DIMS[MEM], crate::model::device::GPU_MEMORY);
     debug_assert_eq!(INDEX_DIMS[RATIO], crate::model::device::GPU_MEMORY_RATIO);
+    free.gpus.clear();
+    free.cpu_milli = None;
     let no_gpus = || {
         if needs.devices.is_none() {
-            Free::Node(
-                NodeFree {
-                    cpu_milli: None,
-                    gpus: Vec::new(),
-                },
-                DimVec::default(),
-            )
+            Free::Node(DimVec::default())
         } else {
             Free::Unmeasured
         }
@@ -227,29 +239,25 @@ fn snapshot_free(view: NodeView<'_>, needs: &PodNeeds) -> Option<Free> {
     }
     let card = first.dims;
     let cards: usize = totals.iter().map(|t| usize::from(t.count)).sum();
-    let mut gpus = Vec::with_capacity(cards);
     if !index.blocked {
         for group in index.frees(&DeviceType::Gpu) {
             let milli = [CORE, MEM, RATIO]
                 .into_iter()
                 .filter(|d| card[*d] > 0)
                 .map(|d| {
-                    let free = i128::from(group.dims[d].clamp(0, card[d]));
-                    (free * i128::from(MILLI_PER_GPU) / i128::from(card[d])) as i64
+                    let part = i128::from(group.dims[d].clamp(0, card[d]));
+                    (part * i128::from(MILLI_PER_GPU) / i128::from(card[d])) as i64
                 })
                 .min()
                 .unwrap_or(0);
-            gpus.extend(std::iter::repeat_n(milli, usize::from(group.count)));
+            free.gpus
+                .extend(std::iter::repeat_n(milli, usize::from(group.count)));
         }
     }
-    gpus.resize(cards.max(gpus.len()), 0);
-    Some(Free::Node(
-        NodeFree {
-            cpu_milli: view.free_cpu_milli,
-            gpus,
-        },
-        card,
-    ))
+    let len = cards.max(free.gpus.len());
+    free.gpus.resize(len, 0);
+    free.cpu_milli = view.free_cpu_milli;
+    Some(Free::Node(card))
 }
 
 /// A card's size as resources (what [`task_of`] reads), from its index dimensions; `None` for
@@ -440,10 +448,11 @@ mod tests {
             let entry = state.cluster.node("n").unwrap();
             let node = entry.read();
             let full = raw_score(&node, &needs, &mix);
-            match snapshot_free(view, &needs) {
+            let mut free = NodeFree { cpu_milli: None, gpus: vec![7; 3] };
+            match snapshot_free(view, &needs, &mut free) {
                 None => prop_assert!(mixed_sizes, "only mixed card sizes need the ledgers"),
                 Some(Free::Unmeasured) => prop_assert_eq!(full, UNMEASURED),
-                Some(Free::Node(free, card)) => {
+                Some(Free::Node(card)) => {
                     let got = match task_on(&needs, card_resources(&card).as_ref()) {
                         None => UNMEASURED,
                         Some(task) => score_of(&mix, &free, &task),
