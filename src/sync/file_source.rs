@@ -134,15 +134,29 @@ impl ClusterFile {
 /// The objects of a cluster file in file order, `kind: List` items flattened and empty
 /// documents dropped: what [`ClusterFile::parse`] reads, left untyped (the `simulate` tool
 /// writes them back with only the placed pods changed).
+/// The YAML parser's limits for a cluster file. Its defaults (1,024 documents, 250,000 nodes,
+/// a million events) guard a configuration file; a cluster file is the operator's own dump of a
+/// cluster and has an object per document: 1,213 nodes with their Devices already passed the
+/// document limit. Alias and anchor limits stay the parser's (they stop expansion bombs).
+fn cluster_file_budget() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_documents: 10_000_000,
+            max_nodes: 500_000_000,
+            max_events: 1_000_000_000,
+            max_total_scalar_bytes: 4 << 30,
+        },
+    }
+}
+
 pub fn documents(text: &str, path: &str) -> Result<Vec<Value>, ClusterFileError> {
     let docs: Vec<Value> = match serde_json::from_str::<Value>(text) {
         Ok(v) => vec![v],
-        Err(_) => {
-            serde_saphyr::from_multiple::<Value>(text).map_err(|e| ClusterFileError::Syntax {
+        Err(_) => serde_saphyr::from_multiple_with_options::<Value>(text, cluster_file_budget())
+            .map_err(|e| ClusterFileError::Syntax {
                 path: path.to_string(),
                 message: e.to_string(),
-            })?
-        }
+            })?,
     };
     let mut out = Vec::new();
     for doc in docs {
@@ -186,6 +200,21 @@ pub fn fill_identity(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cluster file holds an object per document: thousands of them (the parser's default
+    /// budget stopped at 1,024, so a 1,213-node cluster with its Devices could not be read).
+    #[test]
+    fn a_large_multi_document_cluster_file_is_read_whole() {
+        let text: String = (0..3000)
+            .map(|i| {
+                format!(
+                    "apiVersion: v1\nkind: Node\nmetadata: {{name: n{i}}}\nstatus: {{allocatable: {{cpu: '8'}}}}\n---\n"
+                )
+            })
+            .collect();
+        let file = ClusterFile::parse(&text, "big.yaml").expect("parses");
+        assert_eq!(file.nodes.len(), 3000);
+    }
 
     #[test]
     fn parses_multi_document_yaml_and_lists() {
