@@ -12,6 +12,7 @@
 //!   `placement::device::allocate`), **the cpuset in [`decide::cpu_decision`]** (then
 //!   `placement::cpu::place`);
 //! - [`verbs`]: filter, prioritize and preempt over many candidate nodes;
+//! - [`explain`]: a refused node's reason in the pod's own terms, when no node passes;
 //! - [`relative`]: prioritize's answer as kube-scheduler reads it, without the hosts that
 //!   score alike;
 //! - [`bind`]: the one place an allocation is committed, in named phases;
@@ -28,6 +29,7 @@ pub mod bind;
 mod config;
 mod decide;
 pub mod dra_owner;
+pub mod explain;
 mod fragment;
 mod memo;
 mod needs;

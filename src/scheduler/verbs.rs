@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use super::Scheduler;
 use super::memo::table_limit;
 use super::needs::pod_needs;
-use super::{PodNeeds, decide, read};
+use super::{PodNeeds, decide, explain, read};
 use crate::cluster::returns::ResourceKinds;
 use crate::cluster::snapshot::hash128;
 use crate::model::ids::PodUid;
@@ -36,7 +36,7 @@ use crate::model::wire::{
 use crate::placement::device::allocate::FitError;
 use crate::placement::device::fast::FastRequest;
 use crate::placement::device::score::normalize_scores;
-use crate::placement::fit_error::{INVALID_REQUEST_CLASS, REASON_CLASSES};
+use crate::placement::fit_error::{FitReason, INVALID_REQUEST_CLASS, REASON_CLASSES};
 
 /// Does the pod fit `name` (CPU/NUMA and devices), decided in full on the node's locked state
 /// with `ignore`'s allocations released (preempt, and nodes the snapshot cannot answer).
@@ -130,18 +130,32 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
                             Ok(()) => passing.push(name),
                             Err(e) => {
                                 tally[e.reason.class_index()] += 1;
-                                let text = e.reason.text();
                                 if e.unresolvable {
-                                    hopeless.push((name, text));
+                                    hopeless.push((name, e.reason));
                                 } else {
-                                    rejected.push((name, text));
+                                    rejected.push((name, e.reason));
                                 }
                             }
                         }
                     }
                 });
-            failed = BTreeMap::from_iter(rejected);
-            unresolvable = BTreeMap::from_iter(hopeless);
+            // kube-scheduler shows the reasons only when no node passes: then, and only then,
+            // each says what the pod asks and the node lacks (`explain`).
+            let words = |list: Vec<(Cow<'a, str>, FitReason)>| {
+                let explaining = passing.is_empty();
+                BTreeMap::from_iter(list.into_iter().map(|(name, reason)| {
+                    let text = if explaining {
+                        let entry = state.cluster.node(&name);
+                        let guard = entry.as_ref().map(|e| e.read());
+                        explain::explain(guard.as_deref(), &needs, &reason).text
+                    } else {
+                        reason.text()
+                    };
+                    (name, text)
+                }))
+            };
+            failed = words(rejected);
+            unresolvable = words(hopeless);
             result = if passing.is_empty() {
                 "fits_nowhere"
             } else {

@@ -866,7 +866,7 @@ async fn amplified_cpu_counts_cpusets_amplified_and_assumed_binds_once() {
         assert_eq!(passed.contains(&"amp"), fits_amp, "{body}");
         if !fits_amp {
             assert_eq!(
-                body["FailedNodes"]["amp"], "Insufficient amplified cpu",
+                body["FailedNodes"]["amp"], "Insufficient amplified cpu: pod asks 12.5 cpus",
                 "{body}"
             );
         }

@@ -13,6 +13,7 @@ pub(crate) mod inventory;
 pub(crate) mod partition;
 pub mod request;
 pub mod score;
+pub mod shortfall;
 
 use crate::model::pod::Pod;
 use crate::model::requests::{RequestError, pod_requests};

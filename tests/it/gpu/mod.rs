@@ -9,6 +9,7 @@ mod bind_read;
 mod concurrency;
 mod defects;
 mod expiry;
+mod explain;
 mod offline;
 mod restart;
 mod retry_rollback;

@@ -1,0 +1,114 @@
+//! Pending pods explain themselves: when filter leaves a pod no node, each refused node's reason
+//! is completed in the pod's own terms ("insufficient gpu devices: largest free gpu-core on one
+//! card 40-49%, pod asks 50%") before kube-scheduler copies it into the pod's `PodScheduled`
+//! condition and `FailedScheduling` event.
+//!
+//! Owns *when* a reason is explained and which refusals get which words; the GPU arithmetic is
+//! `placement::device::shortfall`. It runs only when no candidate passes, the only time
+//! kube-scheduler shows the extender's reasons, so a pod that fits pays nothing. It reads each
+//! refused node under its read lock once and changes no verdict, no `unresolvable` flag and no
+//! metric class: the allocator decided, this only says how far the node was.
+//!
+//! kube-scheduler folds identical reasons across nodes into one counted line, so every number
+//! here is banded or the pod's own: a class of a thousand identical nodes stays one line.
+
+use std::borrow::Cow;
+
+use super::PodNeeds;
+use crate::cluster::NodeState;
+use crate::model::cpu_policy::NumaPolicy;
+use crate::model::device::DeviceType;
+use crate::placement::FitReason;
+use crate::placement::device::shortfall::{Shortfall, gpu_shortfall, whole_gpus_per_numa};
+
+/// A refused node's reason in the pod's terms, and how near the node came.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explained {
+    pub text: Cow<'static, str>,
+    /// Thousandths of the pod's binding ask the node covers, when the reason measures one
+    /// (GPU shares and whole GPUs): `inspect --pod` ranks the nearest nodes by it.
+    pub met_permille: Option<u16>,
+}
+
+/// `reason` for `node`, completed with what the pod asks and the node lacks where this module
+/// knows how; the reason's own words otherwise.
+pub fn explain(node: Option<&NodeState>, needs: &PodNeeds, reason: &FitReason) -> Explained {
+    let plain = || Explained {
+        text: reason.text(),
+        met_permille: None,
+    };
+    let gpu = needs.devices.as_ref().and_then(|d| d.get(&DeviceType::Gpu));
+    let detail = |d: String| Cow::Owned(format!("{}: {d}", reason.text()));
+    match reason {
+        FitReason::InsufficientDevices(DeviceType::Gpu) => {
+            let (Some(node), Some(gpu)) = (node, gpu) else {
+                return plain();
+            };
+            match gpu_shortfall(node.device_ledger(), gpu) {
+                Some(Shortfall {
+                    detail: d,
+                    met_permille,
+                }) => Explained {
+                    text: detail(d),
+                    met_permille: Some(met_permille),
+                },
+                None => plain(),
+            }
+        }
+        // GPUs and CPUs on one NUMA node: enough whole cards in all, too few on one.
+        FitReason::DevicesUnaligned | FitReason::NotOnFewestNuma => {
+            let (Some(node), Some(gpu)) = (node, gpu.filter(|g| !g.shared)) else {
+                return plain();
+            };
+            let Some((free, most, over)) = whole_gpus_per_numa(node.device_ledger()) else {
+                return plain();
+            };
+            if free < gpu.count || most >= gpu.count {
+                return plain();
+            }
+            let policy = needs
+                .cpu
+                .as_ref()
+                .map(|c| c.numa_policy)
+                .filter(|p| *p != NumaPolicy::None)
+                .unwrap_or_else(|| node.cpu_ledger().numa_policy());
+            Explained {
+                text: detail(format!(
+                    "{free} whole gpus free over {over} NUMA nodes, at most {most} on one, pod asks {} ({})",
+                    gpu.count,
+                    policy.as_str()
+                )),
+                met_permille: None,
+            }
+        }
+        FitReason::InsufficientCpus | FitReason::InsufficientAmplifiedCpu => match cpus(needs) {
+            Some(n) => Explained {
+                text: detail(format!("pod asks {n} cpus")),
+                met_permille: None,
+            },
+            None => plain(),
+        },
+        FitReason::CpusOnOneNuma => match cpus(needs) {
+            Some(n) => Explained {
+                text: detail(format!("pod asks {n} cpus on one NUMA node")),
+                met_permille: None,
+            },
+            None => plain(),
+        },
+        _ => plain(),
+    }
+}
+
+/// The pod's CPU request as it wrote it: `8`, `2.5`.
+fn cpus(needs: &PodNeeds) -> Option<String> {
+    let milli = needs.cpu.as_ref()?.cpu_milli;
+    if milli <= 0 {
+        return None;
+    }
+    Some(if milli % 1000 == 0 {
+        (milli / 1000).to_string()
+    } else {
+        let s = format!("{:.3}", milli as f64 / 1000.0);
+        s.trim_end_matches('0').to_string()
+    })
+}
