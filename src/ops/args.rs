@@ -38,6 +38,18 @@ pub struct InspectArgs {
     #[arg(long = "node", value_name = "NAME", value_delimiter = ',', num_args = 1..)]
     pub nodes: Vec<String>,
 
+    /// Why this pending pod (`NAMESPACE/NAME`) does not fit: the nodes nearest to fitting, what
+    /// each lacks in the pod's terms, and what would make it fit (preempting lower-priority
+    /// pods, or moving pods; a dry run, nothing changes). From --cluster-file (with --pods) or
+    /// a cluster.
+    #[arg(long, value_name = "NAMESPACE/NAME", conflicts_with_all = ["server", "nodes"])]
+    pub pod: Option<String>,
+
+    /// More pods to look the --pod up in (pending pods kept apart from the cluster file, as
+    /// for `simulate --pods`).
+    #[arg(long, value_name = "FILE", requires = "pod")]
+    pub pods: Option<PathBuf>,
+
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: InspectFormat,

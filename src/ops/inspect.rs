@@ -11,13 +11,15 @@ use std::sync::Arc;
 
 use super::OpsError;
 use super::args::{InspectArgs, InspectFormat};
-use super::render;
+use super::{pending, render};
 use crate::cluster::ClusterState;
 use crate::cluster::report::ClusterReport;
 use crate::metrics::Metrics;
-use crate::scheduler::bind::PodApi;
+use crate::model::pod::Pod;
+use crate::scheduler::bind::{OfflinePodApi, PodApi};
 use crate::scheduler::{Scheduler, ScoringConfig};
-use crate::sync::file_source::ClusterFile;
+use crate::sync::Kind;
+use crate::sync::file_source::{ClusterFile, fill_identity};
 use crate::sync::{self, Readiness, SyncContext};
 
 /// Caches filled by one of the offline sources.
@@ -162,8 +164,79 @@ pub fn render(
     }
 }
 
+/// The cluster's caches and every pod object, for `inspect --pod`: the pods of the cluster
+/// file or the cluster, and those of `--pods`.
+async fn load_with_pods(args: &InspectArgs) -> Result<(Loaded, Vec<Pod>), OpsError> {
+    let (loaded, mut pods) = match &args.cluster_file {
+        Some(path) => {
+            let file = ClusterFile::load(path)?;
+            let pods = file.pods.clone();
+            (load_cluster_file(file), pods)
+        }
+        None => {
+            let client = crate::sync::client::kube_client_from(args.kubeconfig.as_deref())
+                .await
+                .map_err(|e| OpsError::Client(e.to_string()))?;
+            let loaded = load_kube(&client).await?;
+            let pods = kube::Api::<Pod>::all(client)
+                .list(&Default::default())
+                .await
+                .map_err(|e| OpsError::List(e.to_string()))?
+                .items;
+            (loaded, pods)
+        }
+    };
+    if let Some(path) = &args.pods {
+        pods.extend(ClusterFile::load(path)?.pods);
+    }
+    // The identity the file sync gives a cluster file's pods (API pods have theirs).
+    for p in &mut pods {
+        fill_identity(&mut p.metadata, Kind::Pods);
+    }
+    Ok((loaded, pods))
+}
+
+/// `inspect --pod NAMESPACE/NAME`.
+async fn run_pod(args: &InspectArgs, key: &str) -> Result<String, OpsError> {
+    let error = |message: &str| OpsError::Pod {
+        key: key.to_string(),
+        message: message.to_string(),
+    };
+    let (ns, name) = key
+        .split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+        .ok_or_else(|| error("expected NAMESPACE/NAME"))?;
+    let (loaded, pods) = load_with_pods(args).await?;
+    let pod = pods
+        .iter()
+        .find(|p| {
+            p.metadata.namespace.as_deref().unwrap_or("default") == ns
+                && p.metadata.name.as_deref() == Some(name)
+        })
+        .cloned()
+        .ok_or_else(|| error("no such pod in the cluster (or in --pods)"))?;
+    let api = Arc::new(OfflinePodApi::new(pods.iter().cloned()));
+    let state = loaded.into_scheduler(api, ScoringConfig::default());
+    let found = pending::inspect_pod(&state, &pod, &pods);
+    match args.output {
+        InspectFormat::Json => {
+            let mut s = serde_json::to_string_pretty(&found)
+                .map_err(|e| OpsError::Encode(e.to_string()))?;
+            s.push('\n');
+            Ok(s)
+        }
+        InspectFormat::Table | InspectFormat::Wide => Ok(pending::render(&found)),
+    }
+}
+
 /// The `inspect` command.
 pub async fn run(args: InspectArgs) -> Result<(), OpsError> {
+    if let Some(key) = &args.pod {
+        let out = run_pod(&args, key).await?;
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(out.as_bytes()).map_err(OpsError::Io)?;
+        return stdout.flush().map_err(OpsError::Io);
+    }
     let view = view(&args).await?;
     let out = render(
         &view,

@@ -14,6 +14,7 @@
 pub mod args;
 pub(crate) mod capacity;
 pub mod inspect;
+pub mod pending;
 pub(crate) mod render;
 pub mod replay;
 pub mod simulate;
@@ -40,6 +41,9 @@ pub enum OpsError {
     Server { url: String, message: String },
     #[error("not in the cluster: {}", .0.join(", "))]
     UnknownNodes(Vec<String>),
+    /// `inspect --pod`: the pod named is malformed or not found.
+    #[error("--pod {key}: {message}")]
+    Pod { key: String, message: String },
     #[error("invalid scoring flags: {0}")]
     Scoring(#[from] crate::scheduler::ScoringError),
     #[error("cannot encode the output: {0}")]

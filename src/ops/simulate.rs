@@ -95,7 +95,12 @@ fn ignored_by_scheduler(resource: &str) -> bool {
 }
 
 /// kube-scheduler's NodeResourcesFit, as far as simulate models it (see the module docs).
-pub(super) fn scheduler_fit(node: &NodeState, requests: &Requests) -> Result<(), String> {
+/// `ignore`'s pods count as gone (preemption victims, pods a plan moves away).
+pub(super) fn scheduler_fit(
+    node: &NodeState,
+    requests: &Requests,
+    ignore: &[PodUid],
+) -> Result<(), String> {
     let Some(record) = &node.node else {
         return Err("node not found".into());
     };
@@ -108,7 +113,8 @@ pub(super) fn scheduler_fit(node: &NodeState, requests: &Requests) -> Result<(),
     };
     if record.allocatable.contains_key("pods") {
         let max = allocatable("pods").value();
-        if i64::try_from(node.pods.len()).unwrap_or(i64::MAX) >= max {
+        let pods = node.pods.keys().filter(|u| !ignore.contains(u)).count();
+        if i64::try_from(pods).unwrap_or(i64::MAX) >= max {
             return Err("Too many pods".into());
         }
     }
@@ -119,6 +125,7 @@ pub(super) fn scheduler_fit(node: &NodeState, requests: &Requests) -> Result<(),
         let used: i128 = node
             .pods
             .values()
+            .filter(|p| !ignore.contains(&p.uid))
             .filter_map(|p| p.requests.get(name))
             .map(Quantity::milli)
             .sum();
@@ -130,7 +137,7 @@ pub(super) fn scheduler_fit(node: &NodeState, requests: &Requests) -> Result<(),
 }
 
 /// `0/4 nodes are available: 3 insufficient gpu devices, 1 Insufficient nvidia.com/gpu.`
-fn fits_nowhere_message(total: usize, reasons: &BTreeMap<String, u64>) -> String {
+pub(super) fn fits_nowhere_message(total: usize, reasons: &BTreeMap<String, u64>) -> String {
     let mut by_count: Vec<(&String, &u64)> = reasons.iter().collect();
     by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     let parts: Vec<String> = by_count.iter().map(|(r, n)| format!("{n} {r}")).collect();
@@ -307,7 +314,7 @@ async fn place(state: &Scheduler, pod: &Pod, ns: &str, name: &str) -> Placement 
             if s.node.is_none() {
                 continue;
             }
-            scheduler_fit(&s, &requests)
+            scheduler_fit(&s, &requests, &[])
         };
         total += 1;
         match verdict {

@@ -401,6 +401,9 @@ mod tests {
             assert_ne!(r.class(), "other", "{r:?}");
             assert_ne!(r.class(), "invalid_request", "{r:?}");
             assert!(!r.text().is_empty(), "{r:?}");
+            // kube-scheduler uses the reason as its event's format string (`Eventf`): a `%`
+            // turns into `%!(MISSING)` in the pod's FailedScheduling event.
+            assert!(!r.text().contains('%'), "{r:?}");
         }
         let classes: std::collections::BTreeSet<&str> = all.iter().map(FitReason::class).collect();
         // Every class but `invalid_request` (refused before any node) and `other`.

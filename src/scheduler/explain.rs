@@ -1,6 +1,6 @@
 //! Pending pods explain themselves: when filter leaves a pod no node, each refused node's reason
 //! is completed in the pod's own terms ("insufficient gpu devices: largest free gpu-core on one
-//! card 40-49%, pod asks 50%") before kube-scheduler copies it into the pod's `PodScheduled`
+//! card 40-49 of 100, pod asks 50") before kube-scheduler copies it into the pod's `PodScheduled`
 //! condition and `FailedScheduling` event.
 //!
 //! Owns *when* a reason is explained and which refusals get which words; the GPU arithmetic is
@@ -111,4 +111,21 @@ fn cpus(needs: &PodNeeds) -> Option<String> {
         let s = format!("{:.3}", milli as f64 / 1000.0);
         s.trim_end_matches('0').to_string()
     })
+}
+
+/// The full decision for `needs` on `node` with `ignore`'s holdings released (preemption
+/// victims, pods a plan moves away), explained when it refuses: what `inspect --pod` asks of
+/// each node. Takes the node's read lock once.
+pub fn fit_or_explain(
+    state: &super::Scheduler,
+    node: &str,
+    needs: &PodNeeds,
+    ignore: &[crate::model::ids::PodUid],
+) -> Result<(), Explained> {
+    let entry = state.cluster.node(node);
+    let guard = entry.as_ref().map(|e| e.read());
+    match super::decide::decide_on_node(guard.as_deref(), needs, ignore, &state.scoring) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(explain(guard.as_deref(), needs, &e.reason)),
+    }
 }

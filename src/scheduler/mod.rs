@@ -72,6 +72,14 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// What deriving a pod's needs reads from the caches now ([`needs::pod_needs`]).
+    /// What `pod` asks of a node, as every verb reads it (the operator tools ask too).
+    pub fn pod_needs(
+        &self,
+        pod: &crate::model::pod::Pod,
+    ) -> Result<PodNeeds, needs::InvalidRequest> {
+        needs::pod_needs(pod, self.needs_inputs())
+    }
+
     pub(crate) fn needs_inputs(&self) -> needs::NeedsInputs<'_> {
         needs::NeedsInputs::of(&self.readiness, &self.cluster, &self.scoring)
     }

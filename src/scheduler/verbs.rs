@@ -75,7 +75,9 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
         }
         Err(invalid) => {
             result = "invalid_request";
-            let reason = invalid.to_string();
+            // The text echoes the pod's own values; kube-scheduler formats its event with the
+            // reason as the format string, where a `%` would garble it.
+            let reason = invalid.to_string().replace('%', " percent");
             tally[INVALID_REQUEST_CLASS] += candidates.len() as u64;
             for name in candidates {
                 unresolvable.insert(name, Cow::Owned(reason.clone()));

@@ -33,3 +33,4 @@ mod wire;
 // Out of alphabetical order on purpose: parallel branches add modules above.
 mod fragmentation;
 mod ops;
+mod pending;

@@ -1,6 +1,11 @@
 //! How far a node is from holding a pod's GPUs, in the pod's own terms: the words a pending
-//! pod's `FailedScheduling` event shows ("largest free gpu-core on one card 40-49%, pod asks
-//! 50%") and how near the node came (for `inspect --pod`'s nearest nodes).
+//! pod's `FailedScheduling` event shows ("largest free gpu-core on one card 40-49 of 100, pod
+//! asks 50") and how near the node came (for `inspect --pod`'s nearest nodes).
+//!
+//! **No `%` in any word**: kube-scheduler v1.37 passes the reasons to its event recorder as a
+//! *format string* (`Eventf(..., msg)`), so `40-49%, pod` reaches the event as
+//! `40-49%!,(MISSING) pod` (found on the real control plane). Shares are written in the pod's
+//! own units (gpu-core and gpu-memory-ratio count hundredths of a card).
 //!
 //! Owns the words and the nearness only. It decides nothing: it runs after the allocator has
 //! refused the node, and says nothing (`None`) whenever its arithmetic would not explain the
@@ -76,6 +81,17 @@ fn whole_shortfall(
     if free >= ask.count || ask.count == 0 {
         return None;
     }
+    if cards.len() < ask.count {
+        // Freeing anything cannot help: say what the node has, not what is free.
+        let detail = match cards.len() {
+            1 => format!("node has 1 healthy gpu, pod asks {}", ask.count),
+            n => format!("node has {n} healthy gpus, pod asks {}", ask.count),
+        };
+        return Some(Shortfall {
+            detail,
+            met_permille: permille(free as i128, ask.count as i128),
+        });
+    }
     let detail = match free {
         0 => format!("no whole gpu free, pod asks {}", ask.count),
         1 => format!("1 whole gpu free, pod asks {}", ask.count),
@@ -126,6 +142,25 @@ fn share_shortfall(
         // A card holds the share by its resources: something else (a hint, a scope, NUMA)
         // refused it, and the allocator's reason says what.
         return None;
+    }
+    // A dimension no card has as much of, even empty: freeing anything cannot help.
+    for (name, label, want) in &dims {
+        let most = cards
+            .iter()
+            .map(|(total, _)| free_of(total, name))
+            .max()
+            .unwrap_or_default();
+        if most < *want {
+            let (most, asks) = if *name == GPU_MEMORY {
+                (format_bytes(most), format_bytes(*want))
+            } else {
+                (percent(most), percent(*want))
+            };
+            return Some(Shortfall {
+                detail: format!("largest {label} of any card {most}, pod asks {asks}"),
+                met_permille: met,
+            });
+        }
     }
     let (name, label, want) = dims[dim];
     let partly_free = cards
@@ -180,25 +215,25 @@ fn permille(have: i128, want: i128) -> u16 {
     (have.max(0).saturating_mul(1000) / want).min(1000) as u16
 }
 
-/// A percent dimension's value as the pod wrote it (`50%`, `12.5%`).
+/// A hundredths-of-a-card dimension's value as the pod wrote it (`50`, `12.5`).
 fn percent(q: Quantity) -> String {
     let m = q.milli();
     if m % 1000 == 0 {
-        format!("{}%", m / 1000)
+        format!("{}", m / 1000)
     } else {
-        format!("{}%", q)
+        format!("{}", q)
     }
 }
 
-/// A free percent in tens, below the ask (`40-49%`; `40-44%` when the pod asks 45%): the
-/// band never reaches what the pod asks, so it cannot read as enough.
+/// A free share in tens of hundredths, below the ask (`40-49 of 100`; `40-44 of 100` when the
+/// pod asks 45): the band never reaches what the pod asks, so it cannot read as enough.
 fn percent_band(free: Quantity, ask: Quantity) -> String {
     let low = (free.milli().max(0) / 1000) / 10 * 10;
     let high = (low + 9).min((ask.milli() - 1).max(0) / 1000);
     if high <= low {
-        format!("{low}%")
+        format!("{low} of 100")
     } else {
-        format!("{low}-{high}%")
+        format!("{low}-{high} of 100")
     }
 }
 
@@ -254,17 +289,17 @@ mod tests {
     fn bands_fold_nodes_into_few_words() {
         let q = Quantity::from_units;
         let gi = |n: i64| Quantity::from_units(n << 30);
-        assert_eq!(percent_band(q(47), q(50)), "40-49%");
-        assert_eq!(percent_band(q(42), q(45)), "40-44%");
-        assert_eq!(percent_band(q(40), q(41)), "40%");
-        assert_eq!(percent_band(q(5), q(100)), "0-9%");
-        assert_eq!(percent_band(q(90), q(100)), "90-99%");
+        assert_eq!(percent_band(q(47), q(50)), "40-49 of 100");
+        assert_eq!(percent_band(q(42), q(45)), "40-44 of 100");
+        assert_eq!(percent_band(q(40), q(41)), "40 of 100");
+        assert_eq!(percent_band(q(5), q(100)), "0-9 of 100");
+        assert_eq!(percent_band(q(90), q(100)), "90-99 of 100");
         assert_eq!(bytes_band(q(512 << 20), gi(16)), "under 1Gi");
         assert_eq!(bytes_band(gi(1), gi(16)), "1-2Gi");
         assert_eq!(bytes_band(q(7_500_000_000), gi(16)), "4-8Gi");
         assert_eq!(bytes_band(gi(32), gi(40)), "32-40Gi");
         assert_eq!(bytes_band(gi(32), q((32 << 30) + 1)), "32Gi+");
-        assert_eq!(percent(Quantity::from_units(50)), "50%");
+        assert_eq!(percent(Quantity::from_units(50)), "50");
         assert_eq!(permille(3, 4), 750);
         assert_eq!(permille(5, 4), 1000);
         assert_eq!(permille(1, 0), 1000);

@@ -80,11 +80,11 @@ async fn each_gpu_shortfall_is_said_in_the_pods_terms() {
     assert!(passing(&f).is_empty(), "{f}");
     assert_eq!(
         failed(&f, "short"),
-        "insufficient gpu devices: largest free gpu-memory-ratio on one card 40-49%, pod asks 50%"
+        "insufficient gpu devices: largest free gpu-memory-ratio on one card 40-49 of 100, pod asks 50"
     );
     assert_eq!(
         failed(&f, "frag"),
-        "insufficient gpu devices: fragmented, 3 cards partly free, largest free gpu-memory-ratio on one card 30-39%, pod asks 50%"
+        "insufficient gpu devices: fragmented, 3 cards partly free, largest free gpu-memory-ratio on one card 30-39 of 100, pod asks 50"
     );
 
     // 16Gi of GPU memory: `short`'s card has 32Gi free (fits), `frag`'s cards 24Gi each
@@ -111,7 +111,33 @@ async fn each_gpu_shortfall_is_said_in_the_pods_terms() {
     );
     assert_eq!(
         failed(&f, "frag"),
-        "insufficient gpu devices: no whole gpu free, pod asks 4"
+        "insufficient gpu devices: node has 3 healthy gpus, pod asks 4"
+    );
+    let f = env
+        .filter(&pending("three", whole_gpus(3)), &["frag"])
+        .await;
+    assert_eq!(
+        failed(&f, "frag"),
+        "insufficient gpu devices: no whole gpu free, pod asks 3"
+    );
+
+    // More than any card or node has: the node's own size, since freeing cannot help.
+    let f = env
+        .filter(
+            &pending("huge", json!({"koordinator.sh/gpu-memory": "100Gi"})),
+            &["short"],
+        )
+        .await;
+    assert_eq!(
+        failed(&f, "short"),
+        "insufficient gpu devices: largest gpu-memory of any card 80Gi, pod asks 100Gi"
+    );
+    let f = env
+        .filter(&pending("eight", whole_gpus(8)), &["whole"])
+        .await;
+    assert_eq!(
+        failed(&f, "whole"),
+        "insufficient gpu devices: node has 4 healthy gpus, pod asks 8"
     );
 
     // Where a node passes, kube-scheduler shows nothing: the reasons stay the allocator's own
@@ -150,8 +176,8 @@ async fn a_class_of_nodes_folds_into_one_reason() {
     assert_eq!(
         distinct,
         BTreeSet::from([
-            "insufficient gpu devices: fragmented, 2 cards partly free, largest free gpu-memory-ratio on one card 30-39%, pod asks 50%".to_string(),
-            "insufficient gpu devices: largest free gpu-memory-ratio on one card 10-19%, pod asks 50%".to_string(),
+            "insufficient gpu devices: fragmented, 2 cards partly free, largest free gpu-memory-ratio on one card 30-39 of 100, pod asks 50".to_string(),
+            "insufficient gpu devices: largest free gpu-memory-ratio on one card 10-19 of 100, pod asks 50".to_string(),
         ])
     );
     env.svc.shutdown().await.unwrap();

@@ -1,0 +1,504 @@
+//! `inspect --pod NS/NAME`: why one pod is pending, and what would make it fit.
+//!
+//! Asks the scheduling core exactly what the service would answer: kube-scheduler's own
+//! resource fit as `simulate` models it, then the extender's filter, whose reasons explain
+//! themselves when no node passes (`scheduler::explain`). Then two dry runs, neither of which
+//! changes anything:
+//! - **preemption**: on each node, kube-scheduler's victim selection (`SelectVictimsOnNode`:
+//!   every pod of lower priority out, then reprieved highest priority first while the pod still
+//!   fits), kept only where the extender's own `preempt` verb keeps the victims; nodes ranked
+//!   as kube-scheduler picks one (lowest highest-victim priority, then lowest sum, then fewest
+//!   victims). PodDisruptionBudgets are not read;
+//! - **moves**: the fewest pods on one node whose move elsewhere lets the pod fit there, each
+//!   moved pod to a node of its own where it fits now (so no two moves compete for one node).
+//!
+//! Owns the dry runs and their rendering; decides nothing itself (every fit is the core's).
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::simulate::{fits_nowhere_message, scheduler_fit};
+use crate::model::ids::PodUid;
+use crate::model::pod::Pod;
+use crate::model::requests::{PodRequests, pod_requests};
+use crate::model::wire::{ExtenderArgsRef, ExtenderPreemptionArgs, MetaPod, MetaVictims};
+use crate::scheduler::explain::fit_or_explain;
+use crate::scheduler::{PodNeeds, Scheduler, verbs};
+
+/// What `inspect --pod` found for one pod.
+#[derive(Clone, Debug, Serialize)]
+pub struct PodInspection {
+    /// `namespace/name`.
+    pub pod: String,
+    pub priority: i32,
+    /// Nodes where the pod fits now (then nothing below is computed).
+    pub fits_on: Vec<String>,
+    /// kube-scheduler's message when it fits nowhere: the reasons counted across nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The same reasons, counted across nodes, most nodes first.
+    pub reasons: Vec<CountedReason>,
+    /// Every refusing node, nearest first: the extender's nodes by how much of the ask they
+    /// cover, then kube-scheduler's own refusals.
+    pub nearest: Vec<NearNode>,
+    /// Nodes where preempting lower-priority pods makes room, best first.
+    pub preemption: Vec<Preemption>,
+    /// The fewest moves that make room on one node, if any plan exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moves: Option<MovePlan>,
+    /// Why the pod cannot be placed on any node at all (an invalid request).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CountedReason {
+    pub nodes: u64,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NearNode {
+    pub node: String,
+    pub reason: String,
+    /// Percent of the pod's binding ask the node covers, where the reason measures one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub covers_percent: Option<u16>,
+    /// Who refused: `extender` or `kube-scheduler` (its resource fit).
+    pub by: &'static str,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Preemption {
+    pub node: String,
+    pub victims: Vec<Victim>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Victim {
+    pub pod: String,
+    pub priority: i32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MovePlan {
+    /// The node the moves free.
+    pub node: String,
+    pub moves: Vec<Move>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Move {
+    pub pod: String,
+    pub to: String,
+}
+
+/// A node's pods as the dry runs read them.
+struct Holder {
+    uid: PodUid,
+    key: String,
+    priority: i32,
+    requests: PodRequests,
+}
+
+/// How many nodes (nearest first) the move plan tries.
+const MOVE_PLAN_NODES: usize = 8;
+
+/// Inspects `pod` on the caches behind `state`; `pods` are every pod object of the cluster
+/// (priorities, and what a moved pod asks).
+pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection {
+    let key = format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    );
+    let priority = pod.spec.priority.unwrap_or(0);
+    let mut out = PodInspection {
+        pod: key,
+        priority,
+        fits_on: Vec::new(),
+        message: None,
+        reasons: Vec::new(),
+        nearest: Vec::new(),
+        preemption: Vec::new(),
+        moves: None,
+        invalid: None,
+    };
+    let (requests, needs) = match (pod_requests(&pod.spec), state.pod_needs(pod)) {
+        (Ok(r), Ok(n)) => (r, n),
+        (Err(e), _) => {
+            out.invalid = Some(e.to_string());
+            return out;
+        }
+        (_, Err(e)) => {
+            out.invalid = Some(e.to_string());
+            return out;
+        }
+    };
+    let priorities: BTreeMap<&str, i32> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.uid.as_deref()?, p.spec.priority.unwrap_or(0))))
+        .collect();
+    let objects: BTreeMap<&str, &Pod> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
+        .collect();
+
+    // kube-scheduler's fit, then the extender's filter over the nodes it leaves.
+    let mut total = 0usize;
+    let mut candidates = Vec::new();
+    let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
+    let mut kube_refused = Vec::new();
+    for node in state.cluster.node_names() {
+        let Some(entry) = state.cluster.node(&node) else {
+            continue;
+        };
+        let verdict = {
+            let s = entry.read();
+            if s.node.is_none() {
+                continue;
+            }
+            scheduler_fit(&s, &requests, &[])
+        };
+        total += 1;
+        match verdict {
+            Ok(()) => candidates.push(Cow::Owned(node.to_string())),
+            Err(reason) => {
+                *reasons.entry(reason.clone()).or_default() += 1;
+                kube_refused.push(NearNode {
+                    node: node.to_string(),
+                    reason,
+                    covers_percent: None,
+                    by: "kube-scheduler",
+                });
+            }
+        }
+    }
+    let filter = verbs::filter(
+        state,
+        ExtenderArgsRef {
+            pod: Some(pod.clone()),
+            nodes: None,
+            node_names: Some(candidates),
+        },
+    );
+    if !filter.error.is_empty() {
+        out.invalid = Some(filter.error);
+        return out;
+    }
+    out.fits_on = filter
+        .node_names
+        .unwrap_or_default()
+        .into_iter()
+        .map(Cow::into_owned)
+        .collect();
+    if !out.fits_on.is_empty() {
+        return out;
+    }
+    let mut resolvable = Vec::new();
+    let mut refused = Vec::new();
+    for (map, can_help) in [
+        (filter.failed_nodes, true),
+        (filter.failed_and_unresolvable_nodes, false),
+    ] {
+        for (node, reason) in map.into_iter().flatten() {
+            *reasons.entry(reason.to_string()).or_default() += 1;
+            let covers = fit_or_explain(state, &node, &needs, &[])
+                .err()
+                .and_then(|e| e.met_permille)
+                .map(|m| m / 10);
+            refused.push(NearNode {
+                node: node.to_string(),
+                reason: reason.into_owned(),
+                covers_percent: covers,
+                by: "extender",
+            });
+            if can_help {
+                resolvable.push(node.into_owned());
+            }
+        }
+    }
+    out.message = Some(fits_nowhere_message(total, &reasons));
+    out.reasons = reasons
+        .into_iter()
+        .map(|(reason, nodes)| CountedReason { nodes, reason })
+        .collect();
+    out.reasons
+        .sort_by(|a, b| b.nodes.cmp(&a.nodes).then_with(|| a.reason.cmp(&b.reason)));
+    refused.sort_by(|a, b| {
+        b.covers_percent
+            .map_or(-1, i32::from)
+            .cmp(&a.covers_percent.map_or(-1, i32::from))
+            .then_with(|| a.node.cmp(&b.node))
+    });
+    let near_order: Vec<String> = refused.iter().map(|n| n.node.clone()).collect();
+    refused.extend(kube_refused.iter().cloned());
+    out.nearest = refused;
+
+    // Nodes freeing capacity can help: the extender's resolvable refusals and kube-scheduler's.
+    let mut helpable: Vec<String> = near_order
+        .iter()
+        .filter(|n| resolvable.contains(n))
+        .cloned()
+        .collect();
+    helpable.extend(kube_refused.into_iter().map(|n| n.node));
+
+    let fits = |node: &str, ignore: &[PodUid]| -> bool {
+        let Some(entry) = state.cluster.node(node) else {
+            return false;
+        };
+        if scheduler_fit(&entry.read(), &requests, ignore).is_err() {
+            return false;
+        }
+        fit_or_explain(state, node, &needs, ignore).is_ok()
+    };
+    let holders = |node: &str| -> Vec<Holder> {
+        let Some(entry) = state.cluster.node(node) else {
+            return Vec::new();
+        };
+        let s = entry.read();
+        s.pods
+            .values()
+            .filter(|p| !matches!(p.phase.as_deref(), Some("Succeeded" | "Failed")))
+            .map(|p| Holder {
+                uid: p.uid.clone(),
+                key: p.key.to_string(),
+                priority: priorities.get(p.uid.as_str()).copied().unwrap_or(0),
+                requests: p.requests.clone(),
+            })
+            .collect()
+    };
+
+    // Preemption, as kube-scheduler's dry run would propose it and the extender keep it.
+    for node in &helpable {
+        let lower: Vec<Holder> = holders(node)
+            .into_iter()
+            .filter(|h| h.priority < priority)
+            .collect();
+        let Some(victims) = fewest_to_free(
+            &lower,
+            |ignore| fits(node, ignore),
+            |h| std::cmp::Reverse(h.priority),
+        ) else {
+            continue;
+        };
+        let meta = MetaVictims {
+            pods: Some(
+                victims
+                    .iter()
+                    .map(|h| MetaPod {
+                        uid: h.uid.as_str().to_string(),
+                    })
+                    .collect(),
+            ),
+            num_pdb_violations: 0,
+        };
+        let kept = verbs::preempt(
+            state,
+            ExtenderPreemptionArgs {
+                pod: Some(pod.clone()),
+                node_name_to_victims: None,
+                node_name_to_meta_victims: Some(BTreeMap::from([(node.clone(), meta)])),
+            },
+        );
+        if kept
+            .node_name_to_meta_victims
+            .is_some_and(|m| m.contains_key(node))
+        {
+            out.preemption.push(Preemption {
+                node: node.clone(),
+                victims: victims
+                    .iter()
+                    .map(|h| Victim {
+                        pod: h.key.clone(),
+                        priority: h.priority,
+                    })
+                    .collect(),
+            });
+        }
+    }
+    out.preemption.sort_by_key(|p| {
+        let prios: Vec<i64> = p.victims.iter().map(|v| i64::from(v.priority)).collect();
+        (
+            prios.iter().copied().max().unwrap_or(i64::MIN),
+            prios.iter().sum::<i64>(),
+            p.victims.len(),
+            p.node.clone(),
+        )
+    });
+
+    // Moves: any pod, to a node of its own where it fits now.
+    for node in helpable.iter().take(MOVE_PLAN_NODES) {
+        let all = holders(node);
+        // Reprieve the lightest first: the heavy pods are the ones worth moving.
+        let Some(moved) = fewest_to_free(&all, |ignore| fits(node, ignore), weight) else {
+            continue;
+        };
+        if out
+            .moves
+            .as_ref()
+            .is_some_and(|plan| plan.moves.len() <= moved.len())
+        {
+            continue;
+        }
+        let mut taken: BTreeSet<String> = BTreeSet::from([node.clone()]);
+        let mut moves = Vec::new();
+        for h in &moved {
+            let Some(target) = objects
+                .get(h.uid.as_str())
+                .and_then(|obj| target_for(state, obj, &taken))
+            else {
+                break;
+            };
+            taken.insert(target.clone());
+            moves.push(Move {
+                pod: h.key.clone(),
+                to: target,
+            });
+        }
+        if moves.len() == moved.len() {
+            out.moves = Some(MovePlan {
+                node: node.clone(),
+                moves,
+            });
+        }
+    }
+    out
+}
+
+/// The GPU and CPU a pod asks, for ordering reprieves (lightest first).
+fn weight(h: &Holder) -> (i128, i128) {
+    let get = |name: &str| h.requests.get(name).map_or(0, |q| q.milli());
+    let gpu = get("nvidia.com/gpu") * 100
+        + get("koordinator.sh/gpu")
+        + get("koordinator.sh/gpu-core").max(get("koordinator.sh/gpu-memory-ratio"));
+    (gpu, get("cpu"))
+}
+
+/// kube-scheduler's victim selection on one node: every holder out; if the pod then fits,
+/// holders are reprieved in `order` (smallest first) while it still fits. `None` when removing
+/// every holder is not enough, or there is none.
+fn fewest_to_free<K: Ord>(
+    holders: &[Holder],
+    fits: impl Fn(&[PodUid]) -> bool,
+    order: impl Fn(&Holder) -> K,
+) -> Option<Vec<&Holder>> {
+    if holders.is_empty() {
+        return None;
+    }
+    let mut out: Vec<&Holder> = holders.iter().collect();
+    let uids = |v: &[&Holder]| v.iter().map(|h| h.uid.clone()).collect::<Vec<_>>();
+    if !fits(&uids(&out)) {
+        return None;
+    }
+    let mut tries: Vec<&Holder> = holders.iter().collect();
+    tries.sort_by(|a, b| order(a).cmp(&order(b)).then_with(|| a.key.cmp(&b.key)));
+    for h in tries {
+        let without: Vec<&Holder> = out.iter().copied().filter(|x| x.uid != h.uid).collect();
+        if fits(&uids(&without)) {
+            out = without;
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// A node, outside `taken`, where `pod` fits now (kube-scheduler's fit and the extender's), the
+/// first by name.
+fn target_for(state: &Scheduler, pod: &Pod, taken: &BTreeSet<String>) -> Option<String> {
+    let requests = pod_requests(&pod.spec).ok()?;
+    let needs: PodNeeds = state.pod_needs(pod).ok()?;
+    state
+        .cluster
+        .node_names()
+        .into_iter()
+        .filter(|n| !taken.contains(&**n))
+        .find(|n| {
+            state.cluster.node(n).is_some_and(|e| {
+                let s = e.read();
+                s.node.is_some() && scheduler_fit(&s, &requests, &[]).is_ok()
+            }) && fit_or_explain(state, n, &needs, &[]).is_ok()
+        })
+        .map(|n| n.to_string())
+}
+
+/// The table form (80 columns for the usual reasons).
+pub fn render(i: &PodInspection) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = write!(s, "pod {} (priority {})", i.pod, i.priority);
+    if let Some(invalid) = &i.invalid {
+        let _ = writeln!(s, " cannot be placed anywhere: {invalid}");
+        return s;
+    }
+    if !i.fits_on.is_empty() {
+        let _ = writeln!(
+            s,
+            " fits now on {} node(s): {}",
+            i.fits_on.len(),
+            i.fits_on.join(", ")
+        );
+        return s;
+    }
+    let _ = writeln!(s, " fits nowhere:");
+    // kube-scheduler's message, one counted reason per line.
+    let total: u64 = i.reasons.iter().map(|r| r.nodes).sum();
+    let _ = writeln!(s, "  0/{total} nodes are available:");
+    for r in &i.reasons {
+        let _ = writeln!(s, "    {} {}", r.nodes, r.reason);
+    }
+    let _ = writeln!(s, "\nNEAREST NODES (share of the ask free there)");
+    for n in i.nearest.iter().take(5) {
+        match n.covers_percent {
+            Some(c) => {
+                let _ = writeln!(s, "  {} ({c}%): {}", n.node, n.reason);
+            }
+            None => {
+                let _ = writeln!(s, "  {}: {}", n.node, n.reason);
+            }
+        }
+    }
+    if i.nearest.len() > 5 {
+        let _ = writeln!(s, "  ... {} more", i.nearest.len() - 5);
+    }
+    let _ = writeln!(s, "\nWOULD FIT IF");
+    match i.preemption.first() {
+        Some(p) => {
+            let _ = writeln!(s, "  preempted on {}:", p.node);
+            for v in &p.victims {
+                let _ = writeln!(s, "    {} (priority {})", v.pod, v.priority);
+            }
+            if i.preemption.len() > 1 {
+                let _ = writeln!(
+                    s,
+                    "    ({} other node(s) could preempt too)",
+                    i.preemption.len() - 1
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "  preempting: no node frees enough from pods of priority below {}",
+                i.priority
+            );
+        }
+    }
+    match &i.moves {
+        Some(plan) => {
+            let _ = writeln!(
+                s,
+                "  moved off {} (dry run, nothing is evicted):",
+                plan.node
+            );
+            for m in &plan.moves {
+                let _ = writeln!(s, "    {} -> {}", m.pod, m.to);
+            }
+        }
+        None => {
+            let _ = writeln!(s, "  moving: no node is freed by moving its pods elsewhere");
+        }
+    }
+    s
+}

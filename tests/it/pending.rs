@@ -1,0 +1,172 @@
+//! `inspect --pod` (issue 39 part 3): the nodes nearest to fitting, what each lacks, and what
+//! would make the pod fit — the victims preemption would take and the fewest moves — each
+//! answer then made true (the objects changed as it says) and the pod placed by `simulate`.
+//!
+//! The cluster is built here and every expectation is worked out from its objects.
+
+use serde_json::{Value, json};
+
+use device_numa_extender::ops::simulate::simulate;
+use device_numa_extender::scheduler::ScoringConfig;
+
+use crate::support::service;
+
+/// A node with four 80Gi GPUs (two per NUMA node).
+fn gpu_node(name: &str) -> [Value; 2] {
+    [service::node(name), service::gpu_device(name, 4, 2, &[])]
+}
+
+/// Whole GPUs asked by koordinator's ratio (100 per card): kube-scheduler leaves the name to
+/// the extender (`ignoredByScheduler`), so every refusal below is the extender's.
+fn cards(n: usize) -> Value {
+    json!({"koordinator.sh/gpu-memory-ratio": (100 * n).to_string()})
+}
+
+/// A running pod of `priority` on `node` holding `minors` whole.
+fn holder(name: &str, node: &str, minors: &[i32], priority: i32) -> Value {
+    let mut p = service::pod(
+        "ml",
+        name,
+        &format!("uid-{name}"),
+        cards(minors.len()),
+        Some(node),
+        Some(&service::whole_gpus(minors)),
+    );
+    p["spec"]["priority"] = json!(priority);
+    p["status"] = json!({"phase": "Running"});
+    p
+}
+
+fn pending(priority: i32) -> Value {
+    let mut p = service::pending("big", cards(4));
+    p["spec"]["priority"] = json!(priority);
+    p
+}
+
+/// a: two low-priority pods of 2 GPUs each (priorities -10 and 5); b: one pod of priority 50
+/// holding all four; c and d: one pod of priority 1000 holding two, two free.
+fn cluster(extra: &[Value], without: &[&str]) -> String {
+    let mut items: Vec<Value> = ["a", "b", "c", "d"]
+        .iter()
+        .flat_map(|n| gpu_node(n))
+        .collect();
+    items.extend([
+        holder("low-1", "a", &[0, 1], -10),
+        holder("low-2", "a", &[2, 3], 5),
+        holder("mid", "b", &[0, 1, 2, 3], 50),
+        holder("c-hold", "c", &[0, 1], 1000),
+        holder("d-hold", "d", &[0, 1], 1000),
+    ]);
+    items.retain(|i| {
+        !without.contains(&i["metadata"]["name"].as_str().unwrap_or_default()) || i["kind"] != "Pod"
+    });
+    items.extend(extra.iter().cloned());
+    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+fn inspect(dir: &std::path::Path, cluster_text: &str, pods_text: &str) -> Value {
+    let cluster_path = dir.join("cluster.json");
+    let pods_path = dir.join("pods.json");
+    std::fs::write(&cluster_path, cluster_text).unwrap();
+    std::fs::write(&pods_path, pods_text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
+        .args(["inspect", "--cluster-file"])
+        .arg(&cluster_path)
+        .arg("--pods")
+        .arg(&pods_path)
+        .args(["--pod", "ml/big", "-o", "json"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run the binary");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("inspect --pod -o json is JSON")
+}
+
+fn list(pods: &[Value]) -> String {
+    json!({"apiVersion": "v1", "kind": "List", "items": pods}).to_string()
+}
+
+/// Where `simulate` puts the pod on `cluster_text`, if anywhere.
+async fn placed_on(cluster_text: &str, pod: &Value) -> Option<String> {
+    let sim = simulate(
+        cluster_text,
+        "cluster.json",
+        &list(std::slice::from_ref(pod)),
+        "pods.json",
+        ScoringConfig::default(),
+    )
+    .await
+    .expect("simulate runs");
+    sim.report.placements[0].node.clone()
+}
+
+#[tokio::test]
+async fn inspect_pod_names_the_nearest_nodes_and_what_would_make_it_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = pending(10);
+    let text = cluster(&[], &[]);
+    let got = inspect(dir.path(), &text, &list(std::slice::from_ref(&big)));
+    assert_eq!(got["pod"], "ml/big");
+    assert_eq!(got["fits_on"], json!([]), "{got:#}");
+
+    // c and d have 2 of the 4 asked free (50 %), a and b none: nearest first, ties by name.
+    let nearest: Vec<(String, String, Value)> = got["nearest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap().to_string(),
+                n["reason"].as_str().unwrap().to_string(),
+                n["covers_percent"].clone(),
+            )
+        })
+        .collect();
+    let two = "insufficient gpu devices: 2 whole gpus free, pod asks 4";
+    let none = "insufficient gpu devices: no whole gpu free, pod asks 4";
+    assert_eq!(
+        nearest,
+        vec![
+            ("c".to_string(), two.to_string(), json!(50)),
+            ("d".to_string(), two.to_string(), json!(50)),
+            ("a".to_string(), none.to_string(), json!(0)),
+            ("b".to_string(), none.to_string(), json!(0)),
+        ],
+        "{got:#}"
+    );
+    assert_eq!(
+        got["message"],
+        format!("0/4 nodes are available: 2 {two}, 2 {none}."),
+    );
+
+    // Preemption: on a, both pods are below priority 10 and both must go (each frees 2); on b
+    // the holder outranks the pod; on c and d too.
+    assert_eq!(
+        got["preemption"],
+        json!([{"node": "a", "victims": [
+            {"pod": "ml/low-1", "priority": -10}, {"pod": "ml/low-2", "priority": 5}]}]),
+        "{got:#}"
+    );
+    // Made true: without the victims the pod lands on a.
+    let preempted = cluster(&[], &["low-1", "low-2"]);
+    assert_eq!(placed_on(&preempted, &big).await.as_deref(), Some("a"));
+    assert_eq!(placed_on(&text, &big).await, None);
+
+    // Moves: one pod, c's holder to d (the nearest node first; d's holder to c would do too).
+    assert_eq!(
+        got["moves"],
+        json!({"node": "c", "moves": [{"pod": "ml/c-hold", "to": "d"}]}),
+        "{got:#}"
+    );
+    // Made true: c's holder rebound to d's two free GPUs; the pod lands on c.
+    let moved = cluster(&[holder("c-hold", "d", &[2, 3], 1000)], &["c-hold"]);
+    assert_eq!(placed_on(&moved, &big).await.as_deref(), Some("c"));
+
+    // At priority 0 only a's low-1 (-10) is below the pod, and it frees 2 of the 4 asked.
+    let got = inspect(dir.path(), &text, &list(&[pending(0)]));
+    assert_eq!(got["preemption"], json!([]), "{got:#}");
+}
