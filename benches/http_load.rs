@@ -19,11 +19,14 @@
 //!   excess split into the cost per node added between sizes and a fixed part per request;
 //! - distinct: the per-verb tables at 5,000 candidates on a cluster where no two nodes share a
 //!   state, so the within-request memo (one decision per distinct node state) cannot help:
-//!   cold, every node is decided; warm, every node is recalled.
+//!   cold, every node is decided; warm, every node is recalled;
+//! - nowhere: filter for a pod every node refuses (each refusal explained in the pod's terms,
+//!   `scheduler::explain`) against the pass-through and a fitting share at 5,000 candidates,
+//!   and the explanation alone timed in-process over the same nodes.
 //!
 //! Bounded: a fixed request count (and a time cap) per phase, loopback only.
 //! Run: `cargo bench --bench http_load` (see BENCHMARKS.md). `HTTP_LOAD_PHASES` (a comma
-//! list of `latency`, `verbs`, `throughput`, `scaling`, `distinct`; default all) runs only
+//! list of `latency`, `verbs`, `throughput`, `scaling`, `distinct`, `nowhere`; default all) runs only
 //! those phases.
 
 #[path = "../tests/support/mod.rs"]
@@ -53,7 +56,7 @@ use common::{Case, PerNodeSplit, extender_body, ms, slashed, summarize};
 use device_numa_extender::app::Service;
 use device_numa_extender::extender::input::{decode, read_body};
 use device_numa_extender::model::wire::{ExtenderArgsRef, ExtenderFilterResult, HostPriority};
-use device_numa_extender::scheduler::{relative, verbs};
+use device_numa_extender::scheduler::{explain, relative, verbs};
 
 const NODES: usize = 5_000;
 const THROUGHPUT_NODES: usize = 1_000;
@@ -279,6 +282,9 @@ async fn run() {
     if phase("throughput") {
         throughput_phase(&client, &targets, &bodies).await;
     }
+    if phase("nowhere") {
+        nowhere(&svc, &client, &targets[0].base, &mut bodies).await;
+    }
     svc.shutdown().await.expect("shutdown");
     drop(dir);
     if phase("scaling") {
@@ -287,6 +293,72 @@ async fn run() {
     if phase("distinct") {
         distinct(&client).await;
     }
+}
+
+/// A pod refused by every node: what its explained refusals cost over HTTP against the
+/// pass-through and a share that fits, and the explanations alone, in-process.
+async fn nowhere(
+    svc: &Service,
+    client: &HttpClient,
+    base: &str,
+    bodies: &mut HashMap<String, Bytes>,
+) {
+    let cases = [Case::NoDevices, Case::SharedGpu, Case::FitsNowhere];
+    for case in cases {
+        bodies
+            .entry(format!("{}@{NODES}", case.label()))
+            .or_insert_with(|| Bytes::from(extender_body(case, NODES)));
+    }
+    println!(
+        "\n-- nowhere: a pod every node refuses, its {NODES} refusals explained (service, 1 connection, client-side) --"
+    );
+    let table = per_verb(client, base, bodies, NODES, &cases, Memo::Warm).await;
+    print_per_verb(NODES, Memo::Warm, &table);
+    // The explanations alone: each refused node read once and its reason put in the pod's
+    // terms, as filter does when no node passes.
+    let state = &svc.state.scheduler;
+    let body = extender_body(Case::FitsNowhere, NODES);
+    let args = decode::<ExtenderArgsRef>(&body).expect("body");
+    let pod = args.pod.clone().expect("pod");
+    let needs = state.pod_needs(&pod).expect("needs");
+    let answer = verbs::filter(state, decode::<ExtenderArgsRef>(&body).expect("body"));
+    let refused: Vec<String> = answer
+        .failed_nodes
+        .iter()
+        .chain(answer.failed_and_unresolvable_nodes.iter())
+        .flatten()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    let distinct: std::collections::BTreeSet<String> = answer
+        .failed_nodes
+        .iter()
+        .chain(answer.failed_and_unresolvable_nodes.iter())
+        .flatten()
+        .map(|(_, r)| r.to_string())
+        .collect();
+    // The reason filter found (from the memo or the snapshot), as `explain` receives it.
+    let reason = device_numa_extender::placement::FitReason::InsufficientDevices(
+        device_numa_extender::model::device::DeviceType::Gpu,
+    );
+    let mut took = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        for n in &refused {
+            let entry = state.cluster.node(n);
+            let guard = entry.as_ref().map(|e| e.read());
+            let words = explain::explain(guard.as_deref(), &needs, &reason);
+            std::hint::black_box(&words);
+        }
+        took.push(t.elapsed());
+    }
+    let s = summarize(&mut took);
+    println!(
+        "  explanations alone, in-process, over {} refused nodes ({} distinct reasons in the answer): p50 {} ({:.2} us per node)",
+        refused.len(),
+        distinct.len(),
+        ms(s.p50),
+        s.p50.as_secs_f64() * 1e6 / refused.len().max(1) as f64
+    );
 }
 
 /// The service on `cluster` (a `--cluster-file` in a temporary directory, kept as long as the

@@ -243,6 +243,9 @@ pub enum Case {
     GpuCpuset,
     /// Two whole GPUs that must be an NVLink partition (`gpu-partition-spec`, BestEffort).
     PartitionedGpus,
+    /// 100Gi of GPU memory on one card, more than any card has: refused everywhere, so every
+    /// node's reason is explained (`scheduler::explain`). Not in [`Case::ALL`].
+    FitsNowhere,
 }
 
 impl Case {
@@ -263,6 +266,7 @@ impl Case {
             Case::Cpuset => "lsr_cpuset_8",
             Case::GpuCpuset => "gpu_cpuset_8",
             Case::PartitionedGpus => "two_gpus_partitioned",
+            Case::FitsNowhere => "fits_nowhere",
         }
     }
 
@@ -276,6 +280,9 @@ impl Case {
             Case::NoDevices => json!({"cpu": "2", "memory": "4Gi"}),
             Case::Cpuset => json!({"cpu": "8", "memory": "16Gi"}),
             Case::GpuCpuset => json!({"nvidia.com/gpu": "1", "cpu": "8", "memory": "16Gi"}),
+            Case::FitsNowhere => {
+                json!({"koordinator.sh/gpu-memory": "100Gi", "cpu": "4", "memory": "16Gi"})
+            }
         };
         let mut pod = service::pod("bench", name, uid, requests, None, None);
         if matches!(self, Case::Cpuset | Case::GpuCpuset) {

@@ -136,11 +136,12 @@ pub(super) fn scheduler_fit(
     Ok(())
 }
 
-/// `0/4 nodes are available: 3 insufficient gpu devices, 1 Insufficient nvidia.com/gpu.`
+/// kube-scheduler's message for a pod no node takes (v1.37 `FitError.Error`): `0/4 nodes are
+/// available: 1 Insufficient nvidia.com/gpu, 3 insufficient gpu devices.`, each reason with its
+/// node count, the `"N reason"` strings in byte order as Go's `sort.Strings` leaves them.
 pub(super) fn fits_nowhere_message(total: usize, reasons: &BTreeMap<String, u64>) -> String {
-    let mut by_count: Vec<(&String, &u64)> = reasons.iter().collect();
-    by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-    let parts: Vec<String> = by_count.iter().map(|(r, n)| format!("{n} {r}")).collect();
+    let mut parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
+    parts.sort();
     if parts.is_empty() {
         format!("0/{total} nodes are available.")
     } else {

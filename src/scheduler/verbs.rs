@@ -20,14 +20,14 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::Scheduler;
 use super::memo::table_limit;
 use super::needs::pod_needs;
 use super::{PodNeeds, decide, explain, read};
 use crate::cluster::returns::ResourceKinds;
-use crate::cluster::snapshot::hash128;
+use crate::cluster::snapshot::{Fingerprint, hash128};
 use crate::model::ids::PodUid;
 use crate::model::wire::{
     ExtenderArgsRef, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
@@ -143,15 +143,24 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
                 });
             // kube-scheduler shows the reasons only when no node passes: then, and only then,
             // each says what the pod asks and the node lacks (`explain`).
-            let words = |list: Vec<(Cow<'a, str>, FitReason)>| {
+            // Nodes of one state get one explanation (a class of a thousand identical nodes
+            // is read once): keyed by the snapshot's fingerprint, which covers every fact a
+            // verdict reads, and so the cards, health and NUMA layout the words are made of.
+            let mut explained: HashMap<Fingerprint, Cow<'static, str>> = HashMap::new();
+            let mut words = |list: Vec<(Cow<'a, str>, FitReason)>| {
                 let explaining = passing.is_empty();
                 BTreeMap::from_iter(list.into_iter().map(|(name, reason)| {
-                    let text = if explaining {
+                    if !explaining {
+                        return (name, reason.text());
+                    }
+                    let explain_now = || {
                         let entry = state.cluster.node(&name);
                         let guard = entry.as_ref().map(|e| e.read());
                         explain::explain(guard.as_deref(), &needs, &reason).text
-                    } else {
-                        reason.text()
+                    };
+                    let text = match snapshot.find(&name).map(|f| f.fingerprint()) {
+                        Some(key) => explained.entry(key).or_insert_with(explain_now).clone(),
+                        None => explain_now(),
                     };
                     (name, text)
                 }))

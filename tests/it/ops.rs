@@ -551,13 +551,16 @@ async fn simulate_places_whole_and_shared_pods_and_says_why_one_fits_nowhere() {
         BTreeMap::from([
             ("Insufficient nvidia.com/gpu", 6),
             ("Insufficient cpu", 1),
-            ("insufficient gpu devices: 7 whole gpus free, pod asks 8", 1),
+            (
+                "insufficient gpu devices: only 7 healthy gpus, pod asks 8",
+                1
+            ),
         ])
     );
     assert_eq!(
         p[0].message.as_deref(),
         Some(
-            "0/8 nodes are available: 6 Insufficient nvidia.com/gpu, 1 Insufficient cpu, 1 insufficient gpu devices: 7 whole gpus free, pod asks 8."
+            "0/8 nodes are available: 1 Insufficient cpu, 1 insufficient gpu devices: only 7 healthy gpus, pod asks 8, 6 Insufficient nvidia.com/gpu."
         )
     );
 

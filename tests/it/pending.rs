@@ -170,3 +170,67 @@ async fn inspect_pod_names_the_nearest_nodes_and_what_would_make_it_fit() {
     let got = inspect(dir.path(), &text, &list(&[pending(0)]));
     assert_eq!(got["preemption"], json!([]), "{got:#}");
 }
+
+/// Against a cluster (`--kubeconfig`, the fake API server holding the same objects), the
+/// answer equals the cluster file's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_pod_through_a_kubeconfig_equals_the_cluster_file() {
+    use crate::support::{FakeApiServer, Kind};
+    let dir = tempfile::tempdir().unwrap();
+    let big = pending(10);
+    let text = cluster(&[], &[]);
+    let from_file = inspect(dir.path(), &text, &list(std::slice::from_ref(&big)));
+
+    let fake = FakeApiServer::new();
+    let parsed: Value = serde_json::from_str(&text).unwrap();
+    for item in parsed["items"].as_array().unwrap().iter().chain([&big]) {
+        let kind = match item["kind"].as_str().unwrap() {
+            "Node" => Kind::Node,
+            "Pod" => Kind::Pod,
+            "Device" => Kind::Device,
+            other => panic!("unexpected kind {other}"),
+        };
+        fake.create(kind, item.clone()).expect("create");
+    }
+    let served = fake.serve().await;
+    let kubeconfig = dir.path().join("kubeconfig");
+    served.write_kubeconfig(&kubeconfig).unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
+            .args(["inspect", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args(["--pod", "ml/big", "-o", "json"])
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("run the binary")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from_kube: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(from_kube, from_file);
+    assert_eq!(from_kube["preemption"][0]["node"], "a", "{from_kube:#}");
+
+    // A name that is not there, or not NAMESPACE/NAME, is an error that says so.
+    for (arg, says) in [
+        ("ml/absent", "no such pod"),
+        ("big", "expected NAMESPACE/NAME"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
+            .args(["inspect", "--cluster-file"])
+            .arg(dir.path().join("cluster.json"))
+            .args(["--pod", arg])
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("run the binary");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(says),
+            "{arg}: {stderr}"
+        );
+    }
+}

@@ -84,8 +84,8 @@ fn whole_shortfall(
     if cards.len() < ask.count {
         // Freeing anything cannot help: say what the node has, not what is free.
         let detail = match cards.len() {
-            1 => format!("node has 1 healthy gpu, pod asks {}", ask.count),
-            n => format!("node has {n} healthy gpus, pod asks {}", ask.count),
+            1 => format!("only 1 healthy gpu, pod asks {}", ask.count),
+            n => format!("only {n} healthy gpus, pod asks {}", ask.count),
         };
         return Some(Shortfall {
             detail,

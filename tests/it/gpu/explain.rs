@@ -111,7 +111,7 @@ async fn each_gpu_shortfall_is_said_in_the_pods_terms() {
     );
     assert_eq!(
         failed(&f, "frag"),
-        "insufficient gpu devices: node has 3 healthy gpus, pod asks 4"
+        "insufficient gpu devices: only 3 healthy gpus, pod asks 4"
     );
     let f = env
         .filter(&pending("three", whole_gpus(3)), &["frag"])
@@ -137,7 +137,7 @@ async fn each_gpu_shortfall_is_said_in_the_pods_terms() {
         .await;
     assert_eq!(
         failed(&f, "whole"),
-        "insufficient gpu devices: node has 4 healthy gpus, pod asks 8"
+        "insufficient gpu devices: only 4 healthy gpus, pod asks 8"
     );
 
     // Where a node passes, kube-scheduler shows nothing: the reasons stay the allocator's own
