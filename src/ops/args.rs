@@ -106,6 +106,13 @@ pub struct ScoringArgs {
     #[arg(long, env = "DNE_SCORE_STRATEGY", default_value = "least-allocated")]
     pub score_strategy: String,
 
+    /// The workload the fragmentation strategy measures against, instead of the one it learns
+    /// from the pods it sees: `WEIGHT:cpu=Q[,gpu=G]` per task kind, `;` between kinds; G below
+    /// 1 is a share of one card, a whole number that many cards (e.g.
+    /// `60:cpu=4,gpu=0.5;30:cpu=8,gpu=1;10:cpu=2`). Only with `--score-strategy fragmentation`.
+    #[arg(long, env = "DNE_FRAGMENTATION_MIX")]
+    pub fragmentation_mix: Option<String>,
+
     /// Resource weights for device scoring, `name=weight,...` (default:
     /// koordinator.sh/gpu-memory-ratio=1,koordinator.sh/gpu-memory=1,koordinator.sh/rdma=1,koordinator.sh/fpga=1).
     #[arg(long, env = "DNE_SCORE_WEIGHTS")]
@@ -148,6 +155,7 @@ impl ScoringArgs {
         crate::scheduler::ScoringConfig::from_flags(&crate::scheduler::ScoringFlags {
             device_strategy: &self.score_strategy,
             device_weights: self.score_weights.as_deref(),
+            fragmentation_mix: self.fragmentation_mix.as_deref(),
             cpu_strategy: &self.cpu_score_strategy,
             numa_strategy: &self.numa_score_strategy,
             cpu_weights: self.cpu_score_weights.as_deref(),

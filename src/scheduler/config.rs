@@ -18,6 +18,8 @@ pub struct ScoringConfig {
 pub struct ScoringFlags<'a> {
     pub device_strategy: &'a str,
     pub device_weights: Option<&'a str>,
+    /// `--fragmentation-mix`: the operator's workload mix (fragmentation strategy only).
+    pub fragmentation_mix: Option<&'a str>,
     pub cpu_strategy: &'a str,
     pub numa_strategy: &'a str,
     pub cpu_weights: Option<&'a str>,
@@ -37,7 +39,8 @@ impl ScoringConfig {
     /// From the flags' values; the first invalid one is the error.
     pub fn from_flags(flags: &ScoringFlags<'_>) -> Result<Self, ScoringError> {
         Ok(ScoringConfig {
-            device: DeviceScoring::from_flags(flags.device_strategy, flags.device_weights)?,
+            device: DeviceScoring::from_flags(flags.device_strategy, flags.device_weights)?
+                .with_fixed_mix(flags.fragmentation_mix)?,
             cpu: cpu_scoring_from_flags(
                 flags.cpu_strategy,
                 flags.numa_strategy,

@@ -431,6 +431,7 @@ mod tests {
             let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
                 device_strategy: "fragmentation",
                 device_weights: None,
+fragmentation_mix: None,
                 cpu_strategy: "least-allocated",
                 numa_strategy: "least-allocated",
                 cpu_weights: None,

@@ -513,6 +513,11 @@ def test_fragmentation_strategy_reaches_the_binary_and_asks_for_every_pod(chart)
         args = containers(objs(chart, values))["extender"]["args"]
         strategy = (values or {}).get("extender", {}).get("scoreStrategy")
         assert (f"--score-strategy={strategy}" in args) == bool(strategy), args
+    mix = "60:cpu=4,gpu=0.5;40:cpu=8,gpu=1"
+    args = containers(objs(chart, {"extender": {"scoreStrategy": "fragmentation",
+                                                 "fragmentationMix": mix}}))["extender"]["args"]
+    assert f"--fragmentation-mix={mix}" in args, args
+    assert not any(a.startswith("--fragmentation-mix") for a in containers(objs(chart, None))["extender"]["args"])
 
 
 def test_pod_security_and_probes(chart):
@@ -708,6 +713,7 @@ BAD_VALUES = [
     {"extender": {"assumeTtl": "five minutes"}},
     {"extender": {"requireKinds": ["pods"]}},
     {"extender": {"scoreStrategy": "balanced"}},
+    {"extender": {"fragmentationMix": 5}},
     {"extender": {"scoreWeights": {"gpu": -1}}},
     {"extender": {"leaderElection": {"enabled": "yes"}}},
     {"extender": {"extraArgs": ["serve"]}},
@@ -952,6 +958,7 @@ TEMPLATE_ERRORS = [
      "mode=standalone with replicas > 1 needs extender.leaderElection.enabled"),
     ({"replicas": 3, "extender": {"followSchedulerLease": False}},
      "mode=scheduler with replicas > 1 needs extender.followSchedulerLease=true"),
+    ({"extender": {"fragmentationMix": "1:cpu=4"}}, "extender.fragmentationMix needs extender.scoreStrategy=fragmentation"),
     ({"tls": {"enabled": True}}, "tls.enabled=true needs"),
     ({"tls": {"secretName": "dne-serving"}}, "needs tls.clientSecretName"),
     ({"tls": {"certManager": {"enabled": True}}}, "issuerRef.name is required"),

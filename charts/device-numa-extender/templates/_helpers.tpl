@@ -207,6 +207,10 @@ extenders:
 {{- if $e.dra.allowExtendedResources }}{{ $args = append $args "--allow-dra-extended-resources" }}{{ end }}
 {{- $args = append $args (printf "--dra-cpu-drivers=%s" (join "," $e.dra.cpuDrivers)) }}
 {{- with $e.scoreStrategy }}{{ $args = append $args (printf "--score-strategy=%s" .) }}{{ end }}
+{{- with $e.fragmentationMix }}
+{{- if ne $e.scoreStrategy "fragmentation" }}{{ fail "extender.fragmentationMix needs extender.scoreStrategy=fragmentation: the binary refuses a workload mix no strategy reads" }}{{ end }}
+{{- $args = append $args (printf "--fragmentation-mix=%s" .) }}
+{{- end }}
 {{- with $e.scoreWeights }}
 {{- $pairs := list }}
 {{- range $k, $v := . }}{{ $pairs = append $pairs (printf "%s=%v" $k $v) }}{{ end }}

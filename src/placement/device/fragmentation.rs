@@ -442,6 +442,79 @@ fn quantize(task: TaskShape) -> TaskShape {
     }
 }
 
+/// Why an operator's workload mix (`--fragmentation-mix`) does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid workload mix entry {entry:?}: {reason} (expected WEIGHT:cpu=QUANTITY[,gpu=SHARE|CARDS] \
+     entries separated by ';', e.g. 60:cpu=4,gpu=0.5;30:cpu=8,gpu=1;10:cpu=2)"
+)]
+pub struct MixParseError {
+    pub entry: String,
+    pub reason: String,
+}
+
+/// An operator's workload mix: `WEIGHT:cpu=Q[,gpu=G]` per task kind, `;` between kinds. `Q` is a
+/// Kubernetes CPU quantity (`4`, `500m`); `G` below 1 is a share of one card (`0.5`, at most
+/// three decimals), a whole number at least 1 is that many whole cards; no `gpu` is a CPU-only
+/// kind. Weights are relative (normalized), positive and finite.
+pub fn parse_mix(text: &str) -> Result<WorkloadMix, MixParseError> {
+    let mut kinds = Vec::new();
+    for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let error = |reason: &str| MixParseError {
+            entry: entry.to_string(),
+            reason: reason.to_string(),
+        };
+        let (weight, fields) = entry
+            .split_once(':')
+            .ok_or_else(|| error("no WEIGHT: before the kind"))?;
+        let weight: f64 = weight
+            .trim()
+            .parse()
+            .ok()
+            .filter(|w: &f64| w.is_finite() && *w > 0.0)
+            .ok_or_else(|| error("the weight must be a positive number"))?;
+        let (mut cpu, mut gpu) = (None, GpuAsk::None);
+        for field in fields.split(',').map(str::trim) {
+            match field.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
+                Some(("cpu", v)) => {
+                    let q = Quantity::parse(v).map_err(|_| error("cpu is not a quantity"))?;
+                    let milli = i64::try_from(q.milli()).ok().filter(|m| *m >= 0);
+                    cpu = Some(milli.ok_or_else(|| error("cpu out of range"))?);
+                }
+                Some(("gpu", v)) => {
+                    let g: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|g: &f64| g.is_finite() && *g > 0.0)
+                        .ok_or_else(|| error("gpu must be a positive number"))?;
+                    gpu = if g < 1.0 {
+                        let milli = (g * 1000.0).round();
+                        if (milli - g * 1000.0).abs() > 1e-6 {
+                            return Err(error("a gpu share has at most three decimals"));
+                        }
+                        GpuAsk::Share(milli as i64)
+                    } else if g.fract() == 0.0 && g <= 1024.0 {
+                        GpuAsk::Whole(g as i64)
+                    } else {
+                        return Err(error("whole gpus must be a whole number"));
+                    };
+                }
+                _ => return Err(error("expected cpu=... and gpu=...")),
+            }
+        }
+        let cpu_milli = cpu.ok_or_else(|| error("no cpu=..."))?;
+        kinds.push((TaskShape { cpu_milli, gpu }, weight));
+    }
+    if kinds.is_empty() {
+        return Err(MixParseError {
+            entry: text.to_string(),
+            reason: "no task kind".into(),
+        });
+    }
+    Ok(WorkloadMix::new(kinds))
+}
+
+
 /// The workload mix every verb scores against: learned from the pods seen (the learner behind
 /// a lock) or fixed, and readable without a lock as last published.
 #[derive(Debug)]
@@ -703,5 +776,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_operators_mix_parses_into_its_kinds_and_bad_ones_name_the_entry() {
+        let mix = parse_mix("60:cpu=4,gpu=0.5; 30:cpu=8,gpu=1;10:cpu=500m").unwrap();
+        let kinds: Vec<(TaskShape, f64)> = mix.kinds().to_vec();
+        let shape = |cpu_milli, gpu| TaskShape { cpu_milli, gpu };
+        assert_eq!(kinds.len(), 3);
+        assert!(kinds.contains(&(shape(4000, GpuAsk::Share(500)), 0.6)), "{kinds:?}");
+        assert!(kinds.contains(&(shape(8000, GpuAsk::Whole(1)), 0.3)), "{kinds:?}");
+        assert!(kinds.contains(&(shape(500, GpuAsk::None), 0.1)), "{kinds:?}");
+        for (bad, says) in [
+            ("", "no task kind"),
+            ("cpu=4", "no WEIGHT"),
+            ("0:cpu=4", "positive"),
+            ("x:cpu=4", "positive"),
+            ("1:gpu=1", "no cpu"),
+            ("1:cpu=four", "not a quantity"),
+            ("1:cpu=4,gpu=0.0005", "three decimals"),
+            ("1:cpu=4,gpu=1.5", "whole number"),
+            ("1:cpu=4,mem=1", "expected cpu"),
+        ] {
+            let e = parse_mix(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+            assert!(e.contains("e.g. 60:cpu=4"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_fixed_mix_is_the_operators_and_only_with_fragmentation() {
+        use crate::placement::device::score::DeviceScoring;
+        let scoring = DeviceScoring::from_flags("fragmentation", None)
+            .unwrap()
+            .with_fixed_mix(Some("1:cpu=4,gpu=0.5"))
+            .unwrap();
+        let before = scoring.mix.current();
+        scoring.mix.observe(
+            "uid-1",
+            TaskShape {
+                cpu_milli: 8000,
+                gpu: GpuAsk::Whole(2),
+            },
+        );
+        assert_eq!(*scoring.mix.current(), *before, "a fixed mix learns nothing");
+        let e = DeviceScoring::from_flags("least-allocated", None)
+            .unwrap()
+            .with_fixed_mix(Some("1:cpu=4"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("only with --score-strategy fragmentation"), "{e}");
+        // Empty is no mix (the chart's default).
+        assert!(DeviceScoring::from_flags("least-allocated", None)
+            .unwrap()
+            .with_fixed_mix(Some(""))
+            .is_ok());
     }
 }

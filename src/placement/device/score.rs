@@ -40,6 +40,12 @@ pub enum DeviceScoringError {
     Weight { entry: String, reason: String },
     #[error("resource weights must name at least one resource (name=weight,name=weight)")]
     NoWeights,
+    #[error(transparent)]
+    Mix(#[from] super::fragmentation::MixParseError),
+    #[error(
+        "--fragmentation-mix applies only with --score-strategy fragmentation (the strategy is {0})"
+    )]
+    MixWithoutFragmentation(String),
 }
 
 impl FromStr for ScoringStrategy {
@@ -154,6 +160,23 @@ impl DeviceScoring {
             },
             mix: Arc::default(),
         })
+    }
+
+    /// The operator's workload mix (`--fragmentation-mix`) in place of the learned one:
+    /// observing pods then changes nothing. An error when the strategy is not fragmentation
+    /// (the mix would silently do nothing).
+    pub fn with_fixed_mix(mut self, mix: Option<&str>) -> Result<Self, DeviceScoringError> {
+        let Some(text) = mix.filter(|t| !t.trim().is_empty()) else {
+            return Ok(self);
+        };
+        if self.strategy != ScoringStrategy::Fragmentation {
+            return Err(DeviceScoringError::MixWithoutFragmentation(
+                format!("{:?}", self.strategy),
+            ));
+        }
+        let mix = super::fragmentation::parse_mix(text)?;
+        self.mix = Arc::new(super::fragmentation::MixSource::fixed(mix));
+        Ok(self)
     }
 
     /// `scoreDevice(request, total, free)`: weighted mean over scored resources the device has,
