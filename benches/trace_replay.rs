@@ -351,7 +351,7 @@ async fn replay(
     let scoring = device_numa_extender::scheduler::ScoringConfig::from_flags(&ScoringFlags {
         device_strategy: strategy,
         device_weights: None,
-fragmentation_mix: None,
+        fragmentation_mix: None,
         cpu_strategy: "least-allocated",
         numa_strategy: "least-allocated",
         cpu_weights: None,

@@ -358,6 +358,15 @@ impl DeviceLedger {
     /// (preemption victims). Computed on copies; the ledger is not touched. A malformed entry
     /// that is not ignored makes every device count as fully used.
     pub fn free(&self, ignore: &[PodUid]) -> FreeMap {
+        self.free_where(ignore, None)
+    }
+
+    /// [`Self::free`] of one type only (a refused pod's explanation reads only its GPUs).
+    pub fn free_of_type(&self, t: &DeviceType) -> BTreeMap<i32, DeviceResources> {
+        self.free_where(&[], Some(t)).remove(t).unwrap_or_default()
+    }
+
+    fn free_where(&self, ignore: &[PodUid], only: Option<&DeviceType>) -> FreeMap {
         let mut out = FreeMap::new();
         let Some(devices) = &self.devices else {
             return out;
@@ -379,7 +388,7 @@ impl DeviceLedger {
         }
         let blocked = malformed > 0;
         let empty = DeviceResources::new();
-        for t in devices.types() {
+        for t in devices.types().filter(|t| only.is_none_or(|o| o == *t)) {
             let by_minor = out.entry(t.clone()).or_default();
             for slot in devices.slots(t) {
                 let mut free = DeviceResources::new();
@@ -505,6 +514,9 @@ impl DeviceHoldings for DeviceLedger {
     }
     fn free(&self, ignore: &[PodUid]) -> FreeMap {
         DeviceLedger::free(self, ignore)
+    }
+    fn free_of_type(&self, t: &DeviceType) -> BTreeMap<i32, DeviceResources> {
+        DeviceLedger::free_of_type(self, t)
     }
     fn blocked(&self, ignore: &[PodUid]) -> bool {
         self.malformed > 0
@@ -716,6 +728,12 @@ mod tests {
             empty[&DeviceType::Gpu][&0]
         );
         assert_eq!(l.free(&[])[&DeviceType::Gpu][&1][GPU_MEMORY_RATIO], q("70"));
+        // One type's free is that type's part of the whole.
+        assert_eq!(
+            l.free_of_type(&DeviceType::Gpu),
+            l.free(&[])[&DeviceType::Gpu]
+        );
+        assert!(l.free_of_type(&DeviceType::Fpga).is_empty());
         assert!(l.remove(&uid).is_some());
         assert!(l.remove(&uid).is_none());
         assert_eq!(l.free(&[]), empty);

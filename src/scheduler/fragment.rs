@@ -405,64 +405,64 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(96))]
+            #![proptest_config(ProptestConfig::with_cases(96))]
 
-        /// The snapshot's free capacity is the ledgers': every raw score the snapshot path
-        /// gives equals the one the node's locked state gives, for every kind of pod, on
-        /// nodes with holders, unhealthy and malformed cards, plain pods and mixed sizes.
-        #[test]
-        fn the_snapshot_measures_what_the_ledgers_measure(
-            cards in 1usize..=8,
-            sick in any::<bool>(),
-            mixed_sizes in any::<bool>(),
-            held in proptest::collection::vec((0usize..8, prop_oneof![Just(100u32), 5u32..95]), 0..10),
-            malformed in proptest::bool::weighted(0.1),
-            plain_cpu in proptest::collection::vec(1u32..24, 0..4),
-            ask in prop_oneof![
-                (1u32..100).prop_map(|p| json!({"cpu": "3", "koordinator.sh/gpu-core": p.to_string(), "koordinator.sh/gpu-memory-ratio": p.to_string()})),
-                (1u32..=3).prop_map(|k| json!({"cpu": "11", "nvidia.com/gpu": k.to_string()})),
-                (1u32..40).prop_map(|c| json!({"cpu": c.to_string()})),
-            ],
-            kinds in proptest::collection::vec((1i64..1000, 0i64..40_000), 0..4),
-        ) {
-            let text = cluster(cards, sick, mixed_sizes, &held, malformed, &plain_cpu);
-            let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
-            let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(file.pods.clone()));
-            let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
-                device_strategy: "fragmentation",
-                device_weights: None,
-fragmentation_mix: None,
-                cpu_strategy: "least-allocated",
-                numa_strategy: "least-allocated",
-                cpu_weights: None,
-                default_cpu_bind_policy: "FullPCPUs",
-            }).unwrap();
-            for (i, (d, cpu)) in kinds.iter().enumerate() {
-                scoring.device.mix.observe(&format!("k{i}"), TaskShape { cpu_milli: *cpu, gpu: GpuAsk::Share(*d) });
-            }
-            let state = crate::ops::inspect::load_cluster_file(file).into_scheduler(api, scoring);
-            let needs = needs_of(&state, ask);
-            prop_assume!(applies(&needs, &state.scoring));
-            let mix = state.scoring.device.mix.current();
-            let snapshot = state.cluster.read_snapshot();
-            let view = snapshot.find("n").map(|f| f.view()).unwrap();
-            let entry = state.cluster.node("n").unwrap();
-            let node = entry.read();
-            let full = raw_score(&node, &needs, &mix);
-            let mut free = NodeFree { cpu_milli: None, gpus: vec![7; 3] };
-            match snapshot_free(view, &needs, &mut free) {
-                None => prop_assert!(mixed_sizes, "only mixed card sizes need the ledgers"),
-                Some(Free::Unmeasured) => prop_assert_eq!(full, UNMEASURED),
-                Some(Free::Node(card)) => {
-                    let got = match task_on(&needs, card_resources(&card).as_ref()) {
-                        None => UNMEASURED,
-                        Some(task) => score_of(&mix, &free, &task),
-                    };
-                    prop_assert_eq!(got, full);
+            /// The snapshot's free capacity is the ledgers': every raw score the snapshot path
+            /// gives equals the one the node's locked state gives, for every kind of pod, on
+            /// nodes with holders, unhealthy and malformed cards, plain pods and mixed sizes.
+            #[test]
+            fn the_snapshot_measures_what_the_ledgers_measure(
+                cards in 1usize..=8,
+                sick in any::<bool>(),
+                mixed_sizes in any::<bool>(),
+                held in proptest::collection::vec((0usize..8, prop_oneof![Just(100u32), 5u32..95]), 0..10),
+                malformed in proptest::bool::weighted(0.1),
+                plain_cpu in proptest::collection::vec(1u32..24, 0..4),
+                ask in prop_oneof![
+                    (1u32..100).prop_map(|p| json!({"cpu": "3", "koordinator.sh/gpu-core": p.to_string(), "koordinator.sh/gpu-memory-ratio": p.to_string()})),
+                    (1u32..=3).prop_map(|k| json!({"cpu": "11", "nvidia.com/gpu": k.to_string()})),
+                    (1u32..40).prop_map(|c| json!({"cpu": c.to_string()})),
+                ],
+                kinds in proptest::collection::vec((1i64..1000, 0i64..40_000), 0..4),
+            ) {
+                let text = cluster(cards, sick, mixed_sizes, &held, malformed, &plain_cpu);
+                let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
+                let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(file.pods.clone()));
+                let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
+                    device_strategy: "fragmentation",
+                    device_weights: None,
+    fragmentation_mix: None,
+                    cpu_strategy: "least-allocated",
+                    numa_strategy: "least-allocated",
+                    cpu_weights: None,
+                    default_cpu_bind_policy: "FullPCPUs",
+                }).unwrap();
+                for (i, (d, cpu)) in kinds.iter().enumerate() {
+                    scoring.device.mix.observe(&format!("k{i}"), TaskShape { cpu_milli: *cpu, gpu: GpuAsk::Share(*d) });
+                }
+                let state = crate::ops::inspect::load_cluster_file(file).into_scheduler(api, scoring);
+                let needs = needs_of(&state, ask);
+                prop_assume!(applies(&needs, &state.scoring));
+                let mix = state.scoring.device.mix.current();
+                let snapshot = state.cluster.read_snapshot();
+                let view = snapshot.find("n").map(|f| f.view()).unwrap();
+                let entry = state.cluster.node("n").unwrap();
+                let node = entry.read();
+                let full = raw_score(&node, &needs, &mix);
+                let mut free = NodeFree { cpu_milli: None, gpus: vec![7; 3] };
+                match snapshot_free(view, &needs, &mut free) {
+                    None => prop_assert!(mixed_sizes, "only mixed card sizes need the ledgers"),
+                    Some(Free::Unmeasured) => prop_assert_eq!(full, UNMEASURED),
+                    Some(Free::Node(card)) => {
+                        let got = match task_on(&needs, card_resources(&card).as_ref()) {
+                            None => UNMEASURED,
+                            Some(task) => score_of(&mix, &free, &task),
+                        };
+                        prop_assert_eq!(got, full);
+                    }
                 }
             }
         }
-    }
 
     #[test]
     fn normalization_ranks_the_growths() {

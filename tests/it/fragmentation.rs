@@ -52,7 +52,7 @@ async fn run(strategy: &str, pods: &[Value]) -> Simulation {
     let scoring = ScoringConfig::from_flags(&ScoringFlags {
         device_strategy: strategy,
         device_weights: None,
-fragmentation_mix: None,
+        fragmentation_mix: None,
         cpu_strategy: "least-allocated",
         numa_strategy: "least-allocated",
         cpu_weights: None,

@@ -514,7 +514,6 @@ pub fn parse_mix(text: &str) -> Result<WorkloadMix, MixParseError> {
     Ok(WorkloadMix::new(kinds))
 }
 
-
 /// The workload mix every verb scores against: learned from the pods seen (the learner behind
 /// a lock) or fixed, and readable without a lock as last published.
 #[derive(Debug)]
@@ -784,9 +783,18 @@ mod tests {
         let kinds: Vec<(TaskShape, f64)> = mix.kinds().to_vec();
         let shape = |cpu_milli, gpu| TaskShape { cpu_milli, gpu };
         assert_eq!(kinds.len(), 3);
-        assert!(kinds.contains(&(shape(4000, GpuAsk::Share(500)), 0.6)), "{kinds:?}");
-        assert!(kinds.contains(&(shape(8000, GpuAsk::Whole(1)), 0.3)), "{kinds:?}");
-        assert!(kinds.contains(&(shape(500, GpuAsk::None), 0.1)), "{kinds:?}");
+        assert!(
+            kinds.contains(&(shape(4000, GpuAsk::Share(500)), 0.6)),
+            "{kinds:?}"
+        );
+        assert!(
+            kinds.contains(&(shape(8000, GpuAsk::Whole(1)), 0.3)),
+            "{kinds:?}"
+        );
+        assert!(
+            kinds.contains(&(shape(500, GpuAsk::None), 0.1)),
+            "{kinds:?}"
+        );
         for (bad, says) in [
             ("", "no task kind"),
             ("cpu=4", "no WEIGHT"),
@@ -819,17 +827,26 @@ mod tests {
                 gpu: GpuAsk::Whole(2),
             },
         );
-        assert_eq!(*scoring.mix.current(), *before, "a fixed mix learns nothing");
+        assert_eq!(
+            *scoring.mix.current(),
+            *before,
+            "a fixed mix learns nothing"
+        );
         let e = DeviceScoring::from_flags("least-allocated", None)
             .unwrap()
             .with_fixed_mix(Some("1:cpu=4"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("only with --score-strategy fragmentation"), "{e}");
+        assert!(
+            e.contains("only with --score-strategy fragmentation"),
+            "{e}"
+        );
         // Empty is no mix (the chart's default).
-        assert!(DeviceScoring::from_flags("least-allocated", None)
-            .unwrap()
-            .with_fixed_mix(Some(""))
-            .is_ok());
+        assert!(
+            DeviceScoring::from_flags("least-allocated", None)
+                .unwrap()
+                .with_fixed_mix(Some(""))
+                .is_ok()
+        );
     }
 }

@@ -349,6 +349,10 @@ pub trait DeviceHoldings {
     /// Free per placeable type and minor, with the holdings of `ignore` (preemption victims)
     /// released. A copy.
     fn free(&self, ignore: &[PodUid]) -> FreeMap;
+    /// [`Self::free`] with nothing released, of one type only.
+    fn free_of_type(&self, t: &DeviceType) -> BTreeMap<i32, DeviceResources> {
+        self.free(&[]).remove(t).unwrap_or_default()
+    }
     /// Whether a malformed holding outside `ignore` blocks every device of the node.
     fn blocked(&self, ignore: &[PodUid]) -> bool;
     /// Used per type and minor over every holding.

@@ -170,9 +170,10 @@ impl DeviceScoring {
             return Ok(self);
         };
         if self.strategy != ScoringStrategy::Fragmentation {
-            return Err(DeviceScoringError::MixWithoutFragmentation(
-                format!("{:?}", self.strategy),
-            ));
+            return Err(DeviceScoringError::MixWithoutFragmentation(format!(
+                "{:?}",
+                self.strategy
+            )));
         }
         let mix = super::fragmentation::parse_mix(text)?;
         self.mix = Arc::new(super::fragmentation::MixSource::fixed(mix));

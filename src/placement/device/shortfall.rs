@@ -48,17 +48,11 @@ pub fn gpu_shortfall(
     ask: &DeviceTypeRequest,
 ) -> Option<Shortfall> {
     let devices = ledger.devices()?;
-    let free = ledger.free(&[]);
+    let free = ledger.free_of_type(&DeviceType::Gpu);
     let cards: Vec<(&DeviceResources, &DeviceResources)> = devices
         .slots(&DeviceType::Gpu)
         .filter(|s| s.healthy && !s.total.is_empty())
-        .map(|s| {
-            let free = free
-                .get(&DeviceType::Gpu)
-                .and_then(|m| m.get(&s.minor))
-                .unwrap_or(&EMPTY);
-            (&s.total, free)
-        })
+        .map(|s| (&s.total, free.get(&s.minor).unwrap_or(&EMPTY)))
         .collect();
     if ask.shared {
         share_shortfall(&cards, ask)
@@ -261,16 +255,13 @@ pub fn whole_gpus_per_numa(
     ledger: &(impl DeviceHoldings + ?Sized),
 ) -> Option<(usize, usize, usize)> {
     let devices = ledger.devices()?;
-    let free = ledger.free(&[]);
+    let free = ledger.free_of_type(&DeviceType::Gpu);
     let mut per_numa = std::collections::BTreeMap::<i32, usize>::new();
     for s in devices
         .slots(&DeviceType::Gpu)
         .filter(|s| s.healthy && !s.total.is_empty())
     {
-        let f = free
-            .get(&DeviceType::Gpu)
-            .and_then(|m| m.get(&s.minor))
-            .unwrap_or(&EMPTY);
+        let f = free.get(&s.minor).unwrap_or(&EMPTY);
         if fits_in(&s.total, f) {
             let numa = s.topology.as_ref().map_or(-1, |t| t.node_id);
             *per_numa.entry(numa).or_default() += 1;
