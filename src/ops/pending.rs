@@ -5,10 +5,11 @@
 //! themselves when no node passes (`scheduler::explain`). Then two dry runs, neither of which
 //! changes anything:
 //! - **preemption**: on each node, kube-scheduler's victim selection (`SelectVictimsOnNode`:
-//!   every pod of lower priority out, then reprieved highest priority first while the pod still
-//!   fits), kept only where the extender's own `preempt` verb keeps the victims; nodes ranked
-//!   as kube-scheduler picks one (lowest highest-victim priority, then lowest sum, then fewest
-//!   victims). PodDisruptionBudgets are not read;
+//!   every pod of lower priority out, then reprieved highest priority first while *its own*
+//!   resource fit still passes: v1.37 asks no extender in its dry run and does not re-check its
+//!   filters after the extender's `preempt` answers), kept only where the extender's `preempt`
+//!   verb keeps the victims; nodes ranked as kube-scheduler picks one (lowest highest-victim
+//!   priority, then lowest sum, then fewest victims). PodDisruptionBudgets are not read;
 //! - **moves**: the fewest pods on one node whose move elsewhere lets the pod fit there, each
 //!   moved pod to a node of its own where it fits now (so no two moves compete for one node).
 //!
@@ -45,6 +46,9 @@ pub struct PodInspection {
     pub nearest: Vec<NearNode>,
     /// Nodes where preempting lower-priority pods makes room, best first.
     pub preemption: Vec<Preemption>,
+    /// Why no preemption is offered although lower-priority pods hold what the pod needs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemption_note: Option<String>,
     /// The fewest moves that make room on one node, if any plan exists.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moves: Option<MovePlan>,
@@ -123,6 +127,7 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
         reasons: Vec::new(),
         nearest: Vec::new(),
         preemption: Vec::new(),
+        preemption_note: None,
         moves: None,
         invalid: None,
     };
@@ -271,7 +276,19 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
             .collect()
     };
 
-    // Preemption, as kube-scheduler's dry run would propose it and the extender keep it.
+    // Preemption as kube-scheduler runs it: its dry run proposes victims by its own filters
+    // alone (every lower-priority pod out, then reprieved highest priority first while its
+    // resource fit still passes; extenders are not asked), and the extender's `preempt` verb
+    // keeps the node only if those victims make room. A node where removing them would make
+    // room by the extender's measure but kube-scheduler proposes none is counted: the pod's
+    // device dimensions are ones kube-scheduler does not count (`ignoredByScheduler`).
+    let kube_fits = |node: &str, ignore: &[PodUid]| -> bool {
+        state
+            .cluster
+            .node(node)
+            .is_some_and(|e| scheduler_fit(&e.read(), &requests, ignore).is_ok())
+    };
+    let mut unseen_by_kube = 0usize;
     for node in &helpable {
         let lower: Vec<Holder> = holders(node)
             .into_iter()
@@ -279,9 +296,13 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
             .collect();
         let Some(victims) = fewest_to_free(
             &lower,
-            |ignore| fits(node, ignore),
+            |ignore| kube_fits(node, ignore),
             |h| std::cmp::Reverse(h.priority),
         ) else {
+            let all: Vec<PodUid> = lower.iter().map(|h| h.uid.clone()).collect();
+            if !all.is_empty() && fits(node, &all) {
+                unseen_by_kube += 1;
+            }
             continue;
         };
         let meta = MetaVictims {
@@ -318,6 +339,11 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
                     .collect(),
             });
         }
+    }
+    if out.preemption.is_empty() && unseen_by_kube > 0 {
+        out.preemption_note = Some(format!(
+            "on {unseen_by_kube} node(s) removing lower-priority pods would make room, but kube-scheduler proposes no victims there: the pod asks for device dimensions it does not count (ignoredByScheduler)"
+        ));
     }
     out.preemption.sort_by_key(|p| {
         let prios: Vec<i64> = p.victims.iter().map(|v| i64::from(v.priority)).collect();
@@ -477,13 +503,18 @@ pub fn render(i: &PodInspection) -> String {
                 );
             }
         }
-        None => {
-            let _ = writeln!(
-                s,
-                "  preempting: no node frees enough from pods of priority below {}",
-                i.priority
-            );
-        }
+        None => match &i.preemption_note {
+            Some(note) => {
+                let _ = writeln!(s, "  preempting: none; {note}");
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "  preempting: no node frees enough from pods of priority below {}",
+                    i.priority
+                );
+            }
+        },
     }
     match &i.moves {
         Some(plan) => {

@@ -11,24 +11,31 @@ use device_numa_extender::scheduler::ScoringConfig;
 
 use crate::support::service;
 
-/// A node with four 80Gi GPUs (two per NUMA node).
+/// A node with four 80Gi GPUs (two per NUMA node), advertised to kube-scheduler as
+/// `nvidia.com/gpu` by the device plugin.
 fn gpu_node(name: &str) -> [Value; 2] {
-    [service::node(name), service::gpu_device(name, 4, 2, &[])]
+    let mut node = service::node(name);
+    node["status"]["allocatable"]["nvidia.com/gpu"] = json!("4");
+    [node, service::gpu_device(name, 4, 2, &[])]
 }
 
-/// Whole GPUs asked by koordinator's ratio (100 per card): kube-scheduler leaves the name to
-/// the extender (`ignoredByScheduler`), so every refusal below is the extender's.
-fn cards(n: usize) -> Value {
-    json!({"koordinator.sh/gpu-memory-ratio": (100 * n).to_string()})
+/// Whole GPUs asked by `nvidia.com/gpu` (kube-scheduler counts them) or by koordinator's ratio
+/// (100 per card, `ignoredByScheduler`: left to the extender).
+fn cards(n: usize, counted: bool) -> Value {
+    if counted {
+        json!({"nvidia.com/gpu": n.to_string()})
+    } else {
+        json!({"koordinator.sh/gpu-memory-ratio": (100 * n).to_string()})
+    }
 }
 
 /// A running pod of `priority` on `node` holding `minors` whole.
-fn holder(name: &str, node: &str, minors: &[i32], priority: i32) -> Value {
+fn holder(name: &str, node: &str, minors: &[i32], priority: i32, counted: bool) -> Value {
     let mut p = service::pod(
         "ml",
         name,
         &format!("uid-{name}"),
-        cards(minors.len()),
+        cards(minors.len(), counted),
         Some(node),
         Some(&service::whole_gpus(minors)),
     );
@@ -38,24 +45,24 @@ fn holder(name: &str, node: &str, minors: &[i32], priority: i32) -> Value {
 }
 
 fn pending(priority: i32) -> Value {
-    let mut p = service::pending("big", cards(4));
+    let mut p = service::pending("big", cards(4, true));
     p["spec"]["priority"] = json!(priority);
     p
 }
 
-/// a: two low-priority pods of 2 GPUs each (priorities -10 and 5); b: one pod of priority 50
-/// holding all four; c and d: one pod of priority 1000 holding two, two free.
+/// a: two pods of 2 counted GPUs each (priorities -10 and 5); b: one of priority 50 holding all
+/// four, counted; c and d: one pod of priority 1000 holding two by ratio, two free.
 fn cluster(extra: &[Value], without: &[&str]) -> String {
     let mut items: Vec<Value> = ["a", "b", "c", "d"]
         .iter()
         .flat_map(|n| gpu_node(n))
         .collect();
     items.extend([
-        holder("low-1", "a", &[0, 1], -10),
-        holder("low-2", "a", &[2, 3], 5),
-        holder("mid", "b", &[0, 1, 2, 3], 50),
-        holder("c-hold", "c", &[0, 1], 1000),
-        holder("d-hold", "d", &[0, 1], 1000),
+        holder("low-1", "a", &[0, 1], -10, true),
+        holder("low-2", "a", &[2, 3], 5, true),
+        holder("mid", "b", &[0, 1, 2, 3], 50, true),
+        holder("c-hold", "c", &[0, 1], 1000, false),
+        holder("d-hold", "d", &[0, 1], 1000, false),
     ]);
     items.retain(|i| {
         !without.contains(&i["metadata"]["name"].as_str().unwrap_or_default()) || i["kind"] != "Pod"
@@ -113,8 +120,9 @@ async fn inspect_pod_names_the_nearest_nodes_and_what_would_make_it_fit() {
     assert_eq!(got["pod"], "ml/big");
     assert_eq!(got["fits_on"], json!([]), "{got:#}");
 
-    // c and d have 2 of the 4 asked free (50 %), a and b none: nearest first, ties by name.
-    let nearest: Vec<(String, String, Value)> = got["nearest"]
+    // c and d have 2 of the 4 asked free (50 %): the extender's refusals, nearest first; a and b
+    // have every advertised GPU requested: kube-scheduler's own.
+    let nearest: Vec<(String, String, Value, String)> = got["nearest"]
         .as_array()
         .unwrap()
         .iter()
@@ -123,28 +131,32 @@ async fn inspect_pod_names_the_nearest_nodes_and_what_would_make_it_fit() {
                 n["node"].as_str().unwrap().to_string(),
                 n["reason"].as_str().unwrap().to_string(),
                 n["covers_percent"].clone(),
+                n["by"].as_str().unwrap().to_string(),
             )
         })
         .collect();
     let two = "insufficient gpu devices: 2 whole gpus free, pod asks 4";
-    let none = "insufficient gpu devices: no whole gpu free, pod asks 4";
+    let kube = "Insufficient nvidia.com/gpu";
+    let row =
+        |n: &str, r: &str, c: Value, by: &str| (n.to_string(), r.to_string(), c, by.to_string());
     assert_eq!(
         nearest,
         vec![
-            ("c".to_string(), two.to_string(), json!(50)),
-            ("d".to_string(), two.to_string(), json!(50)),
-            ("a".to_string(), none.to_string(), json!(0)),
-            ("b".to_string(), none.to_string(), json!(0)),
+            row("c", two, json!(50), "extender"),
+            row("d", two, json!(50), "extender"),
+            row("a", kube, Value::Null, "kube-scheduler"),
+            row("b", kube, Value::Null, "kube-scheduler"),
         ],
         "{got:#}"
     );
+    // kube-scheduler's histogram: "N reason" strings in byte order ('I' before 'i').
     assert_eq!(
         got["message"],
-        format!("0/4 nodes are available: 2 {two}, 2 {none}."),
+        format!("0/4 nodes are available: 2 {kube}, 2 {two}."),
     );
 
-    // Preemption: on a, both pods are below priority 10 and both must go (each frees 2); on b
-    // the holder outranks the pod; on c and d too.
+    // Preemption: on a, both pods are below priority 10 and kube-scheduler's own fit needs both
+    // gone (each frees 2 counted GPUs); on b the holder outranks the pod; on c and d too.
     assert_eq!(
         got["preemption"],
         json!([{"node": "a", "victims": [
@@ -163,12 +175,25 @@ async fn inspect_pod_names_the_nearest_nodes_and_what_would_make_it_fit() {
         "{got:#}"
     );
     // Made true: c's holder rebound to d's two free GPUs; the pod lands on c.
-    let moved = cluster(&[holder("c-hold", "d", &[2, 3], 1000)], &["c-hold"]);
+    let moved = cluster(&[holder("c-hold", "d", &[2, 3], 1000, false)], &["c-hold"]);
     assert_eq!(placed_on(&moved, &big).await.as_deref(), Some("c"));
 
     // At priority 0 only a's low-1 (-10) is below the pod, and it frees 2 of the 4 asked.
     let got = inspect(dir.path(), &text, &list(&[pending(0)]));
     assert_eq!(got["preemption"], json!([]), "{got:#}");
+    assert!(got.get("preemption_note").is_none(), "{got:#}");
+
+    // The same GPUs asked by ratio, which kube-scheduler does not count: removing a's pods
+    // would make room, but its dry run proposes no victims (issue 38), and inspect says so.
+    let mut by_ratio = service::pending("big", cards(4, false));
+    by_ratio["spec"]["priority"] = json!(10);
+    let got = inspect(dir.path(), &text, &list(&[by_ratio]));
+    assert_eq!(got["preemption"], json!([]), "{got:#}");
+    let note = got["preemption_note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("on 1 node(s) removing lower-priority pods would make room"),
+        "{got:#}"
+    );
 }
 
 /// Against a cluster (`--kubeconfig`, the fake API server holding the same objects), the
