@@ -90,6 +90,8 @@ pub struct MetricSet {
     pub dra_taint_rule_writes: IntCounterVec,
     /// The extender's DeviceTaintRules in the cache (DRA pools it owns or is taking).
     pub dra_taint_rules: IntGauge,
+    /// Task kinds in the fragmentation strategy's workload mix (learned or the operator's).
+    pub fragmentation_mix_kinds: IntGauge,
     /// NRT CPU annotations and zones that could not be used, by annotation and problem.
     pub nrt_problems: IntCounterVec,
     /// Connections per listener (`verbs`, `probes`): open now, accepted, refused or cut off
@@ -352,6 +354,10 @@ impl MetricSet {
             dra_taint_rules: reg!(IntGauge::new(
                 "dra_taint_rules",
                 "The extender's DeviceTaintRules in its cache: DRA driver pools it owns or is taking over."
+            )),
+            fragmentation_mix_kinds: reg!(IntGauge::new(
+                "fragmentation_mix_kinds",
+                "Task kinds in the workload mix the fragmentation strategy measures against (learned from the pods filter sees, or --fragmentation-mix); 0 until a pod is seen, and under other strategies."
             )),
             nrt_problems: reg!(IntCounterVec::new(
                 Opts::new(

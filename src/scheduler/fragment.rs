@@ -11,6 +11,7 @@ use super::config::ScoringConfig;
 use super::needs::PodNeeds;
 use crate::cluster::NodeState;
 use crate::cluster::snapshot::{DeviceView, NodeView};
+use crate::metrics::Metrics;
 use crate::model::device::DeviceResources;
 use crate::model::device::DeviceType;
 use crate::model::pod::Pod;
@@ -320,12 +321,18 @@ pub fn normalize(raw: &[i64]) -> Vec<i64> {
 }
 
 /// Filter's part: the pod's task kind joins the learned workload mix (once per pod).
-pub fn observe(pod: &Pod, needs: &PodNeeds, scoring: &ScoringConfig) {
+pub fn observe(pod: &Pod, needs: &PodNeeds, scoring: &ScoringConfig, metrics: &Metrics) {
     if scoring.device.strategy != ScoringStrategy::Fragmentation {
         return;
     }
+    let publish = || {
+        let kinds = scoring.device.mix.current().kinds().len();
+        metrics
+            .fragmentation_mix_kinds
+            .set(i64::try_from(kinds).unwrap_or(i64::MAX));
+    };
     let Some(uid) = pod.metadata.uid.as_deref() else {
-        return;
+        return publish();
     };
     let task = match &needs.devices {
         Some(req) => task_of(req, needs.cpu_request_milli.unwrap_or(0), None),
@@ -334,6 +341,7 @@ pub fn observe(pod: &Pod, needs: &PodNeeds, scoring: &ScoringConfig) {
     if let Some(task) = task {
         scoring.device.mix.observe(uid, task);
     }
+    publish();
 }
 
 #[cfg(test)]
@@ -395,6 +403,43 @@ mod tests {
         json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
     }
 
+    /// Filter's observation publishes the mix's size: two kinds of pod seen, two kinds.
+    #[test]
+    fn observing_pods_publishes_the_mix_size() {
+        let text = cluster(2, false, false, &[], false, &[]);
+        let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
+        let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(
+            file.pods.clone(),
+        ));
+        let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
+            device_strategy: "fragmentation",
+            device_weights: None,
+            fragmentation_mix: None,
+            cpu_strategy: "least-allocated",
+            numa_strategy: "least-allocated",
+            cpu_weights: None,
+            default_cpu_bind_policy: "FullPCPUs",
+        })
+        .unwrap();
+        let state = crate::ops::inspect::load_cluster_file(file).into_scheduler(api, scoring);
+        assert_eq!(state.metrics.fragmentation_mix_kinds.get(), 0);
+        let asks = [
+            json!({"cpu": "4", "koordinator.sh/gpu-memory-ratio": "50"}),
+            json!({"cpu": "8", "nvidia.com/gpu": "1"}),
+            json!({"cpu": "4", "koordinator.sh/gpu-memory-ratio": "50"}),
+        ];
+        for (i, requests) in asks.iter().enumerate() {
+            let pod: Pod = serde_json::from_value(
+                json!({"metadata": {"name": format!("p{i}"), "namespace": "ns", "uid": format!("u{i}")},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": requests}}]}}),
+            )
+            .unwrap();
+            let needs = state.pod_needs(&pod).unwrap();
+            observe(&pod, &needs, &state.scoring, &state.metrics);
+        }
+        assert_eq!(state.metrics.fragmentation_mix_kinds.get(), 2);
+    }
+
     fn needs_of(state: &Scheduler, requests: Value) -> PodNeeds {
         let pod: Pod = serde_json::from_value(
             json!({"metadata": {"name": "x", "namespace": "ns", "uid": "x"},
@@ -405,64 +450,64 @@ mod tests {
     }
 
     proptest! {
-            #![proptest_config(ProptestConfig::with_cases(96))]
+        #![proptest_config(ProptestConfig::with_cases(96))]
 
-            /// The snapshot's free capacity is the ledgers': every raw score the snapshot path
-            /// gives equals the one the node's locked state gives, for every kind of pod, on
-            /// nodes with holders, unhealthy and malformed cards, plain pods and mixed sizes.
-            #[test]
-            fn the_snapshot_measures_what_the_ledgers_measure(
-                cards in 1usize..=8,
-                sick in any::<bool>(),
-                mixed_sizes in any::<bool>(),
-                held in proptest::collection::vec((0usize..8, prop_oneof![Just(100u32), 5u32..95]), 0..10),
-                malformed in proptest::bool::weighted(0.1),
-                plain_cpu in proptest::collection::vec(1u32..24, 0..4),
-                ask in prop_oneof![
-                    (1u32..100).prop_map(|p| json!({"cpu": "3", "koordinator.sh/gpu-core": p.to_string(), "koordinator.sh/gpu-memory-ratio": p.to_string()})),
-                    (1u32..=3).prop_map(|k| json!({"cpu": "11", "nvidia.com/gpu": k.to_string()})),
-                    (1u32..40).prop_map(|c| json!({"cpu": c.to_string()})),
-                ],
-                kinds in proptest::collection::vec((1i64..1000, 0i64..40_000), 0..4),
-            ) {
-                let text = cluster(cards, sick, mixed_sizes, &held, malformed, &plain_cpu);
-                let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
-                let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(file.pods.clone()));
-                let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
-                    device_strategy: "fragmentation",
-                    device_weights: None,
-    fragmentation_mix: None,
-                    cpu_strategy: "least-allocated",
-                    numa_strategy: "least-allocated",
-                    cpu_weights: None,
-                    default_cpu_bind_policy: "FullPCPUs",
-                }).unwrap();
-                for (i, (d, cpu)) in kinds.iter().enumerate() {
-                    scoring.device.mix.observe(&format!("k{i}"), TaskShape { cpu_milli: *cpu, gpu: GpuAsk::Share(*d) });
-                }
-                let state = crate::ops::inspect::load_cluster_file(file).into_scheduler(api, scoring);
-                let needs = needs_of(&state, ask);
-                prop_assume!(applies(&needs, &state.scoring));
-                let mix = state.scoring.device.mix.current();
-                let snapshot = state.cluster.read_snapshot();
-                let view = snapshot.find("n").map(|f| f.view()).unwrap();
-                let entry = state.cluster.node("n").unwrap();
-                let node = entry.read();
-                let full = raw_score(&node, &needs, &mix);
-                let mut free = NodeFree { cpu_milli: None, gpus: vec![7; 3] };
-                match snapshot_free(view, &needs, &mut free) {
-                    None => prop_assert!(mixed_sizes, "only mixed card sizes need the ledgers"),
-                    Some(Free::Unmeasured) => prop_assert_eq!(full, UNMEASURED),
-                    Some(Free::Node(card)) => {
-                        let got = match task_on(&needs, card_resources(&card).as_ref()) {
-                            None => UNMEASURED,
-                            Some(task) => score_of(&mix, &free, &task),
-                        };
-                        prop_assert_eq!(got, full);
-                    }
+        /// The snapshot's free capacity is the ledgers': every raw score the snapshot path
+        /// gives equals the one the node's locked state gives, for every kind of pod, on
+        /// nodes with holders, unhealthy and malformed cards, plain pods and mixed sizes.
+        #[test]
+        fn the_snapshot_measures_what_the_ledgers_measure(
+            cards in 1usize..=8,
+            sick in any::<bool>(),
+            mixed_sizes in any::<bool>(),
+            held in proptest::collection::vec((0usize..8, prop_oneof![Just(100u32), 5u32..95]), 0..10),
+            malformed in proptest::bool::weighted(0.1),
+            plain_cpu in proptest::collection::vec(1u32..24, 0..4),
+            ask in prop_oneof![
+                (1u32..100).prop_map(|p| json!({"cpu": "3", "koordinator.sh/gpu-core": p.to_string(), "koordinator.sh/gpu-memory-ratio": p.to_string()})),
+                (1u32..=3).prop_map(|k| json!({"cpu": "11", "nvidia.com/gpu": k.to_string()})),
+                (1u32..40).prop_map(|c| json!({"cpu": c.to_string()})),
+            ],
+            kinds in proptest::collection::vec((1i64..1000, 0i64..40_000), 0..4),
+        ) {
+            let text = cluster(cards, sick, mixed_sizes, &held, malformed, &plain_cpu);
+            let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
+            let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(file.pods.clone()));
+            let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
+                device_strategy: "fragmentation",
+                device_weights: None,
+                fragmentation_mix: None,
+                cpu_strategy: "least-allocated",
+                numa_strategy: "least-allocated",
+                cpu_weights: None,
+                default_cpu_bind_policy: "FullPCPUs",
+            }).unwrap();
+            for (i, (d, cpu)) in kinds.iter().enumerate() {
+                scoring.device.mix.observe(&format!("k{i}"), TaskShape { cpu_milli: *cpu, gpu: GpuAsk::Share(*d) });
+            }
+            let state = crate::ops::inspect::load_cluster_file(file).into_scheduler(api, scoring);
+            let needs = needs_of(&state, ask);
+            prop_assume!(applies(&needs, &state.scoring));
+            let mix = state.scoring.device.mix.current();
+            let snapshot = state.cluster.read_snapshot();
+            let view = snapshot.find("n").map(|f| f.view()).unwrap();
+            let entry = state.cluster.node("n").unwrap();
+            let node = entry.read();
+            let full = raw_score(&node, &needs, &mix);
+            let mut free = NodeFree { cpu_milli: None, gpus: vec![7; 3] };
+            match snapshot_free(view, &needs, &mut free) {
+                None => prop_assert!(mixed_sizes, "only mixed card sizes need the ledgers"),
+                Some(Free::Unmeasured) => prop_assert_eq!(full, UNMEASURED),
+                Some(Free::Node(card)) => {
+                    let got = match task_on(&needs, card_resources(&card).as_ref()) {
+                        None => UNMEASURED,
+                        Some(task) => score_of(&mix, &free, &task),
+                    };
+                    prop_assert_eq!(got, full);
                 }
             }
         }
+    }
 
     #[test]
     fn normalization_ranks_the_growths() {

@@ -70,7 +70,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
         // No device or CPU needs: pass through untouched and cheaply (a routed pod's CPU
         // still joins the fragmentation strategy's workload mix).
         Ok(needs) if needs.is_none() => {
-            super::fragment::observe(&pod, &needs, &state.scoring);
+            super::fragment::observe(&pod, &needs, &state.scoring, &state.metrics);
             candidates
         }
         Err(invalid) => {
@@ -85,7 +85,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
             Vec::new()
         }
         Ok(needs) => {
-            super::fragment::observe(&pod, &needs, &state.scoring);
+            super::fragment::observe(&pod, &needs, &state.scoring, &state.metrics);
             let fast = needs
                 .devices
                 .as_ref()
