@@ -350,12 +350,7 @@ async fn replay(
     let api = Arc::new(OfflinePodApi::new(pods.iter().cloned()));
     let scoring = device_numa_extender::scheduler::ScoringConfig::from_flags(&ScoringFlags {
         device_strategy: strategy,
-        device_weights: None,
-        fragmentation_mix: None,
-        cpu_strategy: "least-allocated",
-        numa_strategy: "least-allocated",
-        cpu_weights: None,
-        default_cpu_bind_policy: "FullPCPUs",
+        ..ScoringFlags::DEFAULT
     })
     .expect("strategy");
     let state = load_cluster_file(file).into_scheduler(api, scoring);

@@ -163,3 +163,59 @@ impl ScoringArgs {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::ScoringFlags;
+    use clap::CommandFactory;
+
+    #[derive(clap::Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        scoring: ScoringArgs,
+    }
+
+    /// The flags' declared defaults are `ScoringFlags::DEFAULT`, the one tests and benches
+    /// build their configurations from (read from the declarations, so no environment
+    /// variable can change the answer).
+    #[test]
+    fn the_declared_defaults_are_scoring_flags_default() {
+        let command = Wrapper::command();
+        let default_of = |id: &str| -> Option<String> {
+            let arg = command.get_arguments().find(|a| a.get_id() == id)?;
+            arg.get_default_values()
+                .first()
+                .map(|v| v.to_string_lossy().into_owned())
+        };
+        let d = ScoringFlags::DEFAULT;
+        assert_eq!(
+            default_of("score_strategy").as_deref(),
+            Some(d.device_strategy)
+        );
+        assert_eq!(
+            default_of("score_weights"),
+            d.device_weights.map(str::to_owned)
+        );
+        assert_eq!(
+            default_of("fragmentation_mix"),
+            d.fragmentation_mix.map(str::to_owned)
+        );
+        assert_eq!(
+            default_of("cpu_score_strategy").as_deref(),
+            Some(d.cpu_strategy)
+        );
+        assert_eq!(
+            default_of("numa_score_strategy").as_deref(),
+            Some(d.numa_strategy)
+        );
+        assert_eq!(
+            default_of("cpu_score_weights"),
+            d.cpu_weights.map(str::to_owned)
+        );
+        assert_eq!(
+            default_of("default_cpu_bind_policy").as_deref(),
+            Some(d.default_cpu_bind_policy)
+        );
+    }
+}

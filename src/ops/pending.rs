@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::simulate::{fits_nowhere_message, scheduler_fit};
+use super::simulate::{KubeFit, fits_nowhere_message, kube_fit, scheduler_fit};
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
 use crate::model::requests::{PodRequests, pod_requests};
@@ -152,34 +152,21 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
         .collect();
 
     // kube-scheduler's fit, then the extender's filter over the nodes it leaves.
-    let mut total = 0usize;
-    let mut candidates = Vec::new();
+    let KubeFit {
+        total,
+        candidates,
+        refused: kube_refusals,
+    } = kube_fit(state, &requests);
     let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
     let mut kube_refused = Vec::new();
-    for node in state.cluster.node_names() {
-        let Some(entry) = state.cluster.node(&node) else {
-            continue;
-        };
-        let verdict = {
-            let s = entry.read();
-            if s.node.is_none() {
-                continue;
-            }
-            scheduler_fit(&s, &requests, &[])
-        };
-        total += 1;
-        match verdict {
-            Ok(()) => candidates.push(Cow::Owned(node.to_string())),
-            Err(reason) => {
-                *reasons.entry(reason.clone()).or_default() += 1;
-                kube_refused.push(NearNode {
-                    node: node.to_string(),
-                    reason,
-                    covers_percent: None,
-                    by: "kube-scheduler",
-                });
-            }
-        }
+    for (node, reason) in kube_refusals {
+        *reasons.entry(reason.clone()).or_default() += 1;
+        kube_refused.push(NearNode {
+            node,
+            reason,
+            covers_percent: None,
+            by: "kube-scheduler",
+        });
     }
     let filter = verbs::filter(
         state,

@@ -136,6 +136,43 @@ pub(super) fn scheduler_fit(
     Ok(())
 }
 
+/// What kube-scheduler's own filters leave for the extender, as far as `simulate` models them.
+pub(super) struct KubeFit {
+    /// Nodes kube-scheduler knows (a Node object).
+    pub total: usize,
+    /// Those its resource fit passes: the extender's candidates.
+    pub candidates: Vec<Cow<'static, str>>,
+    /// Those it refuses, with its reason, in name order.
+    pub refused: Vec<(String, String)>,
+}
+
+/// kube-scheduler's resource fit ([`scheduler_fit`]) on every node with a Node object.
+pub(super) fn kube_fit(state: &Scheduler, requests: &Requests) -> KubeFit {
+    let mut out = KubeFit {
+        total: 0,
+        candidates: Vec::new(),
+        refused: Vec::new(),
+    };
+    for node in state.cluster.node_names() {
+        let Some(entry) = state.cluster.node(&node) else {
+            continue;
+        };
+        let verdict = {
+            let s = entry.read();
+            if s.node.is_none() {
+                continue;
+            }
+            scheduler_fit(&s, requests, &[])
+        };
+        out.total += 1;
+        match verdict {
+            Ok(()) => out.candidates.push(Cow::Owned(node.to_string())),
+            Err(reason) => out.refused.push((node.to_string(), reason)),
+        }
+    }
+    out
+}
+
 /// kube-scheduler's message for a pod no node takes (v1.37 `FitError.Error`): `0/4 nodes are
 /// available: 1 Insufficient nvidia.com/gpu, 3 insufficient gpu devices.`, each reason with its
 /// node count, the `"N reason"` strings in byte order as Go's `sort.Strings` leaves them.
@@ -303,25 +340,13 @@ async fn place(state: &Scheduler, pod: &Pod, ns: &str, name: &str) -> Placement 
             return placement;
         }
     };
-    // Nodes kube-scheduler knows (a Node object), and its own resource fit on each.
-    let mut total = 0usize;
-    let mut candidates = Vec::new();
-    for node in state.cluster.node_names() {
-        let Some(entry) = state.cluster.node(&node) else {
-            continue;
-        };
-        let verdict = {
-            let s = entry.read();
-            if s.node.is_none() {
-                continue;
-            }
-            scheduler_fit(&s, &requests, &[])
-        };
-        total += 1;
-        match verdict {
-            Ok(()) => candidates.push(Cow::Owned(node.to_string())),
-            Err(reason) => *placement.reasons.entry(reason).or_default() += 1,
-        }
+    let KubeFit {
+        total,
+        candidates,
+        refused,
+    } = kube_fit(state, &requests);
+    for (_, reason) in refused {
+        *placement.reasons.entry(reason).or_default() += 1;
     }
     let filter = verbs::filter(
         state,

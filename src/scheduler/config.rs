@@ -26,6 +26,20 @@ pub struct ScoringFlags<'a> {
     pub default_cpu_bind_policy: &'a str,
 }
 
+impl ScoringFlags<'static> {
+    /// The flags' defaults, as `serve` and `simulate` declare them (`ops::args::ScoringArgs`;
+    /// a test there holds the two equal).
+    pub const DEFAULT: ScoringFlags<'static> = ScoringFlags {
+        device_strategy: "least-allocated",
+        device_weights: None,
+        fragmentation_mix: None,
+        cpu_strategy: "least-allocated",
+        numa_strategy: "least-allocated",
+        cpu_weights: None,
+        default_cpu_bind_policy: "FullPCPUs",
+    };
+}
+
 /// Why the scoring flags are invalid.
 #[derive(Debug, thiserror::Error)]
 pub enum ScoringError {

@@ -413,12 +413,7 @@ mod tests {
         ));
         let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
             device_strategy: "fragmentation",
-            device_weights: None,
-            fragmentation_mix: None,
-            cpu_strategy: "least-allocated",
-            numa_strategy: "least-allocated",
-            cpu_weights: None,
-            default_cpu_bind_policy: "FullPCPUs",
+            ..super::super::ScoringFlags::DEFAULT
         })
         .unwrap();
         let state = crate::ops::inspect::load_cluster_file(file).into_scheduler(api, scoring);
@@ -474,14 +469,9 @@ mod tests {
             let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
             let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(file.pods.clone()));
             let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
-                device_strategy: "fragmentation",
-                device_weights: None,
-                fragmentation_mix: None,
-                cpu_strategy: "least-allocated",
-                numa_strategy: "least-allocated",
-                cpu_weights: None,
-                default_cpu_bind_policy: "FullPCPUs",
-            }).unwrap();
+            device_strategy: "fragmentation",
+            ..super::super::ScoringFlags::DEFAULT
+        }).unwrap();
             for (i, (d, cpu)) in kinds.iter().enumerate() {
                 scoring.device.mix.observe(&format!("k{i}"), TaskShape { cpu_milli: *cpu, gpu: GpuAsk::Share(*d) });
             }

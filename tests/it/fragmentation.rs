@@ -51,12 +51,7 @@ fn half(name: &str) -> Value {
 async fn run(strategy: &str, pods: &[Value]) -> Simulation {
     let scoring = ScoringConfig::from_flags(&ScoringFlags {
         device_strategy: strategy,
-        device_weights: None,
-        fragmentation_mix: None,
-        cpu_strategy: "least-allocated",
-        numa_strategy: "least-allocated",
-        cpu_weights: None,
-        default_cpu_bind_policy: "FullPCPUs",
+        ..ScoringFlags::DEFAULT
     })
     .expect("scoring");
     let pods = json!({"apiVersion": "v1", "kind": "List", "items": pods}).to_string();
