@@ -20,11 +20,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::simulate::{KubeFit, fits_nowhere_message, kube_fit, scheduler_fit};
+use super::simulate::{KubeFit, filter_names, fits_nowhere_message, kube_fit, scheduler_fit};
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
 use crate::model::requests::{PodRequests, pod_requests};
-use crate::model::wire::{ExtenderArgsRef, ExtenderPreemptionArgs, MetaPod, MetaVictims};
+use crate::model::wire::{ExtenderPreemptionArgs, MetaPod, MetaVictims};
 use crate::scheduler::explain::fit_or_explain;
 use crate::scheduler::{PodNeeds, Scheduler, verbs};
 
@@ -168,14 +168,7 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
             by: "kube-scheduler",
         });
     }
-    let filter = verbs::filter(
-        state,
-        ExtenderArgsRef {
-            pod: Some(pod.clone()),
-            nodes: None,
-            node_names: Some(candidates),
-        },
-    );
+    let filter = filter_names(state, pod, candidates);
     if !filter.error.is_empty() {
         out.invalid = Some(filter.error);
         return out;

@@ -161,14 +161,7 @@ impl KubeScheduler {
         }
         let interested = self.route_all || requests.keys().any(|k| managed(k).is_some());
         let (passing, extender): (Vec<String>, Vec<i64>) = if interested {
-            let filtered = verbs::filter(
-                state,
-                ExtenderArgsRef {
-                    pod: Some(pod.clone()),
-                    nodes: None,
-                    node_names: Some(feasible),
-                },
-            );
+            let filtered = super::simulate::filter_names(state, pod, feasible);
             if let Some((_, reason)) = filtered
                 .failed_nodes
                 .iter()

@@ -173,6 +173,22 @@ pub(super) fn kube_fit(state: &Scheduler, requests: &Requests) -> KubeFit {
     out
 }
 
+/// The extender's filter over `candidates` (names mode), as kube-scheduler would ask it.
+pub(super) fn filter_names(
+    state: &Scheduler,
+    pod: &Pod,
+    candidates: Vec<Cow<'static, str>>,
+) -> crate::model::wire::ExtenderFilterResult<'static> {
+    verbs::filter(
+        state,
+        ExtenderArgsRef {
+            pod: Some(pod.clone()),
+            nodes: None,
+            node_names: Some(candidates),
+        },
+    )
+}
+
 /// kube-scheduler's message for a pod no node takes (v1.37 `FitError.Error`): `0/4 nodes are
 /// available: 1 Insufficient nvidia.com/gpu, 3 insufficient gpu devices.`, each reason with its
 /// node count, the `"N reason"` strings in byte order as Go's `sort.Strings` leaves them.
@@ -348,14 +364,7 @@ async fn place(state: &Scheduler, pod: &Pod, ns: &str, name: &str) -> Placement 
     for (_, reason) in refused {
         *placement.reasons.entry(reason).or_default() += 1;
     }
-    let filter = verbs::filter(
-        state,
-        ExtenderArgsRef {
-            pod: Some(pod.clone()),
-            nodes: None,
-            node_names: Some(candidates),
-        },
-    );
+    let filter = filter_names(state, pod, candidates);
     if !filter.error.is_empty() {
         placement.message = Some(format!("filter error: {}", filter.error));
         return placement;
