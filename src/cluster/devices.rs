@@ -17,6 +17,7 @@ use super::ledger::{Entries, Entry};
 use crate::model::device::{DeviceAllocations, DeviceResources, DeviceType};
 use crate::model::dra::DeviceIdentity;
 use crate::model::ids::PodUid;
+use crate::model::quantity::Quantity;
 use crate::placement::device::index::DeviceIndex;
 pub use crate::placement::device::inventory::{
     DeviceHoldings, DevicePartitions, DeviceProblem, DeviceSlot, FreeMap, NodeDevices,
@@ -358,15 +359,6 @@ impl DeviceLedger {
     /// (preemption victims). Computed on copies; the ledger is not touched. A malformed entry
     /// that is not ignored makes every device count as fully used.
     pub fn free(&self, ignore: &[PodUid]) -> FreeMap {
-        self.free_where(ignore, None)
-    }
-
-    /// [`Self::free`] of one type only (a refused pod's explanation reads only its GPUs).
-    pub fn free_of_type(&self, t: &DeviceType) -> BTreeMap<i32, DeviceResources> {
-        self.free_where(&[], Some(t)).remove(t).unwrap_or_default()
-    }
-
-    fn free_where(&self, ignore: &[PodUid], only: Option<&DeviceType>) -> FreeMap {
         let mut out = FreeMap::new();
         let Some(devices) = &self.devices else {
             return out;
@@ -388,7 +380,7 @@ impl DeviceLedger {
         }
         let blocked = malformed > 0;
         let empty = DeviceResources::new();
-        for t in devices.types().filter(|t| only.is_none_or(|o| o == *t)) {
+        for t in devices.types() {
             let by_minor = out.entry(t.clone()).or_default();
             for slot in devices.slots(t) {
                 let mut free = DeviceResources::new();
@@ -415,6 +407,31 @@ impl DeviceLedger {
             }
         }
         out
+    }
+
+    /// One device's entry in [`Self::free`] with nothing released, without building the map
+    /// (a unit test holds the two equal): zero when the node is blocked by a malformed entry,
+    /// the device is held or not owned beside DRA, or all of it is used.
+    pub fn free_amount(&self, t: &DeviceType, minor: i32, name: &str) -> Quantity {
+        let Some(slot) = self.devices.as_ref().and_then(|d| d.slot(t, minor)) else {
+            return Quantity::ZERO;
+        };
+        let key = (t.clone(), minor);
+        if self.malformed > 0
+            || self.dra_blocked.contains_key(&key)
+            || self.dra_unowned.contains_key(&key)
+        {
+            return Quantity::ZERO;
+        }
+        let total = slot.total.get(name).copied().unwrap_or(Quantity::ZERO);
+        let used = self
+            .used
+            .get(t)
+            .and_then(|m| m.get(&minor))
+            .and_then(|u| u.get(name))
+            .copied()
+            .unwrap_or(Quantity::ZERO);
+        Quantity::from_milli((total.milli() - used.milli()).max(0))
     }
 
     /// A serializable snapshot for debug endpoints.
@@ -515,8 +532,8 @@ impl DeviceHoldings for DeviceLedger {
     fn free(&self, ignore: &[PodUid]) -> FreeMap {
         DeviceLedger::free(self, ignore)
     }
-    fn free_of_type(&self, t: &DeviceType) -> BTreeMap<i32, DeviceResources> {
-        DeviceLedger::free_of_type(self, t)
+    fn free_amount(&self, t: &DeviceType, minor: i32, name: &str) -> Quantity {
+        DeviceLedger::free_amount(self, t, minor, name)
     }
     fn blocked(&self, ignore: &[PodUid]) -> bool {
         self.malformed > 0
@@ -728,12 +745,7 @@ mod tests {
             empty[&DeviceType::Gpu][&0]
         );
         assert_eq!(l.free(&[])[&DeviceType::Gpu][&1][GPU_MEMORY_RATIO], q("70"));
-        // One type's free is that type's part of the whole.
-        assert_eq!(
-            l.free_of_type(&DeviceType::Gpu),
-            l.free(&[])[&DeviceType::Gpu]
-        );
-        assert!(l.free_of_type(&DeviceType::Fpga).is_empty());
+        assert_free_amounts_are_free(&l);
         assert!(l.remove(&uid).is_some());
         assert!(l.remove(&uid).is_none());
         assert_eq!(l.free(&[]), empty);
@@ -749,6 +761,39 @@ mod tests {
         assert_eq!(f[&DeviceType::Gpu][&0][GPU_MEMORY_RATIO], q("100"));
         assert_eq!(l.used(), &before);
         assert!(!l.free(&[])[&DeviceType::Gpu][&0].contains_key(GPU_MEMORY_RATIO));
+    }
+
+    /// `free_amount` is each device's entry of `free(&[])`, zero where absent: over every
+    /// device, every resource its capacity names, and one it does not.
+    fn assert_free_amounts_are_free(l: &DeviceLedger) {
+        let free = l.free(&[]);
+        let devices = l.devices().expect("a Device");
+        let mut checked = 0;
+        for t in devices.types() {
+            for slot in devices.slots(t) {
+                for name in slot
+                    .total
+                    .keys()
+                    .map(String::as_str)
+                    .chain(["example.com/none"])
+                {
+                    let want = free
+                        .get(t)
+                        .and_then(|m| m.get(&slot.minor))
+                        .and_then(|r| r.get(name))
+                        .copied()
+                        .unwrap_or(Quantity::ZERO);
+                    assert_eq!(
+                        l.free_amount(t, slot.minor, name),
+                        want,
+                        "{t} {} {name}",
+                        slot.minor
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 0);
     }
 
     #[test]
@@ -769,6 +814,7 @@ mod tests {
                 .all(|f| f.is_empty())
         );
         assert!(!l.free(std::slice::from_ref(&uid))[&DeviceType::Gpu][&0].is_empty());
+        assert_free_amounts_are_free(&l);
         let v = serde_json::to_value(l.debug_view(Instant::now())).unwrap();
         assert_eq!(v["blocked_by_malformed_entries"], true);
         assert_eq!(v["entries"]["m"]["malformed"], "bad json");
@@ -875,6 +921,7 @@ mod tests {
             !free[&DeviceType::Gpu][&1].is_empty(),
             "published by nobody"
         );
+        assert_free_amounts_are_free(&ledger);
         // The pool is no longer the extender's: its published GPU is not free either.
         let mut holdings = ledger.dra().clone();
         holdings.owned.clear();
@@ -882,6 +929,7 @@ mod tests {
         let free = ledger.free(&[]);
         assert!(free[&DeviceType::Gpu][&0].is_empty());
         assert!(!free[&DeviceType::Gpu][&1].is_empty());
+        assert_free_amounts_are_free(&ledger);
         assert_eq!(
             ledger.joined_pools().collect::<Vec<_>>(),
             vec![(pool, false)]

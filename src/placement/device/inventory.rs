@@ -349,9 +349,15 @@ pub trait DeviceHoldings {
     /// Free per placeable type and minor, with the holdings of `ignore` (preemption victims)
     /// released. A copy.
     fn free(&self, ignore: &[PodUid]) -> FreeMap;
-    /// [`Self::free`] with nothing released, of one type only.
-    fn free_of_type(&self, t: &DeviceType) -> BTreeMap<i32, DeviceResources> {
-        self.free(&[]).remove(t).unwrap_or_default()
+    /// One device's free amount of one resource, with nothing released: its entry in
+    /// [`Self::free`], zero when absent.
+    fn free_amount(&self, t: &DeviceType, minor: i32, name: &str) -> Quantity {
+        self.free(&[])
+            .get(t)
+            .and_then(|m| m.get(&minor))
+            .and_then(|r| r.get(name))
+            .copied()
+            .unwrap_or(Quantity::ZERO)
     }
     /// Whether a malformed holding outside `ignore` blocks every device of the node.
     fn blocked(&self, ignore: &[PodUid]) -> bool;

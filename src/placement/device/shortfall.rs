@@ -18,7 +18,7 @@
 
 use std::fmt::Write as _;
 
-use super::inventory::{DeviceHoldings, fits_in};
+use super::inventory::DeviceHoldings;
 use super::request::DeviceTypeRequest;
 use crate::model::device::{DeviceResources, DeviceType, format_bytes};
 use crate::model::quantity::Quantity;
@@ -48,30 +48,41 @@ pub fn gpu_shortfall(
     ask: &DeviceTypeRequest,
 ) -> Option<Shortfall> {
     let devices = ledger.devices()?;
-    let free = ledger.free_of_type(&DeviceType::Gpu);
-    let cards: Vec<(&DeviceResources, &DeviceResources)> = devices
+    let cards: Vec<Card<'_>> = devices
         .slots(&DeviceType::Gpu)
         .filter(|s| s.healthy && !s.total.is_empty())
-        .map(|s| (&s.total, free.get(&s.minor).unwrap_or(&EMPTY)))
+        .map(|s| Card {
+            minor: s.minor,
+            total: &s.total,
+        })
         .collect();
+    let free = |card: &Card<'_>, name: &str| ledger.free_amount(&DeviceType::Gpu, card.minor, name);
     if ask.shared {
-        share_shortfall(&cards, ask)
+        share_shortfall(&cards, &free, ask)
     } else {
-        whole_shortfall(&cards, ask)
+        whole_shortfall(&cards, &free, ask)
     }
 }
 
-static EMPTY: DeviceResources = DeviceResources::new();
+/// A healthy card: its minor and capacity (what is free is read through the ledger, with no
+/// copy of any map: a pod refused by thousands of nodes has each read).
+struct Card<'a> {
+    minor: i32,
+    total: &'a DeviceResources,
+}
+
+/// Whether nothing of the card is held.
+fn wholly_free(card: &Card<'_>, free: &dyn Fn(&Card<'_>, &str) -> Quantity) -> bool {
+    card.total.iter().all(|(name, q)| free(card, name) >= *q)
+}
 
 /// Whole cards: how many are wholly free against how many the pod asks.
 fn whole_shortfall(
-    cards: &[(&DeviceResources, &DeviceResources)],
+    cards: &[Card<'_>],
+    free_of: &dyn Fn(&Card<'_>, &str) -> Quantity,
     ask: &DeviceTypeRequest,
 ) -> Option<Shortfall> {
-    let free = cards
-        .iter()
-        .filter(|(total, free)| fits_in(total, free))
-        .count();
+    let free = cards.iter().filter(|c| wholly_free(c, free_of)).count();
     if free >= ask.count || ask.count == 0 {
         return None;
     }
@@ -100,7 +111,8 @@ fn whole_shortfall(
 /// A share of one card: the card that comes nearest, the dimension that stops it, and
 /// whether the node as a whole has room (then it is fragmentation, not capacity).
 fn share_shortfall(
-    cards: &[(&DeviceResources, &DeviceResources)],
+    cards: &[Card<'_>],
+    free_of: &dyn Fn(&Card<'_>, &str) -> Quantity,
     ask: &DeviceTypeRequest,
 ) -> Option<Shortfall> {
     if ask.count != 1 {
@@ -116,19 +128,19 @@ fn share_shortfall(
     if dims.is_empty() {
         return None;
     }
-    let free_of = |free: &DeviceResources, name: &str| free.get(name).copied().unwrap_or_default();
+    let total_of = |card: &Card<'_>, name: &str| card.total.get(name).copied().unwrap_or_default();
     // The nearest card: the highest share of the ask its most limiting dimension covers; ties
     // go to the first card (minor ascending), so the words do not depend on hashing.
     let mut best: Option<(u16, usize, Quantity)> = None; // (met, dimension, free there)
-    for (_, free) in cards {
+    for card in cards {
         let (met, dim) = dims
             .iter()
             .enumerate()
-            .map(|(i, (name, _, want))| (permille(free_of(free, name).milli(), want.milli()), i))
+            .map(|(i, (name, _, want))| (permille(free_of(card, name).milli(), want.milli()), i))
             .min_by_key(|(met, i)| (*met, *i))
             .expect("dims is not empty");
         if best.is_none_or(|(m, _, _)| met > m) {
-            best = Some((met, dim, free_of(free, dims[dim].0)));
+            best = Some((met, dim, free_of(card, dims[dim].0)));
         }
     }
     let (met, dim, largest) = best.unwrap_or((0, 0, Quantity::ZERO));
@@ -141,7 +153,7 @@ fn share_shortfall(
     for (name, label, want) in &dims {
         let most = cards
             .iter()
-            .map(|(total, _)| free_of(total, name))
+            .map(|card| total_of(card, name))
             .max()
             .unwrap_or_default();
         if most < *want {
@@ -159,12 +171,12 @@ fn share_shortfall(
     let (name, label, want) = dims[dim];
     let partly_free = cards
         .iter()
-        .filter(|(_, free)| free_of(free, name) > Quantity::ZERO)
+        .filter(|card| free_of(card, name) > Quantity::ZERO)
         .count();
     let node_holds_it = dims.iter().all(|(name, _, want)| {
         cards
             .iter()
-            .map(|(_, free)| free_of(free, name).milli())
+            .map(|card| free_of(card, name).milli())
             .sum::<i128>()
             >= want.milli()
     });
@@ -255,14 +267,18 @@ pub fn whole_gpus_per_numa(
     ledger: &(impl DeviceHoldings + ?Sized),
 ) -> Option<(usize, usize, usize)> {
     let devices = ledger.devices()?;
-    let free = ledger.free_of_type(&DeviceType::Gpu);
     let mut per_numa = std::collections::BTreeMap::<i32, usize>::new();
     for s in devices
         .slots(&DeviceType::Gpu)
         .filter(|s| s.healthy && !s.total.is_empty())
     {
-        let f = free.get(&s.minor).unwrap_or(&EMPTY);
-        if fits_in(&s.total, f) {
+        let card = Card {
+            minor: s.minor,
+            total: &s.total,
+        };
+        let free =
+            |card: &Card<'_>, name: &str| ledger.free_amount(&DeviceType::Gpu, card.minor, name);
+        if wholly_free(&card, &free) {
             let numa = s.topology.as_ref().map_or(-1, |t| t.node_id);
             *per_numa.entry(numa).or_default() += 1;
         }
