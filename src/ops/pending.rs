@@ -55,6 +55,10 @@ pub struct PodInspection {
     /// Why the pod cannot be placed on any node at all (an invalid request).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalid: Option<String>,
+    /// The pod is not pending: `assigned to <node>`, or its phase when it has finished. Then
+    /// nothing else is computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_pending: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -130,7 +134,19 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
         preemption_note: None,
         moves: None,
         invalid: None,
+        not_pending: None,
     };
+    if pod.is_terminal() {
+        out.not_pending = Some(format!(
+            "finished ({})",
+            pod.status.phase.as_deref().unwrap_or("terminal")
+        ));
+        return out;
+    }
+    if let Some(node) = pod.node_name() {
+        out.not_pending = Some(format!("assigned to {node}"));
+        return out;
+    }
     let (requests, needs) = match (pod_requests(&pod.spec), state.pod_needs(pod)) {
         (Ok(r), Ok(n)) => (r, n),
         (Err(e), _) => {
@@ -434,6 +450,10 @@ pub fn render(i: &PodInspection) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let _ = write!(s, "pod {} (priority {})", i.pod, i.priority);
+    if let Some(state) = &i.not_pending {
+        let _ = writeln!(s, " is not pending: {state}");
+        return s;
+    }
     if let Some(invalid) = &i.invalid {
         let _ = writeln!(s, " cannot be placed anywhere: {invalid}");
         return s;

@@ -240,6 +240,20 @@ async fn inspect_pod_through_a_kubeconfig_equals_the_cluster_file() {
     assert_eq!(from_kube, from_file);
     assert_eq!(from_kube["preemption"][0]["node"], "a", "{from_kube:#}");
 
+    // A running pod is not pending: said, and nothing computed for it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
+        .args(["inspect", "--cluster-file"])
+        .arg(dir.path().join("cluster.json"))
+        .args(["--pod", "ml/low-1"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run the binary");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "pod ml/low-1 (priority -10) is not pending: assigned to a\n"
+    );
+
     // A name that is not there, or not NAMESPACE/NAME, is an error that says so.
     for (arg, says) in [
         ("ml/absent", "no such pod"),
