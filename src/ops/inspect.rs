@@ -178,12 +178,7 @@ async fn load_with_pods(args: &InspectArgs) -> Result<(Loaded, Vec<Pod>), OpsErr
                 .await
                 .map_err(|e| OpsError::Client(e.to_string()))?;
             let loaded = load_kube(&client).await?;
-            let pods = kube::Api::<Pod>::all(client)
-                .list(&Default::default())
-                .await
-                .map_err(|e| OpsError::List(e.to_string()))?
-                .items;
-            (loaded, pods)
+            (loaded, list_pods(client).await?)
         }
     };
     if let Some(path) = &args.pods {
@@ -194,6 +189,25 @@ async fn load_with_pods(args: &InspectArgs) -> Result<(Loaded, Vec<Pod>), OpsErr
         fill_identity(&mut p.metadata, Kind::Pods);
     }
     Ok((loaded, pods))
+}
+
+/// Every pod of the cluster, in pages of 500 as the service's own lists are read (one unpaged
+/// list of a large cluster is one huge answer the API server must build at once).
+async fn list_pods(client: kube::Client) -> Result<Vec<Pod>, OpsError> {
+    let api = kube::Api::<Pod>::all(client);
+    let mut pods = Vec::new();
+    let mut params = kube::api::ListParams::default().limit(500);
+    loop {
+        let page = api
+            .list(&params)
+            .await
+            .map_err(|e| OpsError::List(e.to_string()))?;
+        pods.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(pods),
+        }
+    }
 }
 
 /// `inspect --pod NAMESPACE/NAME`.
