@@ -22,8 +22,10 @@
 //! `PLACEMENT_SCALING=1` instead times the verbs alone (decode and encode untimed) at 1,000,
 //! 5,000 and 20,000 candidates of a 20,000-node cluster, warm and cold memo, and splits each
 //! case's excess over the pass-through into a cost per node and a fixed part per request.
-//! `PLACEMENT_LOOP=warm|cold` runs filter alone for one case in a steady loop, to profile:
-//! `PLACEMENT_LOOP=cold perf record target/release/deps/placement-* --bench none`.
+//! `PLACEMENT_LOOP=warm|cold` runs one verb alone for one case in a steady loop, to profile:
+//! `PLACEMENT_LOOP=cold perf record target/release/deps/placement-* --bench none` (filter at
+//! 1,000 candidates; `PLACEMENT_LOOP_VERB=prioritize`, `PLACEMENT_LOOP_NODES=5000`).
+//! `PLACEMENT_SCORE_STRATEGY=fragmentation` decides with that device strategy throughout.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -63,7 +65,7 @@ use device_numa_extender::placement::device::request::PodDeviceRequest;
 use device_numa_extender::scheduler::allocate_on;
 use device_numa_extender::scheduler::bind::{ApiError, PodApi};
 use device_numa_extender::scheduler::verbs;
-use device_numa_extender::scheduler::{Scheduler, ScoringConfig};
+use device_numa_extender::scheduler::{Scheduler, ScoringConfig, ScoringFlags};
 use device_numa_extender::sync::file_source::ClusterFile;
 use device_numa_extender::sync::{self, Readiness, SyncContext};
 
@@ -172,9 +174,22 @@ fn state(nodes: usize) -> Scheduler {
         readiness,
         metrics,
         Arc::new(MemoryPodApi { pods }),
-        ScoringConfig::default(),
+        scoring_from_env(),
         Default::default(),
     )
+}
+
+/// `PLACEMENT_SCORE_STRATEGY` (a `--score-strategy` value, e.g. `fragmentation`): the device
+/// scoring the cluster decides with; the default scoring without it.
+fn scoring_from_env() -> ScoringConfig {
+    match std::env::var("PLACEMENT_SCORE_STRATEGY") {
+        Ok(strategy) => ScoringConfig::from_flags(&ScoringFlags {
+            device_strategy: Box::leak(strategy.into_boxed_str()),
+            ..ScoringFlags::DEFAULT
+        })
+        .expect("PLACEMENT_SCORE_STRATEGY is a --score-strategy value"),
+        Err(_) => ScoringConfig::default(),
+    }
 }
 
 // ---- the server's work per request, and the baseline --------------------------------------
@@ -742,11 +757,15 @@ fn profile_loop(state: &Scheduler) {
     let iters: u32 = std::env::var("PLACEMENT_LOOP_ITERS").map_or(40_000, |v| {
         v.parse().expect("PLACEMENT_LOOP_ITERS is a count")
     });
+    let filter = std::env::var("PLACEMENT_LOOP_VERB").map_or(true, |v| v != "prioritize");
+    let candidates: usize = std::env::var("PLACEMENT_LOOP_NODES").map_or(1_000, |v| {
+        v.parse().expect("PLACEMENT_LOOP_NODES is a count")
+    });
     for case in picked_cases(&[Case::GpuCpuset]) {
-        let body = extender_body(case, 1_000);
+        let body = extender_body(case, candidates);
         let t = Instant::now();
         for _ in 0..iters {
-            black_box(time_verb(state, &body, true, cold));
+            black_box(time_verb(state, &body, filter, cold));
         }
         println!(
             "{} {}: {:?} per request (decode included)",
