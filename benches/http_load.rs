@@ -411,14 +411,15 @@ async fn distinct(client: &HttpClient) {
 /// one memo per placement case's pod shape.
 fn print_memo_bytes(state: &device_numa_extender::scheduler::Scheduler) {
     println!(
-        "  memos kept after the warm table: filter {:.1} KiB, prioritize {:.1} KiB",
+        "  memos kept after the warm table: filter {:.1} KiB, prioritize {:.1} KiB, fragmentation {:.1} KiB",
         state.memos.filter.bytes() as f64 / 1024.0,
-        state.memos.prioritize.bytes() as f64 / 1024.0
+        state.memos.prioritize.bytes() as f64 / 1024.0,
+        state.memos.fragmentation.bytes() as f64 / 1024.0
     );
 }
 
 fn print_memo(state: &device_numa_extender::scheduler::Scheduler) {
-    for verb in ["filter", "prioritize"] {
+    for verb in ["filter", "prioritize", "fragmentation"] {
         let count = |how: &str| {
             state
                 .metrics

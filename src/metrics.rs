@@ -462,7 +462,7 @@ impl Metrics {
         for result in FILTER_RESULTS {
             self.filter_results.with_label_values(&[result]);
         }
-        for verb in ["filter", "prioritize"] {
+        for verb in ["filter", "prioritize", "fragmentation"] {
             for how in ["decided", "memo"] {
                 self.read_decisions.with_label_values(&[verb, how]);
             }

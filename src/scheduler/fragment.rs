@@ -1,16 +1,19 @@
 //! The fragmentation strategy at the node level: prioritize's raw score on a locked node, its
 //! normalization to the extender's 0-10, and the filter's observation of the workload mix.
-//! Reads a node's free GPUs (its device ledger) and free CPU (its Node and pods), and asks
-//! [`crate::placement::device::fragmentation`]; never mutates anything.
+//! Reads a node's free GPUs and free CPU (from the read snapshot, or its ledgers under the
+//! node's lock where the snapshot cannot say), and asks
+//! [`crate::placement::device::fragmentation`]; remembers its answers in its own memo
+//! (`ReadMemos::fragmentation`) and changes nothing else.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::cell::RefCell;
 
 use super::Scheduler;
 use super::config::ScoringConfig;
+use super::memo::{CpuRead, table_limit};
 use super::needs::PodNeeds;
 use crate::cluster::NodeState;
-use crate::cluster::snapshot::{DeviceView, NodeView};
+use crate::cluster::snapshot::{DeviceView, NodeView, hash128};
 use crate::metrics::Metrics;
 use crate::model::device::DeviceResources;
 use crate::model::device::DeviceType;
@@ -130,10 +133,15 @@ fn score_of(mix: &WorkloadMix, free: &NodeFree, task: &TaskShape) -> i64 {
 }
 
 /// Prioritize's raw scores where [`applies`], one mix for the whole request: from the read
-/// snapshot (each distinct node state measured once), under the node's lock where the snapshot
-/// cannot answer (devices it does not index, cards of different sizes). `usual`: per name, the
-/// configured formulas' score (0..=100), the last tie-break, for a pod that asks for CPU
-/// placement.
+/// snapshot, under the node's lock where the snapshot cannot answer (devices it does not
+/// index, cards of different sizes). `usual`: per name, the configured formulas' score
+/// (0..=100), the last tie-break, for a pod that asks for CPU placement.
+///
+/// A node's measure reads its device facts and its free CPU, the pod and the mix: nodes alike
+/// in both are measured once (`scheduler::memo`, keyed by the device fingerprint and the free
+/// CPU), and the answers are kept for the next request of the same pod shape against the
+/// same published mix ([`WorkloadMix::id`]), which a steady workload keeps
+/// (`MIX_PUBLISH_SHIFT`). Debug builds measure every remembered node again and compare.
 pub fn prioritize_raw(
     state: &Scheduler,
     names: &[Cow<'_, str>],
@@ -143,59 +151,75 @@ pub fn prioritize_raw(
     let mix = state.scoring.device.mix.current();
     let snapshot = state.cluster.read_snapshot();
     let mut finder = snapshot.finder();
-    // Distinct node states, measured once each: (free CPU, card size, cards' free). Nodes with
-    // more cards than the key holds are measured every time.
-    let mut measured: HashMap<(Option<i64>, DimVec, [i64; KEY_CARDS]), i64, ahash::RandomState> =
-        HashMap::default();
-    let mut tasks: HashMap<DimVec, Option<TaskShape>> = HashMap::new();
-    let mut free = NodeFree {
-        cpu_milli: None,
-        gpus: Vec::new(),
-    };
-    names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            let tie = usual.and_then(|u| u.get(i).copied());
-            let found = finder.find(name);
-            let raw = match found.and_then(|f| snapshot_free(f.view(), needs, &mut free)) {
-                Some(Free::Unmeasured) => UNMEASURED,
-                Some(Free::Node(card)) => {
-                    let task = *tasks
-                        .entry(card)
-                        .or_insert_with(|| task_on(needs, card_resources(&card).as_ref()));
-                    match task {
-                        None => UNMEASURED,
-                        Some(task) if free.gpus.len() <= KEY_CARDS => {
-                            let mut cards = [-1i64; KEY_CARDS];
-                            cards[..free.gpus.len()].copy_from_slice(&free.gpus);
-                            *measured
-                                .entry((free.cpu_milli, card, cards))
-                                .or_insert_with(|| score_of(&mix, &free, &task))
-                        }
-                        Some(task) => score_of(&mix, &free, &task),
+    // A cell: the memo may measure a node twice (debug builds check a hit).
+    let scratch = RefCell::new(Scratch::default());
+    let shape = (hash128(&(needs, mix.id())), true, CpuRead::FreeMilli);
+    let limit = table_limit(snapshot.len());
+    state
+        .memos
+        .fragmentation
+        .with_memo(shape, limit, &state.metrics, "fragmentation", |memo| {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    let raw = memo
+                        .answer(finder.find(name), |view| {
+                            snapshot_raw(view?, needs, &mix, &mut scratch.borrow_mut())
+                        })
+                        .unwrap_or_else(|| {
+                            let entry = state.cluster.node(name);
+                            let guard = entry.as_ref().map(|e| e.read());
+                            match guard.as_deref() {
+                                None => UNMEASURED,
+                                Some(node) => raw_score(node, needs, &mix),
+                            }
+                        });
+                    let tie = usual.and_then(|u| u.get(i).copied());
+                    if raw <= UNMEASURED {
+                        raw
+                    } else {
+                        raw + tie.unwrap_or(0).clamp(0, 100)
                     }
-                }
-                None => {
-                    let entry = state.cluster.node(name);
-                    let guard = entry.as_ref().map(|e| e.read());
-                    match guard.as_deref() {
-                        None => UNMEASURED,
-                        Some(node) => raw_score(node, needs, &mix),
-                    }
-                }
-            };
-            if raw <= UNMEASURED {
-                raw
-            } else {
-                raw + tie.unwrap_or(0).clamp(0, 100)
-            }
+                })
+                .collect()
         })
-        .collect()
 }
 
-/// Cards per node a measured state's key holds.
-const KEY_CARDS: usize = 16;
+/// What measuring nodes from the snapshot reuses between nodes of one request: the free
+/// capacity's buffer, and the pod's task kind per card size (few sizes in a fleet).
+#[derive(Default)]
+struct Scratch {
+    free: NodeFree,
+    tasks: Vec<(DimVec, Option<TaskShape>)>,
+}
+
+/// The raw score from the node's published facts, exactly as [`raw_score`] gives it from its
+/// ledgers; `None` where only the ledgers can say.
+fn snapshot_raw(
+    view: NodeView<'_>,
+    needs: &PodNeeds,
+    mix: &WorkloadMix,
+    scratch: &mut Scratch,
+) -> Option<i64> {
+    let Scratch { free, tasks } = scratch;
+    let card = match snapshot_free(view, needs, free)? {
+        Free::Unmeasured => return Some(UNMEASURED),
+        Free::Node(card) => card,
+    };
+    let task = match tasks.iter().find(|(c, _)| *c == card) {
+        Some((_, task)) => *task,
+        None => {
+            let task = task_on(needs, card_resources(&card).as_ref());
+            tasks.push((card, task));
+            task
+        }
+    };
+    Some(match task {
+        None => UNMEASURED,
+        Some(task) => score_of(mix, free, &task),
+    })
+}
 
 /// What the snapshot says of a node's free capacity for the measure.
 enum Free {
@@ -306,15 +330,25 @@ fn packed(free: &NodeFree, task: &TaskShape) -> i64 {
 /// the least-growth ones, its own scores breaking their ties; a proportional scale would
 /// lump every node within a tenth of the range with the best.
 pub fn normalize(raw: &[i64]) -> Vec<i64> {
-    let mut levels: Vec<i64> = raw.iter().copied().filter(|r| *r > UNMEASURED).collect();
-    levels.sort_unstable_by(|a, b| b.cmp(a));
-    levels.dedup();
-    if levels.len() < 2 {
+    // Only the highest LEVELS distinct growths score above 0: keep those (descending) in one
+    // pass instead of sorting every candidate's.
+    const LEVELS: usize = 11;
+    let mut top: Vec<i64> = Vec::with_capacity(LEVELS + 1);
+    for &r in raw.iter().filter(|r| **r > UNMEASURED) {
+        if top.len() == LEVELS && top.last().is_some_and(|last| r < *last) {
+            continue;
+        }
+        if let Err(at) = top.binary_search_by(|l| r.cmp(l)) {
+            top.insert(at, r);
+            top.truncate(LEVELS);
+        }
+    }
+    if top.len() < 2 {
         return vec![0; raw.len()];
     }
     raw.iter()
-        .map(|r| match levels.binary_search_by(|l| r.cmp(l)) {
-            Ok(rank) if *r > UNMEASURED => 10 - (rank as i64).min(10),
+        .map(|r| match top.iter().position(|l| l == r) {
+            Some(rank) if *r > UNMEASURED => 10 - rank as i64,
             _ => 0,
         })
         .collect()
@@ -435,6 +469,127 @@ mod tests {
         assert_eq!(state.metrics.fragmentation_mix_kinds.get(), 2);
     }
 
+    /// Two nodes alike in their GPUs (two cards, one half used) and unlike in free CPU (the
+    /// second's plain pods leave 6 of 64 cores free), scored with a learning mix.
+    fn two_nodes_state() -> Scheduler {
+        let node = |name: &str| {
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": "2"}}})
+        };
+        let device = |name: &str| {
+            let cards: Vec<Value> = (0..2)
+                .map(|m| json!({"type": "gpu", "id": format!("{name}-{m}"), "minor": m, "health": true,
+                    "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "80Gi",
+                        "koordinator.sh/gpu-memory-ratio": "100"}}))
+                .collect();
+            json!({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+                "metadata": {"name": name}, "spec": {"devices": cards}})
+        };
+        let pod = |name: &str, node: &str, cpu: &str, allocated: Option<Value>| {
+            let mut meta = json!({"name": name, "namespace": "ns", "uid": name});
+            if let Some(a) = allocated {
+                meta["annotations"] =
+                    json!({"scheduling.koordinator.sh/device-allocated": a.to_string()});
+            }
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                "spec": {"nodeName": node, "containers": [{"name": "c",
+                    "resources": {"requests": {"cpu": cpu}}}]},
+                "status": {"phase": "Running"}})
+        };
+        let half = json!({"gpu": [{"minor": 0, "resources": {"koordinator.sh/gpu-core": "50",
+            "koordinator.sh/gpu-memory-ratio": "50"}}]});
+        let items = vec![
+            node("a"),
+            node("b"),
+            device("a"),
+            device("b"),
+            pod("ha", "a", "2", Some(half.clone())),
+            pod("hb", "b", "2", Some(half)),
+            pod("plain", "b", "56", None),
+        ];
+        let text = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+        let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
+        let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(
+            file.pods.clone(),
+        ));
+        let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
+            device_strategy: "fragmentation",
+            ..super::super::ScoringFlags::DEFAULT
+        })
+        .unwrap();
+        crate::ops::inspect::load_cluster_file(file).into_scheduler(api, scoring)
+    }
+
+    /// Prioritize's raw scores for `requests` on nodes a and b, once through the memo as the
+    /// verb runs it and once with every memo emptied first.
+    fn raw_twice(state: &Scheduler, requests: Value) -> (Vec<i64>, Vec<i64>) {
+        let needs = needs_of(state, requests);
+        assert!(applies(&needs, &state.scoring));
+        let names = [Cow::Borrowed("a"), Cow::Borrowed("b")];
+        let kept = prioritize_raw(state, &names, &needs, None);
+        state.memos.clear();
+        let fresh = prioritize_raw(state, &names, &needs, None);
+        (kept, fresh)
+    }
+
+    /// The memo's key holds the free CPU: nodes alike in their devices but not in free CPU are
+    /// measured apart (b cannot run the workload's 8-core whole-GPU pods, so a whole GPU taken
+    /// there removes fragment; on a it leaves the half card as it was), and a request after the mix moves is measured against the new mix,
+    /// not answered from the old one's memo.
+    #[test]
+    fn the_measure_is_remembered_by_free_cpu_and_mix() {
+        let state = two_nodes_state();
+        let mix = &state.scoring.device.mix;
+        for i in 0..50 {
+            mix.observe(
+                &format!("w{i}"),
+                TaskShape {
+                    cpu_milli: 8000,
+                    gpu: GpuAsk::Whole(1),
+                },
+            );
+        }
+        let share = json!({"cpu": "1", "nvidia.com/gpu": "1"});
+        let (kept, fresh) = raw_twice(&state, share.clone());
+        assert_eq!(kept, fresh);
+        assert_ne!(kept[0], kept[1], "free CPU tells the nodes apart: {kept:?}");
+        // Remembered: the same shape and mix again answers from the memo, and equally.
+        let before = state
+            .metrics
+            .read_decisions
+            .with_label_values(&["fragmentation", "memo"])
+            .get();
+        let needs = needs_of(&state, share.clone());
+        let again = prioritize_raw(
+            &state,
+            &[Cow::Borrowed("a"), Cow::Borrowed("b")],
+            &needs,
+            None,
+        );
+        assert_eq!(again, fresh);
+        let after = state
+            .metrics
+            .read_decisions
+            .with_label_values(&["fragmentation", "memo"])
+            .get();
+        assert_eq!(after - before, 2, "both nodes answered from the memo");
+        // The workload turns to small shares: the mix is republished and the measure follows.
+        let old = mix.current().id();
+        for i in 0..400 {
+            mix.observe(
+                &format!("s{i}"),
+                TaskShape {
+                    cpu_milli: 1000,
+                    gpu: GpuAsk::Share(300),
+                },
+            );
+        }
+        assert_ne!(mix.current().id(), old);
+        let (kept_after, fresh_after) = raw_twice(&state, share);
+        assert_eq!(kept_after, fresh_after);
+        assert_ne!(kept_after, kept, "the new mix measures differently");
+    }
+
     fn needs_of(state: &Scheduler, requests: Value) -> PodNeeds {
         let pod: Pod = serde_json::from_value(
             json!({"metadata": {"name": "x", "namespace": "ns", "uid": "x"},
@@ -496,6 +651,36 @@ mod tests {
                     prop_assert_eq!(got, full);
                 }
             }
+        }
+    }
+
+    /// Ranks by definition: every distinct measured score sorted, best first; a node gets
+    /// 10 minus its score's rank, at least 0; unmeasured nodes 0; fewer than two distinct
+    /// scores, 0 everywhere.
+    fn normalize_by_sorting(raw: &[i64]) -> Vec<i64> {
+        let mut levels: Vec<i64> = raw.iter().copied().filter(|r| *r > UNMEASURED).collect();
+        levels.sort_unstable_by(|a, b| b.cmp(a));
+        levels.dedup();
+        if levels.len() < 2 {
+            return vec![0; raw.len()];
+        }
+        raw.iter()
+            .map(|r| match levels.iter().position(|l| l == r) {
+                Some(rank) if *r > UNMEASURED => (10 - rank as i64).max(0),
+                _ => 0,
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn normalization_is_the_rank_of_each_growth(
+            raw in proptest::collection::vec(
+                prop_oneof![Just(UNMEASURED), Just(UNMEASURED - 3), -40i64..40, any::<i64>()],
+                0..60,
+            ),
+        ) {
+            prop_assert_eq!(normalize(&raw), normalize_by_sorting(&raw));
         }
     }
 

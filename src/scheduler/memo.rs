@@ -78,12 +78,35 @@ type Table<V> = HashTable<((u128, u128), V)>;
 /// Per node index of a snapshot's name map: the key and answer last seen at that index.
 type ByIndex<V> = Vec<Option<((u128, u128), V)>>;
 
+/// What of a node's CPU a decision reads, and so what of it the memo's key holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuRead {
+    /// Nothing: nodes that differ only in CPU share an answer.
+    Nothing,
+    /// The CPU facts (topology, cpusets held): their fingerprint.
+    Facts,
+    /// Only the free CPU (allocatable less requested, `NodeView::free_cpu_milli`), which no
+    /// fingerprint covers: the amount itself (the fragmentation measure reads this alone).
+    FreeMilli,
+}
+
+impl CpuRead {
+    /// [`CpuRead::Facts`] when `reads_facts`, else [`CpuRead::Nothing`].
+    pub fn facts_if(reads_facts: bool) -> Self {
+        if reads_facts {
+            CpuRead::Facts
+        } else {
+            CpuRead::Nothing
+        }
+    }
+}
+
 /// The memo of one request. `V`: the verdict (filter) or raw score (prioritize).
 pub struct Memo<V> {
     /// The pod shape's fingerprint (the key in [`MemoCache`]).
     shape: u128,
     reads_devices: bool,
-    reads_cpu: bool,
+    reads_cpu: CpuRead,
     table: Table<V>,
     /// Looked at before `table`: a node whose key is unchanged since the last request of this
     /// shape is answered by reading its own slot (candidates mostly come in index order, so
@@ -104,8 +127,8 @@ fn hash_of(key: &(u128, u128)) -> u64 {
 
 impl<V: Clone + PartialEq + Debug> Memo<V> {
     /// An empty memo for decisions that read the node's device facts (`reads_devices`) and/or
-    /// its CPU facts (`reads_cpu`), for pods of shape `shape`.
-    pub fn new(shape: u128, reads_devices: bool, reads_cpu: bool) -> Self {
+    /// its CPU (`reads_cpu`), for pods of shape `shape`.
+    pub fn new(shape: u128, reads_devices: bool, reads_cpu: CpuRead) -> Self {
         Memo {
             shape,
             reads_devices,
@@ -138,7 +161,7 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
             return decide(None);
         };
         self.answered += 1;
-        let key = self.key_of(found.fingerprint());
+        let key = self.key_of(found.fingerprint(), found.free_cpu_milli());
         let i = found.index();
         if let Some(Some((known_key, known))) = self.by_index.get(i)
             && *known_key == key
@@ -158,21 +181,32 @@ impl<V: Clone + PartialEq + Debug> Memo<V> {
         answer
     }
 
-    /// The answer for a node with fingerprint `fingerprint`: a previous node's with the same
-    /// key (in this request or an earlier one of the same shape), or `decide()`'s.
-    pub fn get_or_decide(&mut self, fingerprint: Fingerprint, decide: impl FnOnce() -> V) -> V {
-        self.by_key(self.key_of(fingerprint), decide)
+    /// The answer for a node with fingerprint `fingerprint` and free CPU `free_cpu_milli`: a
+    /// previous node's with the same key (in this request or an earlier one of the same
+    /// shape), or `decide()`'s.
+    pub fn get_or_decide(
+        &mut self,
+        fingerprint: Fingerprint,
+        free_cpu_milli: Option<i64>,
+        decide: impl FnOnce() -> V,
+    ) -> V {
+        self.by_key(self.key_of(fingerprint, free_cpu_milli), decide)
     }
 
-    /// The parts of `fingerprint` the decision reads.
-    fn key_of(&self, fingerprint: Fingerprint) -> (u128, u128) {
+    /// The parts of the node's facts the decision reads.
+    fn key_of(&self, fingerprint: Fingerprint, free_cpu_milli: Option<i64>) -> (u128, u128) {
         (
             if self.reads_devices {
                 fingerprint.devices
             } else {
                 0
             },
-            if self.reads_cpu { fingerprint.cpu } else { 0 },
+            match self.reads_cpu {
+                CpuRead::Nothing => 0,
+                CpuRead::Facts => fingerprint.cpu,
+                // One-to-one: an amount in the low 64 bits, unknown above them.
+                CpuRead::FreeMilli => free_cpu_milli.map_or(u128::MAX, |m| u128::from(m as u64)),
+            },
         )
     }
 
@@ -260,7 +294,7 @@ impl<V: Clone + PartialEq + Debug> MemoCache<V> {
     /// then given back (kept unless its table outgrew `limit`) and the bytes kept reported.
     pub fn with_memo<R>(
         &self,
-        (shape, reads_devices, reads_cpu): (u128, bool, bool),
+        (shape, reads_devices, reads_cpu): (u128, bool, CpuRead),
         limit: usize,
         metrics: &crate::metrics::Metrics,
         verb: &'static str,
@@ -275,7 +309,7 @@ impl<V: Clone + PartialEq + Debug> MemoCache<V> {
     }
 
     /// The memo for a request of shape `shape`: the shape's kept memo, or an empty one.
-    pub fn take(&self, shape: u128, reads_devices: bool, reads_cpu: bool) -> Memo<V> {
+    pub fn take(&self, shape: u128, reads_devices: bool, reads_cpu: CpuRead) -> Memo<V> {
         let mut memo = Memo::new(shape, reads_devices, reads_cpu);
         let kept = {
             let mut shapes = self.shapes.lock();
@@ -338,13 +372,18 @@ impl<V: Clone + PartialEq + Debug> MemoCache<V> {
 pub struct ReadMemos {
     pub filter: MemoCache<Option<Result<(), crate::placement::device::allocate::FitError>>>,
     pub prioritize: MemoCache<Option<i64>>,
+    /// Prioritize's under the fragmentation strategy (`scheduler::fragment`): its own shapes,
+    /// keyed by the workload mix too, so that a cpuset pod's two scores (the measure, and the
+    /// usual score breaking its ties) do not evict each other.
+    pub fragmentation: MemoCache<Option<i64>>,
 }
 
 impl ReadMemos {
-    /// Forgets every shape of both verbs.
+    /// Forgets every shape of every verb.
     pub fn clear(&self) {
         self.filter.clear();
         self.prioritize.clear();
+        self.fragmentation.clear();
     }
 }
 
@@ -365,10 +404,10 @@ mod tests {
 
     #[test]
     fn equal_keys_share_a_decision_and_only_the_read_parts_count() {
-        let mut memo = Memo::new(0, true, false);
+        let mut memo = Memo::new(0, true, CpuRead::Nothing);
         let mut decided = 0;
         for cpu in 0..10u128 {
-            let v = memo.get_or_decide(fp(7, cpu), || {
+            let v = memo.get_or_decide(fp(7, cpu), None, || {
                 decided += 1;
                 42
             });
@@ -379,39 +418,54 @@ mod tests {
         assert_eq!(decided, expected);
         assert_eq!(memo.stats(), (10, 9));
         // A different device fingerprint is a different key.
-        assert_eq!(memo.get_or_decide(fp(8, 0), || 5), 5);
+        assert_eq!(memo.get_or_decide(fp(8, 0), None, || 5), 5);
         assert_eq!(memo.stats(), (11, 9));
     }
 
     #[test]
     fn both_parts_are_the_key_when_both_are_read() {
-        let mut memo = Memo::new(0, true, true);
-        assert_eq!(memo.get_or_decide(fp(1, 2), || 1), 1);
-        assert_eq!(memo.get_or_decide(fp(1, 3), || 2), 2);
-        assert_eq!(memo.get_or_decide(fp(2, 2), || 3), 3);
-        assert_eq!(memo.get_or_decide(fp(1, 2), || 1), 1);
+        let mut memo = Memo::new(0, true, CpuRead::Facts);
+        assert_eq!(memo.get_or_decide(fp(1, 2), None, || 1), 1);
+        assert_eq!(memo.get_or_decide(fp(1, 3), None, || 2), 2);
+        assert_eq!(memo.get_or_decide(fp(2, 2), None, || 3), 3);
+        assert_eq!(memo.get_or_decide(fp(1, 2), None, || 1), 1);
         assert_eq!(memo.stats(), (4, 1));
+    }
+
+    /// Keyed by free CPU, nodes whose facts are equal but whose free CPU differs do not share
+    /// an answer, nodes that differ only in CPU facts do, and an unknown free CPU is a key of
+    /// its own (not the same as any amount).
+    #[test]
+    fn free_cpu_is_the_cpu_key_when_only_free_cpu_is_read() {
+        let mut memo = Memo::new(0, true, CpuRead::FreeMilli);
+        assert_eq!(memo.get_or_decide(fp(1, 2), Some(4000), || 1), 1);
+        assert_eq!(memo.get_or_decide(fp(1, 3), Some(4000), || 1), 1);
+        assert_eq!(memo.get_or_decide(fp(1, 2), Some(3000), || 2), 2);
+        assert_eq!(memo.get_or_decide(fp(1, 2), None, || 3), 3);
+        assert_eq!(memo.get_or_decide(fp(1, 2), Some(-1), || 4), 4);
+        assert_eq!(memo.get_or_decide(fp(2, 2), Some(4000), || 5), 5);
+        assert_eq!(memo.stats(), (6, 1));
     }
 
     #[test]
     fn a_shape_remembers_answers_across_requests_and_shapes_do_not_mix() {
         let cache = MemoCache::default();
-        let mut first = cache.take(1, true, true);
+        let mut first = cache.take(1, true, CpuRead::Facts);
         for i in 0..100u128 {
-            assert_eq!(first.get_or_decide(fp(i, i), || i), i);
+            assert_eq!(first.get_or_decide(fp(i, i), None, || i), i);
         }
         assert_eq!(first.stats(), (100, 0));
         cache.give_back(first, table_limit(100));
         // The same shape again: every node answered from the first request.
-        let mut again = cache.take(1, true, true);
+        let mut again = cache.take(1, true, CpuRead::Facts);
         for i in 0..100u128 {
-            assert_eq!(again.get_or_decide(fp(i, i), || i), i);
+            assert_eq!(again.get_or_decide(fp(i, i), None, || i), i);
         }
         assert_eq!(again.stats(), (100, 100));
         cache.give_back(again, table_limit(100));
         // Another shape starts empty: its answers are its own.
-        let mut other = cache.take(2, true, true);
-        assert_eq!(other.get_or_decide(fp(1, 1), || 7), 7);
+        let mut other = cache.take(2, true, CpuRead::Facts);
+        assert_eq!(other.get_or_decide(fp(1, 1), None, || 7), 7);
         assert_eq!(other.stats(), (1, 0));
     }
 
@@ -419,25 +473,25 @@ mod tests {
     fn the_cache_keeps_the_most_recent_shapes_and_drops_oversized_tables() {
         let cache = MemoCache::default();
         for shape in 0..(SHAPES as u128 + 2) {
-            let mut memo = cache.take(shape, true, false);
-            memo.get_or_decide(fp(shape, 0), || shape);
+            let mut memo = cache.take(shape, true, CpuRead::Nothing);
+            memo.get_or_decide(fp(shape, 0), None, || shape);
             cache.give_back(memo, 10);
         }
         assert_eq!(cache.shapes(), SHAPES);
         // The oldest shapes were dropped: shape 0 starts empty, the newest does not.
-        assert_eq!(cache.take(0, true, false).stats(), (0, 0));
+        assert_eq!(cache.take(0, true, CpuRead::Nothing).stats(), (0, 0));
         let newest_shape = SHAPES as u128 + 1;
-        let mut newest = cache.take(newest_shape, true, false);
-        newest.get_or_decide(fp(newest_shape, 0), || newest_shape);
+        let mut newest = cache.take(newest_shape, true, CpuRead::Nothing);
+        newest.get_or_decide(fp(newest_shape, 0), None, || newest_shape);
         assert_eq!(newest.stats(), (1, 1));
         // A table over the limit is not kept.
-        let mut big = cache.take(99, true, false);
+        let mut big = cache.take(99, true, CpuRead::Nothing);
         for i in 0..11u128 {
-            big.get_or_decide(fp(i, 0), || i);
+            big.get_or_decide(fp(i, 0), None, || i);
         }
         cache.give_back(big, 10);
-        let mut fresh = cache.take(99, true, false);
-        fresh.get_or_decide(fp(0, 0), || 0);
+        let mut fresh = cache.take(99, true, CpuRead::Nothing);
+        fresh.get_or_decide(fp(0, 0), None, || 0);
         assert_eq!(fresh.stats(), (1, 0));
     }
 
@@ -446,9 +500,9 @@ mod tests {
         let entry = std::mem::size_of::<((u128, u128), u128)>();
         let cache = MemoCache::default();
         assert_eq!(cache.bytes(), 0);
-        let mut memo = cache.take(1, true, false);
+        let mut memo = cache.take(1, true, CpuRead::Nothing);
         for i in 0..100u128 {
-            memo.get_or_decide(fp(i, 0), || i);
+            memo.get_or_decide(fp(i, 0), None, || i);
         }
         let kept = cache.give_back(memo, 1000);
         assert_eq!(kept, cache.bytes());
@@ -463,9 +517,9 @@ mod tests {
             "{kept} bytes for 100 entries of {entry}"
         );
         // A table dropped for its size is not counted.
-        let mut big = cache.take(2, true, false);
+        let mut big = cache.take(2, true, CpuRead::Nothing);
         for i in 0..20u128 {
-            big.get_or_decide(fp(i, 0), || i);
+            big.get_or_decide(fp(i, 0), None, || i);
         }
         assert_eq!(cache.give_back(big, 10), kept);
         cache.clear();
@@ -475,17 +529,17 @@ mod tests {
     #[test]
     fn of_two_concurrent_requests_of_a_shape_the_larger_table_is_kept() {
         let cache = MemoCache::default();
-        let mut a = cache.take(5, true, false);
-        let mut b = cache.take(5, true, false);
+        let mut a = cache.take(5, true, CpuRead::Nothing);
+        let mut b = cache.take(5, true, CpuRead::Nothing);
         for i in 0..3u128 {
-            a.get_or_decide(fp(i, 0), || i);
+            a.get_or_decide(fp(i, 0), None, || i);
         }
-        b.get_or_decide(fp(9, 0), || 9);
+        b.get_or_decide(fp(9, 0), None, || 9);
         cache.give_back(a, 100);
         cache.give_back(b, 100);
-        let mut next = cache.take(5, true, false);
+        let mut next = cache.take(5, true, CpuRead::Nothing);
         for i in 0..3u128 {
-            next.get_or_decide(fp(i, 0), || i);
+            next.get_or_decide(fp(i, 0), None, || i);
         }
         assert_eq!(next.stats(), (3, 3));
         assert_eq!(
@@ -542,7 +596,9 @@ mod tests {
             let snapshot = cluster.read_snapshot();
             let cache = MemoCache::default();
             for request in 0..2 {
-                let mut memo = cache.take(1, true, false).with_small_table(threshold);
+                let mut memo = cache
+                    .take(1, true, CpuRead::Nothing)
+                    .with_small_table(threshold);
                 let mut finder = snapshot.finder();
                 for i in 0..600u32 {
                     let found = finder.find(&format!("n{i:04}"));
@@ -572,8 +628,8 @@ mod tests {
     #[cfg(debug_assertions)]
     #[should_panic(expected = "equal fingerprints")]
     fn debug_builds_catch_a_key_that_misses_what_the_decision_reads() {
-        let mut memo = Memo::new(0, true, false);
-        memo.get_or_decide(fp(1, 1), || 1);
-        memo.get_or_decide(fp(1, 2), || 2);
+        let mut memo = Memo::new(0, true, CpuRead::Nothing);
+        memo.get_or_decide(fp(1, 1), None, || 1);
+        memo.get_or_decide(fp(1, 2), None, || 2);
     }
 }

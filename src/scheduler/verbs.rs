@@ -23,7 +23,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 
 use super::Scheduler;
-use super::memo::table_limit;
+use super::memo::{CpuRead, table_limit};
 use super::needs::pod_needs;
 use super::{PodNeeds, decide, explain, read};
 use crate::cluster::returns::ResourceKinds;
@@ -108,7 +108,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
             let shape = (
                 hash128(&needs),
                 needs.devices.is_some(),
-                needs.cpu.is_some(),
+                CpuRead::facts_if(needs.cpu.is_some()),
             );
             let limit = table_limit(snapshot.len());
             state
@@ -316,7 +316,11 @@ fn usual_raw(state: &Scheduler, names: &[Cow<'_, str>], needs: &PodNeeds) -> Vec
     let snapshot = state.cluster.read_snapshot();
     let mut finder = snapshot.finder();
     let aligned = RefCell::new(read::ScoreMemo::default());
-    let shape = (hash128(needs), needs.devices.is_some(), cpu_req.is_some());
+    let shape = (
+        hash128(needs),
+        needs.devices.is_some(),
+        CpuRead::facts_if(cpu_req.is_some()),
+    );
     let limit = table_limit(snapshot.len());
     let raw: Vec<i64> =
         state

@@ -37,6 +37,12 @@ impl<'a> Found<'a> {
         self.chunk.fingerprints[self.pos]
     }
 
+    /// [`NodeView::free_cpu_milli`], without building the view.
+    #[inline]
+    pub fn free_cpu_milli(&self) -> Option<i64> {
+        self.chunk.nodes[self.pos].free_cpu_milli
+    }
+
     #[inline]
     pub fn view(&self) -> NodeView<'a> {
         self.chunk

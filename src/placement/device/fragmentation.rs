@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -45,7 +46,7 @@ pub struct TaskShape {
 }
 
 /// A node's free capacity as the measure reads it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeFree {
     /// Free CPU in millicores; `None` when the node's CPU is not known (then CPU never
     /// blocks a task).
@@ -182,14 +183,25 @@ pub fn task_of(
 }
 
 /// Task kinds with their share of the workload (shares sum to 1; empty: no workload known).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct WorkloadMix {
     kinds: Vec<(TaskShape, f64)>,
+    /// Unique to this mix among those built in the process (clones share it; the empty
+    /// default is 0): what a score computed against the mix may be remembered by.
+    id: u64,
+}
+
+/// Two mixes are equal when their kinds and shares are; the id only names one.
+impl PartialEq for WorkloadMix {
+    fn eq(&self, other: &Self) -> bool {
+        self.kinds == other.kinds
+    }
 }
 
 impl WorkloadMix {
     /// From kinds and non-negative weights (normalized here; non-positive weights dropped).
     pub fn new(kinds: impl IntoIterator<Item = (TaskShape, f64)>) -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let kinds: Vec<(TaskShape, f64)> = kinds
             .into_iter()
             .filter(|(_, w)| w.is_finite() && *w > 0.0)
@@ -197,7 +209,38 @@ impl WorkloadMix {
         let sum: f64 = kinds.iter().map(|(_, w)| w).sum();
         WorkloadMix {
             kinds: kinds.into_iter().map(|(k, w)| (k, w / sum)).collect(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// This mix's identity: equal ids, the same kinds and shares (never reused in a process;
+    /// an equal mix built again gets another id, which only costs a cache its answers).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// How far the workload moved from `other` to this mix: the total variation distance
+    /// between the two, ½ Σ |share here − share there| over every kind of either (0: the
+    /// same shares; 1: no kind in common).
+    pub fn distance(&self, other: &WorkloadMix) -> f64 {
+        let share_in = |mix: &WorkloadMix, kind: &TaskShape| {
+            mix.kinds
+                .iter()
+                .find(|(k, _)| k == kind)
+                .map_or(0.0, |(_, w)| *w)
+        };
+        let here: f64 = self
+            .kinds
+            .iter()
+            .map(|(k, w)| (w - share_in(other, k)).abs())
+            .sum();
+        let only_there: f64 = other
+            .kinds
+            .iter()
+            .filter(|(k, _)| !self.kinds.iter().any(|(mine, _)| mine == k))
+            .map(|(_, w)| w)
+            .sum();
+        (here + only_there) / 2.0
     }
 
     pub fn kinds(&self) -> &[(TaskShape, f64)] {
@@ -368,6 +411,12 @@ pub const MIX_SEEN: usize = 8192;
 /// Observations over which a kind's weight halves: the mix follows the workload of the last
 /// few thousand pods.
 pub const MIX_HALF_LIFE: f64 = 2000.0;
+/// How far the learned mix must move from the published one ([`WorkloadMix::distance`])
+/// before it is published. Every pod moves it a little (by ~1/2,900 of the workload at the
+/// half-life); publishing each of those would give every request a mix of its own, and
+/// prioritize could never reuse a node's score across requests (`scheduler::fragment`).
+/// At 1 % a steady workload keeps one mix, and a new one takes over within ~30 of its pods.
+pub const MIX_PUBLISH_SHIFT: f64 = 0.01;
 
 /// The mix learned from the pods the extender sees: kinds quantized (whole cores, shares to
 /// 10 milli-GPUs), weights decaying so the mix follows the workload. Bounded in memory.
@@ -542,15 +591,21 @@ impl MixSource {
         }
     }
 
-    /// Counts a pod's task kind once per UID and publishes the new mix (a fixed source
-    /// ignores it).
+    /// Counts a pod's task kind once per UID, and publishes the learned mix when it has moved
+    /// at least [`MIX_PUBLISH_SHIFT`] from the published one (a fixed source ignores it).
     pub fn observe(&self, uid: &str, task: TaskShape) {
         let Some(learner) = &self.learner else {
             return;
         };
         let mut learner = learner.lock();
         if learner.observe(uid, task) {
-            self.current.store(Arc::new(learner.mix()));
+            let learned = learner.mix();
+            // Under the learner's lock: no other publish can come between the read and the
+            // store.
+            let published = self.current.load();
+            if published.is_empty() || learned.distance(&published) >= MIX_PUBLISH_SHIFT {
+                self.current.store(Arc::new(learned));
+            }
         }
     }
 
@@ -670,6 +725,75 @@ mod tests {
         fixed.observe("x", whole(0, 8));
         assert_eq!(fixed.current().kinds().len(), 1);
         assert!(!fixed.learns() && source.learns());
+    }
+
+    /// The learned mix is published when it has moved at least `MIX_PUBLISH_SHIFT` from the
+    /// published one, and only then: a steady workload keeps one mix (one id), a change of
+    /// workload replaces it within a few dozen pods.
+    #[test]
+    fn the_learned_mix_is_published_when_it_moves() {
+        let source = MixSource::default();
+        for i in 0..3_000 {
+            source.observe(&format!("s{i}"), share(4000, 500));
+        }
+        let steady = source.current();
+        assert_eq!(steady.kinds().len(), 1);
+        for i in 3_000..6_000 {
+            source.observe(&format!("s{i}"), share(4000, 500));
+        }
+        assert_eq!(
+            source.current().id(),
+            steady.id(),
+            "nothing moved: same mix"
+        );
+        // A second kind arrives: each pod moves the learned mix by ~1/2,900, so the first
+        // does not publish and a few dozen do.
+        source.observe("w0", whole(8000, 1));
+        assert_eq!(source.current().id(), steady.id());
+        let mut published_after = None;
+        for i in 1..200 {
+            source.observe(&format!("w{i}"), whole(8000, 1));
+            if source.current().id() != steady.id() {
+                published_after = Some(i + 1);
+                break;
+            }
+        }
+        let n = published_after.expect("a new kind is published");
+        assert!(
+            (20..=40).contains(&n),
+            "published after {n} pods of the new kind"
+        );
+        let moved = source.current();
+        assert!(moved.distance(&steady) >= MIX_PUBLISH_SHIFT);
+        assert_eq!(moved.kinds().len(), 2);
+    }
+
+    proptest! {
+        /// The distance from its definition: over every kind of either mix, half the sum of
+        /// the absolute differences of the shares (a kind missing from a mix has share 0);
+        /// symmetric, 0 from itself, at most 1.
+        #[test]
+        fn distance_is_total_variation(
+            a in proptest::collection::btree_map((0i64..4, 1i64..4), 0.01f64..10.0, 1..6),
+            b in proptest::collection::btree_map((0i64..4, 1i64..4), 0.01f64..10.0, 1..6),
+        ) {
+            let kind = |(c, g): (i64, i64)| whole(c * 1000, g);
+            let ma = WorkloadMix::new(a.iter().map(|(k, w)| (kind(*k), *w)));
+            let mb = WorkloadMix::new(b.iter().map(|(k, w)| (kind(*k), *w)));
+            let (sa, sb): (f64, f64) = (a.values().sum(), b.values().sum());
+            let mut keys: Vec<_> = a.keys().chain(b.keys()).copied().collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let oracle = keys
+                .iter()
+                .map(|k| (a.get(k).map_or(0.0, |w| w / sa) - b.get(k).map_or(0.0, |w| w / sb)).abs())
+                .sum::<f64>()
+                / 2.0;
+            prop_assert!((ma.distance(&mb) - oracle).abs() < 1e-9);
+            prop_assert!((mb.distance(&ma) - oracle).abs() < 1e-9);
+            prop_assert!(ma.distance(&ma).abs() < 1e-12);
+            prop_assert!(oracle <= 1.0 + 1e-9);
+        }
     }
 
     /// The measure from its definition, card by card, written without `task_fragment`: each
