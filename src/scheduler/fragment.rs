@@ -440,17 +440,7 @@ mod tests {
     /// Filter's observation publishes the mix's size: two kinds of pod seen, two kinds.
     #[test]
     fn observing_pods_publishes_the_mix_size() {
-        let text = cluster(2, false, false, &[], false, &[]);
-        let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
-        let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(
-            file.pods.clone(),
-        ));
-        let scoring = ScoringConfig::from_flags(&super::super::ScoringFlags {
-            device_strategy: "fragmentation",
-            ..super::super::ScoringFlags::DEFAULT
-        })
-        .unwrap();
-        let state = crate::ops::inspect::load_cluster_file(file).into_scheduler(api, scoring);
+        let state = fragmentation_state(&cluster(2, false, false, &[], false, &[]));
         assert_eq!(state.metrics.fragmentation_mix_kinds.get(), 0);
         let asks = [
             json!({"cpu": "4", "koordinator.sh/gpu-memory-ratio": "50"}),
@@ -507,8 +497,15 @@ mod tests {
             pod("hb", "b", "2", Some(half)),
             pod("plain", "b", "56", None),
         ];
-        let text = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
-        let file = crate::sync::file_source::ClusterFile::parse(&text, "c").unwrap();
+        fragmentation_state(
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
+        )
+    }
+
+    /// The scheduler of the cluster file `text`, scoring with the fragmentation strategy and a
+    /// learning mix.
+    fn fragmentation_state(text: &str) -> Scheduler {
+        let file = crate::sync::file_source::ClusterFile::parse(text, "c").unwrap();
         let api = std::sync::Arc::new(crate::scheduler::bind::OfflinePodApi::new(
             file.pods.clone(),
         ));
