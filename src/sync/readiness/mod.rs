@@ -61,6 +61,9 @@ pub struct ReadinessReport {
     pub standby_ready: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
+    /// What an operator should know that does not stop scheduling ([`Readiness::set_warning`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// Binds wait (answer "retry shortly") until a fresh pod relist lands, after a leader
     /// change or a pod watch error ([`Readiness::pods_current`]). Filter and prioritize still
     /// serve, so this does not fail readiness; it tells an operator why binds are refused.
@@ -101,6 +104,9 @@ pub struct Readiness {
     /// the verbs' hot check.
     refusal: Mutex<Option<String>>,
     refused: AtomicBool,
+    /// What an operator should know that does not stop scheduling (by topic, so each owner
+    /// replaces only its own): reported, never failing readiness.
+    warnings: Mutex<BTreeMap<&'static str, String>>,
     metrics: Metrics,
 }
 
@@ -125,6 +131,7 @@ impl Readiness {
             on_bootstrap: Mutex::new(None),
             refusal: Mutex::new(None),
             refused: AtomicBool::new(false),
+            warnings: Mutex::new(BTreeMap::new()),
             metrics,
         })
     }
@@ -230,6 +237,19 @@ impl Readiness {
 
     pub fn set_shutting_down(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Sets (or clears) the warning on `topic`: reported by `/readyz` (and `/debug`) whether
+    /// ready or not, never a reason to refuse.
+    pub fn set_warning(&self, topic: &'static str, warning: Option<String>) {
+        let mut warnings = self.warnings.lock();
+        let changed = match warning {
+            Some(w) => warnings.insert(topic, w.clone()).as_ref() != Some(&w),
+            None => warnings.remove(topic).is_some(),
+        };
+        if changed && let Some(w) = warnings.get(topic) {
+            tracing::warn!(topic, warning = %w, "readiness warning");
+        }
     }
 
     /// Sets (or clears) the configuration refusal: while set, not ready, with this reason.
@@ -345,6 +365,7 @@ impl Readiness {
             ready: reasons.is_empty(),
             standby_ready,
             reasons,
+            warnings: self.warnings.lock().values().cloned().collect(),
             binds_wait_for_pod_relist,
             kinds: self.progress.reports(),
         }
