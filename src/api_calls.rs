@@ -62,6 +62,13 @@ pub const DRA_OWNERSHIP_API_CALLS: &[ApiCall] = &[ApiCall {
     resource: "devicetaintrules",
     verbs: &["create", "delete"],
 }];
+/// Only with `--gpu-share-totals=extender`: the leader merge-patches the GPU share totals into
+/// a Node's `status.capacity` and `status.allocatable` (`crate::scheduler::share_totals`).
+pub const SHARE_TOTALS_API_CALLS: &[ApiCall] = &[ApiCall {
+    group: "",
+    resource: "nodes/status",
+    verbs: &["patch"],
+}];
 /// Only with `--leader-elect` (get, create, update) / `--follow-scheduler-lease` (get).
 pub const LEADER_ELECTION_API_CALLS: &[ApiCall] = &[ApiCall {
     group: "coordination.k8s.io",

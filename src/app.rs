@@ -207,6 +207,8 @@ impl Service {
         let scoring = args.scoring.config()?;
 
         let mut elector = None;
+        let mut node_status_api: Option<Arc<dyn crate::scheduler::share_totals::NodeStatusApi>> =
+            None;
         let requeue = Arc::new(crate::scheduler::Requeue::default());
         let (pod_api, offline_file): (Arc<dyn PodApi>, Option<ClusterFile>) =
             match &args.cluster_file {
@@ -290,6 +292,12 @@ impl Service {
                             shutdown.clone(),
                         ));
                     }
+                    node_status_api = Some(Arc::new(
+                        crate::scheduler::share_totals::KubeNodeStatusApi::new(
+                            client.clone(),
+                            args.request_timeout,
+                        ),
+                    ));
                     tokio::spawn(sync::run_kube(
                         ctx.clone(),
                         client.clone(),
@@ -301,6 +309,17 @@ impl Service {
                 }
             };
 
+        // The share totals' check runs in every mode (a cluster file is checked too); only the
+        // kube client writes, and only with `--gpu-share-totals=extender`.
+        tokio::spawn(crate::scheduler::share_totals::run(
+            args.gpu_share_totals,
+            cluster.clone(),
+            readiness.clone(),
+            node_status_api,
+            std::time::Duration::from_secs(1),
+            metrics.clone(),
+            shutdown.clone(),
+        ));
         let scheduler = Scheduler::new(
             cluster.clone(),
             readiness.clone(),

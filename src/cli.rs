@@ -205,6 +205,16 @@ pub struct ServeArgs {
     )]
     pub dra_cpu_drivers: Vec<String>,
 
+    /// Who keeps each Node's GPU share totals (`koordinator.sh/gpu-core`, `gpu-memory`,
+    /// `gpu-memory-ratio` summed over its healthy GPUs) in `status.allocatable`, so that
+    /// kube-scheduler counts share pods by node totals and a share pod can preempt (README
+    /// "Preemption"). `ignored`: nobody, kube-scheduler ignores the names and share pods cannot
+    /// preempt (readiness warns). `koord-manager`: it writes them; the extender reports nodes
+    /// that do not match. `extender`: the leader writes them (`patch` on `nodes/status`). The
+    /// chart's `extender.gpuShareTotals` sets this and the scheduler's stanza together.
+    #[arg(long, env = "DNE_GPU_SHARE_TOTALS", value_enum, default_value_t = crate::scheduler::share_totals::ShareTotals::Ignored)]
+    pub gpu_share_totals: crate::scheduler::share_totals::ShareTotals,
+
     /// Process-wide limit of requests handled at once; more wait in a queue.
     #[arg(long, env = "DNE_MAX_CONCURRENCY", default_value_t = 256)]
     pub max_concurrency: usize,

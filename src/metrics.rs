@@ -90,6 +90,8 @@ pub struct MetricSet {
     pub dra_taint_rule_writes: IntCounterVec,
     /// The extender's DeviceTaintRules in the cache (DRA pools it owns or is taking).
     pub dra_taint_rules: IntGauge,
+    pub share_totals_writes: IntCounterVec,
+    pub share_totals_mismatched_nodes: IntGauge,
     /// Task kinds in the fragmentation strategy's workload mix (learned or the operator's).
     pub fragmentation_mix_kinds: IntGauge,
     /// NRT CPU annotations and zones that could not be used, by annotation and problem.
@@ -355,6 +357,17 @@ impl MetricSet {
                 "dra_taint_rules",
                 "The extender's DeviceTaintRules in its cache: DRA driver pools it owns or is taking over."
             )),
+            share_totals_writes: reg!(IntCounterVec::new(
+                Opts::new(
+                    "share_totals_writes_total",
+                    "Writes of a Node's GPU share totals (koordinator.sh/gpu-core, gpu-memory, gpu-memory-ratio in status.capacity and allocatable) by the extender (--gpu-share-totals=extender), by result (ok, error)."
+                ),
+                &["result"]
+            )),
+            share_totals_mismatched_nodes: reg!(IntGauge::new(
+                "share_totals_mismatched_nodes",
+                "Nodes whose advertised GPU share totals differ from the sums over their Device object's healthy GPUs, as of the last check (--gpu-share-totals=koord-manager or extender; after the extender's writes)."
+            )),
             fragmentation_mix_kinds: reg!(IntGauge::new(
                 "fragmentation_mix_kinds",
                 "Task kinds in the workload mix the fragmentation strategy measures against (learned from the pods filter sees, or --fragmentation-mix); 0 until a pod is seen, and under other strategies."
@@ -480,6 +493,9 @@ impl Metrics {
             for result in ["ok", "error"] {
                 self.dra_taint_rule_writes.with_label_values(&[op, result]);
             }
+        }
+        for outcome in ["ok", "error"] {
+            self.share_totals_writes.with_label_values(&[outcome]);
         }
         for outcome in ["ok", "error"] {
             self.tls_reloads.with_label_values(&[outcome]);

@@ -38,6 +38,7 @@ mod partition_tests;
 mod read;
 pub mod relative;
 pub mod requeue;
+pub mod share_totals;
 pub mod verbs;
 mod write_back;
 

@@ -25,6 +25,7 @@ mod partitions;
 mod readiness;
 mod requeue;
 mod scale;
+mod share_totals;
 mod smoke;
 mod sync;
 mod sync_prop;
