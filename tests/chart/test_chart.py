@@ -98,7 +98,7 @@ def parse_api_calls() -> dict[str, set[tuple[str, str, str]]]:
                 rows.add((group, resource, verb))
         tables[name] = rows
     assert {"API_CALLS", "LEADER_ELECTION_API_CALLS", "REQUEUE_API_CALLS",
-            "DRA_OWNERSHIP_API_CALLS"} <= tables.keys(), tables.keys()
+            "DRA_OWNERSHIP_API_CALLS", "SHARE_TOTALS_API_CALLS"} <= tables.keys(), tables.keys()
     assert tables["API_CALLS"] and tables["LEADER_ELECTION_API_CALLS"]
     return tables
 
@@ -218,6 +218,11 @@ CASES = {
     "standalone-prefix": {"mode": "standalone", "extender": {"pathPrefix": "/gpu/v1"}},
     "no-pdb": {"podDisruptionBudget": {"enabled": False}},
     "no-requeue": {"extender": {"requeue": {"enabled": False}}},
+    "share-totals-extender": {"extender": {"gpuShareTotals": "extender"}},
+    "share-totals-koord-manager-route-all": {"extender": {"gpuShareTotals": "koord-manager"},
+                                             "extenderConfig": {"routeAllPods": True}},
+    "standalone-share-totals": {"mode": "standalone", "extender": {"gpuShareTotals": "extender"}},
+    "share-totals-no-policy": {"extender": {"gpuShareTotals": "extender"}, "rbac": {"nodeWritePolicy": False}},
     "no-dra-ownership": {"extender": {"dra": {"ownership": False, "handoverGrace": "30s",
                                               "allowExtendedResources": True,
                                               "cpuDrivers": ["dra.cpu", "cpu.example.com"]}}},
@@ -345,8 +350,10 @@ def test_extender_rbac_is_exactly_api_calls(chart, case):
     cr = one(objects, "ClusterRole", f"{R.RELEASE}-extender")
     requeue = ((values or {}).get("extender") or {}).get("requeue", {}).get("enabled", True)
     ownership = ((values or {}).get("extender") or {}).get("dra", {}).get("ownership", True)
+    share_totals = ((values or {}).get("extender") or {}).get("gpuShareTotals", "ignored")
     expected = (tables["API_CALLS"] | (tables["REQUEUE_API_CALLS"] if requeue else set())
-                | (tables["DRA_OWNERSHIP_API_CALLS"] if ownership else set()))
+                | (tables["DRA_OWNERSHIP_API_CALLS"] if ownership else set())
+                | (tables["SHARE_TOTALS_API_CALLS"] if share_totals == "extender" else set()))
     assert rbac_rows(cr["rules"]) == expected
     cluster, ns = bound_rules(objects, sa)
     assert cluster == expected
@@ -430,6 +437,7 @@ def check_extenders_stanza(extenders: list[dict], *, port: int, prefix: str, hos
 # in the extender stanza.
 DEPRECATED_NAMES = {"kubernetes.io/gpu", "kubernetes.io/gpu-core", "kubernetes.io/gpu-memory",
                     "kubernetes.io/gpu-memory-ratio", "kubernetes.io/rdma", "kubernetes.io/fpga"}
+SHARE_NAMES = {"koordinator.sh/gpu-core", "koordinator.sh/gpu-memory", "koordinator.sh/gpu-memory-ratio"}
 KOORD_NAMES = {
     "nvidia.com/gpu", "amd.com/gpu", "dcu.com/gpu", "koordinator.sh/gpu", "koordinator.sh/gpu-core",
     "koordinator.sh/gpu-memory", "koordinator.sh/gpu-memory-ratio", "koordinator.sh/gpu.shared",
@@ -462,6 +470,9 @@ def test_scheduler_config(chart, case):
     assert duration_seconds(ext["httpTimeout"]) > duration_seconds(req_timeout.split("=", 1)[1])
     ignored = {m["name"] for m in values.get("extenderConfig", {}).get("managedResources", [])} or \
         {n for n in KOORD_NAMES | DEPRECATED_NAMES if not n.endswith("/gpu") or not n.startswith(("nvidia", "amd", "dcu"))}
+    # Advertised share totals are counted: kube-scheduler's preemption then proposes victims.
+    if values.get("extender", {}).get("gpuShareTotals", "ignored") != "ignored":
+        ignored -= SHARE_NAMES
     if values.get("extenderConfig", {}).get("routeAllPods"):
         assert "managedResources" not in ext
         (pc,) = profile["pluginConfig"]
@@ -979,13 +990,19 @@ def test_the_extender_may_change_only_its_own_annotation_on_nodes(chart, case):
     values = CASES[case] or {}
     objects = objs(chart, values)
     requeue = values.get("extender", {}).get("requeue", {}).get("enabled", True)
-    policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
-    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    # The status policy (GPU share totals) is checked on its own, below this section.
+    policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+                and not o["metadata"]["name"].endswith("-node-status-writes")]
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                and not o["metadata"]["name"].endswith("-node-status-writes")]
     patches_nodes = any("patch" in r["verbs"] and "nodes" in r["resources"]
                         for o in objects if o["kind"] == "ClusterRole"
                         and o["metadata"]["name"].endswith("-extender") for r in o["rules"])
-    # Wherever RBAC lets the extender patch Nodes, the policy narrows it, and only then.
-    assert bool(policies) == patches_nodes == requeue
+    # Wherever RBAC lets the extender patch Nodes, the policy narrows it (unless switched off),
+    # and only then.
+    policy_on = values.get("rbac", {}).get("nodeWritePolicy", True)
+    assert patches_nodes == requeue
+    assert bool(policies) == (patches_nodes and policy_on)
     if not policies:
         return
     (policy,), (binding,) = policies, bindings
@@ -1103,3 +1120,30 @@ def test_inconsistent_webhook_values_fail_the_render(chart, bad, message):
     with pytest.raises(Exception) as err:
         R.render(bad, chart=chart)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["ignored", "koord-manager", "extender"])
+def test_gpu_share_totals_reach_the_binary_and_the_status_policy_only_with_the_extender(chart, mode):
+    values = {"extender": {"gpuShareTotals": mode}}
+    objects = objs(chart, values)
+    assert f"--gpu-share-totals={mode}" in containers(objects)["extender"]["args"]
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    status_policy = policies.get(f"{R.RELEASE}-node-status-writes")
+    assert (status_policy is not None) == (mode == "extender")
+    if status_policy:
+        (rule,) = status_policy["spec"]["matchConstraints"]["resourceRules"]
+        assert rule["resources"] == ["nodes/status"] and rule["operations"] == ["UPDATE"]
+        sa = one(objects, "ServiceAccount")["metadata"]["name"]
+        (cond,) = status_policy["spec"]["matchConditions"]
+        assert f"system:serviceaccount:{R.NAMESPACE}:{sa}" in cond["expression"]
+        text = " ".join(v["expression"] for v in status_policy["spec"]["validations"])
+        for name in SHARE_NAMES:
+            assert name in text
+        for field in ("capacity", "allocatable", "conditions", "addresses"):
+            assert f"object.status.{field}" in text
+        binding = one(objects, "ValidatingAdmissionPolicyBinding", f"{R.RELEASE}-node-status-writes")
+        assert binding["spec"]["validationActions"] == ["Deny"]
+    # Without the policy switch, no policy, whatever the mode.
+    off = objs(chart, {**values, "rbac": {"nodeWritePolicy": False}})
+    assert not [o for o in off if o["kind"] == "ValidatingAdmissionPolicy"
+                and o["metadata"]["name"].endswith("-node-status-writes")]

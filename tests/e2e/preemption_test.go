@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
@@ -122,6 +124,81 @@ func TestPreemptionThroughTheExtender(t *testing.T) {
 	cpus, _ := parseCPUList(rs.CPUSet)
 	if len(cpus) != 8 {
 		t.Fatalf("high-cpuset: cpuset %q, want 8 CPUs", rs.CPUSet)
+	}
+	cp.assertNoViolations()
+}
+
+// shareTotals is the chart with extender.gpuShareTotals=extender: the extender's leader writes
+// each node's GPU share totals, and the scheduler counts them.
+const shareTotals = `{"extender":{"gpuShareTotals":"extender"}}`
+
+// waitAllocatable waits until the node advertises `value` of `name` in status.allocatable and
+// status.capacity.
+func (cp *controlPlane) waitAllocatable(node, name, value string) {
+	cp.t.Helper()
+	want := resource.MustParse(value)
+	err := wait.PollUntilContextTimeout(cp.ctx, 100*time.Millisecond, hangGuard, true, func(ctx context.Context) (bool, error) {
+		n, err := cp.admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		a, okA := n.Status.Allocatable[corev1.ResourceName(name)]
+		c, okC := n.Status.Capacity[corev1.ResourceName(name)]
+		return okA && okC && a.Cmp(want) == 0 && c.Cmp(want) == 0, nil
+	})
+	if err != nil {
+		cp.t.Fatalf("node %s never advertised %s=%s", node, name, value)
+	}
+}
+
+// Issue 38 §1: a pod asking for half a GPU preempts through the stock scheduler once the node
+// advertises its GPU share totals. Every card is held by two low-priority half-card pods; the
+// scheduler counts the totals (all used), proposes the fewest lowest-priority victims that make
+// room by totals (one half-card pod), the extender's preempt keeps the node because that victim
+// frees half of one card, and the pod binds to that card.
+func TestSharePodsPreemptThroughTheExtender(t *testing.T) {
+	cp, ext := start(t, planOptions{chartValues: shareTotals})
+	m := gpuMachine
+	cp.addNodes("gpu", 1, m)
+	ext.waitReady()
+	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-core", fmt.Sprint(100*m.gpus))
+	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-memory-ratio", fmt.Sprint(100*m.gpus))
+	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-memory", fmt.Sprintf("%dGi", m.gpuMemoryGi*m.gpus))
+	cp.priorityClass("low", 100)
+	cp.priorityClass("high", 1000)
+	half := map[string]string{"cpu": "1", "memory": "1Gi", "koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}
+	var low []string
+	for i := 0; i < 2*m.gpus; i++ {
+		name := fmt.Sprintf("low-half-%d", i)
+		low = append(low, name)
+		cp.createPod(podSpec{name: name, priority: "low", limits: half})
+	}
+	held := cp.waitBound(low...)
+	minorOf := map[string]int{}
+	perCard := map[int]int{}
+	for name, p := range held {
+		d, err := parseDeviceAllocated(p)
+		if err != nil || len(d["gpu"]) != 1 {
+			t.Fatalf("%s: %v %v", name, d, err)
+		}
+		minorOf[name] = d["gpu"][0].Minor
+		perCard[d["gpu"][0].Minor]++
+	}
+	for minor := 0; minor < m.gpus; minor++ {
+		if perCard[minor] != 2 {
+			t.Fatalf("card %d holds %d half-card pods, want every card full: %v", minor, perCard[minor], perCard)
+		}
+	}
+	cp.assertNoViolations()
+
+	cp.createPod(podSpec{name: "high-half", priority: "high", limits: half})
+	victims := cp.playKubeletUntil(m, func() bool { return cp.getPod("high-half").Spec.NodeName != "" })
+	if len(victims) != 1 {
+		t.Fatalf("victims %v, want exactly one half-card holder", victims)
+	}
+	d, err := parseDeviceAllocated(cp.getPod("high-half"))
+	if err != nil || len(d["gpu"]) != 1 || d["gpu"][0].Minor != minorOf[victims[0]] {
+		t.Fatalf("high-half holds %v, want the victim %s's GPU %d", d, victims[0], minorOf[victims[0]])
 	}
 	cp.assertNoViolations()
 }

@@ -331,3 +331,70 @@ func TestTheExtenderMayChangeOnlyItsOwnAnnotationOnNodes(t *testing.T) {
 		t.Fatalf("the node was changed: taints %v unschedulable %v labels %v annotations %v", n.Spec.Taints, n.Spec.Unschedulable, n.Labels, n.Annotations)
 	}
 }
+
+// Issue 38 §1. With extender.gpuShareTotals=extender RBAC grants `patch nodes/status`; the
+// chart's second policy lets the extender change only the three GPU share totals there.
+func TestTheExtenderMayChangeOnlyShareTotalsInNodeStatus(t *testing.T) {
+	cp := startControlPlane(t, planOptions{chartValues: shareTotals})
+	if len(cp.chart.Policies) != 2 || len(cp.chart.PolicyBindings) != 2 {
+		t.Fatalf("the chart rendered %d policies and %d bindings, want the node-write and node-status policies", len(cp.chart.Policies), len(cp.chart.PolicyBindings))
+	}
+	cp.addNodes("n", 1, cpuMachine)
+	cfg, err := clientcmd.BuildConfigFromFlags("", cp.extenderKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ext, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := func(body string) error {
+		_, err := ext.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(body), metav1.PatchOptions{}, "status")
+		return err
+	}
+	cpu := `{"status":{"allocatable":{"cpu":"1000"},"capacity":{"cpu":"1000"}}}`
+	// The apiserver loads policies asynchronously: retried until refused (the ordering point
+	// "the policy is active"); RBAC alone admits it.
+	var refused error
+	err = wait.PollUntilContextTimeout(cp.ctx, 200*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
+		refused = patch(cpu)
+		if refused == nil {
+			// Admitted before the policy was active: undo it as the admin, and try again.
+			_, _ = cp.admin.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(`{"status":{"allocatable":{"cpu":"64"},"capacity":{"cpu":"64"}}}`), metav1.PatchOptions{}, "status")
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("a CPU allocatable patch by the extender was never refused: %v", err)
+	}
+	if !strings.Contains(refused.Error(), "may change only the GPU share totals") {
+		t.Fatalf("the CPU patch failed, but not by the policy: %v", refused)
+	}
+	for what, body := range map[string]string{
+		"a condition":        `{"status":{"conditions":[{"type":"Ready","status":"False","reason":"Evil"}]}}`,
+		"another resource":   `{"status":{"allocatable":{"nvidia.com/gpu":"8"},"capacity":{"nvidia.com/gpu":"8"}}}`,
+		"a removed resource": `{"status":{"allocatable":{"memory":null}}}`,
+	} {
+		if err := patch(body); err == nil || !strings.Contains(err.Error(), "may change only") {
+			t.Fatalf("%s: the extender's status patch was not refused by the policy: %v", what, err)
+		}
+	}
+	// The share totals, as the extender writes them, are allowed.
+	if err := patch(`{"status":{"capacity":{"koordinator.sh/gpu-core":"800"},"allocatable":{"koordinator.sh/gpu-core":"800"}}}`); err != nil {
+		t.Fatalf("the share totals were refused: %v", err)
+	}
+	n, err := cp.admin.CoreV1().Nodes().Get(cp.ctx, "n-0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := n.Status.Allocatable["cpu"]; q.String() != "64" {
+		t.Fatalf("the node's CPU was changed: %v", q.String())
+	}
+	if _, ok := n.Status.Allocatable["nvidia.com/gpu"]; ok {
+		t.Fatal("the node was given nvidia.com/gpu")
+	}
+	if q := n.Status.Allocatable["koordinator.sh/gpu-core"]; q.String() != "800" {
+		t.Fatalf("the share total was not written: %v", n.Status.Allocatable)
+	}
+}

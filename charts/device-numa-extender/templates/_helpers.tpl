@@ -157,7 +157,7 @@ extenders:
     {{- /* kube-scheduler refuses kubernetes.io/ names here (not extended resource names): the
     webhook renames such requests to their current names instead. */}}
     {{- $stanza := list }}
-    {{- range .Values.extenderConfig.managedResources }}{{ if not (hasPrefix "kubernetes.io/" .name) }}{{ $stanza = append $stanza . }}{{ end }}{{ end }}
+    {{- range (include "dne.managedResources" . | fromYamlArray) }}{{ if not (hasPrefix "kubernetes.io/" .name) }}{{ $stanza = append $stanza . }}{{ end }}{{ end }}
     {{- with $stanza }}
     managedResources:
       {{- range . }}
@@ -166,6 +166,21 @@ extenders:
       {{- end }}
     {{- end }}
     {{- end }}
+{{- end }}
+
+{{/* extenderConfig.managedResources as the scheduler gets them: with extender.gpuShareTotals
+koord-manager or extender, the GPU share names are counted (their node totals are advertised, so
+kube-scheduler's preemption can propose victims for a pod asking for a share). A YAML list. */}}
+{{- define "dne.managedResources" -}}
+{{- $counted := ne .Values.extender.gpuShareTotals "ignored" }}
+{{- $shares := list "koordinator.sh/gpu-core" "koordinator.sh/gpu-memory" "koordinator.sh/gpu-memory-ratio" }}
+{{- $out := list }}
+{{- range .Values.extenderConfig.managedResources }}
+{{- $ignored := .ignoredByScheduler }}
+{{- if and $counted (has .name $shares) }}{{ $ignored = false }}{{ end }}
+{{- $out = append $out (dict "name" .name "ignoredByScheduler" $ignored) }}
+{{- end }}
+{{- toYaml $out }}
 {{- end }}
 
 {{/* Flags for `device-numa-extender serve`; each one is in the binary's documented flag set. */}}
@@ -203,6 +218,7 @@ extenders:
 {{- $args = append $args (printf "--requeue=%t" $e.requeue.enabled) }}
 {{- if $e.requeue.enabled }}{{ $args = append $args (printf "--requeue-interval=%s" $e.requeue.interval) }}{{ end }}
 {{- $args = append $args (printf "--dra-ownership=%t" $e.dra.ownership) }}
+{{- $args = append $args (printf "--gpu-share-totals=%s" $e.gpuShareTotals) }}
 {{- if $e.dra.ownership }}{{ $args = append $args (printf "--dra-handover-grace=%s" $e.dra.handoverGrace) }}{{ end }}
 {{- if $e.dra.allowExtendedResources }}{{ $args = append $args "--allow-dra-extended-resources" }}{{ end }}
 {{- $args = append $args (printf "--dra-cpu-drivers=%s" (join "," $e.dra.cpuDrivers)) }}
@@ -390,7 +406,7 @@ prometheus.io/path: /metrics
 {{/* The secondary kube-scheduler's KubeSchedulerConfiguration. */}}
 {{- define "dne.schedulerConfig" -}}
 {{- $ignored := list }}
-{{- range .Values.extenderConfig.managedResources }}
+{{- range (include "dne.managedResources" . | fromYamlArray) }}
 {{- if .ignoredByScheduler }}{{ $ignored = append $ignored .name }}{{ end }}
 {{- end -}}
 apiVersion: kubescheduler.config.k8s.io/v1
