@@ -49,6 +49,14 @@ pub struct PodRecord {
     /// The parsed `resource-status` (what the CPU ledger records).
     #[serde(skip)]
     pub cpus: PodCpus,
+    /// `spec.priority` (0 when unset, as kube-scheduler reads it): who may be a preemption
+    /// victim of whom.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub priority: i32,
+}
+
+fn is_zero(v: &i32) -> bool {
+    *v == 0
 }
 
 impl PodRecord {
@@ -66,6 +74,7 @@ impl PodRecord {
             devices: PodDevices::of_pod(pod),
             resource_status: pod.annotation(RESOURCE_STATUS).map(str::to_owned),
             cpus: PodCpus::from_pod(pod),
+            priority: pod.spec.priority.unwrap_or(0),
         })
     }
 

@@ -873,6 +873,7 @@ mod tests {
             devices: PodDevices::Allocated(alloc),
             resource_status: None,
             cpus: Default::default(),
+            priority: 0,
         }
     }
 

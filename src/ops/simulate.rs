@@ -30,7 +30,6 @@ use crate::cluster::report::{ClusterReport, Summary, cluster_report};
 use crate::model::device::{GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO};
 use crate::model::ids::PodUid;
 use crate::model::pod::Pod;
-use crate::model::quantity::Quantity;
 use crate::model::requests::{Requests, pod_requests};
 use crate::model::wire::{ExtenderArgsRef, ExtenderBindingArgs};
 use crate::scheduler::bind::{OfflinePodApi, PodApi};
@@ -94,46 +93,17 @@ fn ignored_by_scheduler(resource: &str) -> bool {
     resource.starts_with("koordinator.sh/") || resource.starts_with("huawei.com/npu-")
 }
 
-/// kube-scheduler's NodeResourcesFit, as far as simulate models it (see the module docs).
-/// `ignore`'s pods count as gone (preemption victims, pods a plan moves away).
+/// kube-scheduler's NodeResourcesFit, as far as simulate models it (see the module docs): the
+/// shipped configs' counted names. `ignore`'s pods count as gone (preemption victims, pods a plan
+/// moves away).
 pub(super) fn scheduler_fit(
     node: &NodeState,
     requests: &Requests,
     ignore: &[PodUid],
 ) -> Result<(), String> {
-    let Some(record) = &node.node else {
-        return Err("node not found".into());
-    };
-    let allocatable = |name: &str| -> Quantity {
-        record
-            .allocatable
-            .get(name)
-            .and_then(|v| Quantity::parse(v).ok())
-            .unwrap_or(Quantity::ZERO)
-    };
-    if record.allocatable.contains_key("pods") {
-        let max = allocatable("pods").value();
-        let pods = node.pods.keys().filter(|u| !ignore.contains(u)).count();
-        if i64::try_from(pods).unwrap_or(i64::MAX) >= max {
-            return Err("Too many pods".into());
-        }
-    }
-    for (name, want) in requests {
-        if want.is_zero() || ignored_by_scheduler(name) {
-            continue;
-        }
-        let used: i128 = node
-            .pods
-            .values()
-            .filter(|p| !ignore.contains(&p.uid))
-            .filter_map(|p| p.requests.get(name))
-            .map(Quantity::milli)
-            .sum();
-        if used + want.milli() > allocatable(name).milli() {
-            return Err(format!("Insufficient {name}"));
-        }
-    }
-    Ok(())
+    crate::scheduler::kube_fit::node_resources_fit(node, requests, ignore, |r| {
+        !ignored_by_scheduler(r)
+    })
 }
 
 /// What kube-scheduler's own filters leave for the extender, as far as `simulate` models them.
