@@ -91,6 +91,7 @@ pub struct MetricSet {
     /// The extender's DeviceTaintRules in the cache (DRA pools it owns or is taking).
     pub dra_taint_rules: IntGauge,
     pub share_totals_writes: IntCounterVec,
+    pub preempt_candidates: IntCounterVec,
     pub share_totals_mismatched_nodes: IntGauge,
     /// Task kinds in the fragmentation strategy's workload mix (learned or the operator's).
     pub fragmentation_mix_kinds: IntGauge,
@@ -357,6 +358,13 @@ impl MetricSet {
                 "dra_taint_rules",
                 "The extender's DeviceTaintRules in its cache: DRA driver pools it owns or is taking over."
             )),
+            preempt_candidates: reg!(IntCounterVec::new(
+                Opts::new(
+                    "preempt_candidates_total",
+                    "Candidate nodes of preempt requests, by outcome: kept (kube-scheduler's victims make room), replaced (they do not; the extender answered the fewest others that do), dropped (nothing within the search's bounds does)."
+                ),
+                &["outcome"]
+            )),
             share_totals_writes: reg!(IntCounterVec::new(
                 Opts::new(
                     "share_totals_writes_total",
@@ -496,6 +504,9 @@ impl Metrics {
         }
         for outcome in ["ok", "error"] {
             self.share_totals_writes.with_label_values(&[outcome]);
+        }
+        for outcome in ["kept", "replaced", "dropped"] {
+            self.preempt_candidates.with_label_values(&[outcome]);
         }
         for outcome in ["ok", "error"] {
             self.tls_reloads.with_label_values(&[outcome]);

@@ -31,6 +31,7 @@ mod decide;
 pub mod dra_owner;
 pub mod explain;
 mod fragment;
+pub mod kube_fit;
 mod memo;
 mod needs;
 #[cfg(test)]
@@ -40,6 +41,7 @@ pub mod relative;
 pub mod requeue;
 pub mod share_totals;
 pub mod verbs;
+mod victims;
 mod write_back;
 
 use std::sync::Arc;

@@ -29,6 +29,7 @@ use super::{PodNeeds, decide, explain, read};
 use crate::cluster::returns::ResourceKinds;
 use crate::cluster::snapshot::{Fingerprint, hash128};
 use crate::model::ids::PodUid;
+use crate::model::requests::pod_requests;
 use crate::model::wire::{
     ExtenderArgsRef, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
     HostPriority, MetaPod, MetaVictims, NodeList,
@@ -395,6 +396,11 @@ pub fn preempt(state: &Scheduler, args: ExtenderPreemptionArgs) -> ExtenderPreem
             };
         }
     };
+    // Where kube-scheduler's victims do not make room (a share freed across cards, not on one),
+    // the fewest others that do, which its own resource fit still passes (`victims`).
+    let pod = args.pod.as_ref();
+    let priority = pod.and_then(|p| p.spec.priority).unwrap_or(0);
+    let requests = pod.and_then(|p| pod_requests(&p.spec).ok());
     candidates.retain(|node, victims| {
         let ignore: Vec<PodUid> = victims
             .pods
@@ -402,7 +408,40 @@ pub fn preempt(state: &Scheduler, args: ExtenderPreemptionArgs) -> ExtenderPreem
             .flatten()
             .map(|p| PodUid::new(&p.uid))
             .collect();
-        full_fit(state, node, &needs, &ignore).is_ok()
+        let outcome = |o: &str| {
+            state
+                .metrics
+                .preempt_candidates
+                .with_label_values(&[o])
+                .inc()
+        };
+        if full_fit(state, node, &needs, &ignore).is_ok() {
+            outcome("kept");
+            return true;
+        }
+        let others = requests.as_ref().and_then(|requests| {
+            let entry = state.cluster.node(node)?;
+            let guard = entry.read();
+            super::victims::fewest_victims(&guard, &needs, &state.scoring, priority, requests)
+        });
+        match others {
+            Some(set) => {
+                tracing::debug!(%node, kube = ?ignore, extender = ?set, "preempt: kube-scheduler's victims do not make room here; others do");
+                victims.pods = Some(
+                    set.into_iter()
+                        .map(|uid| MetaPod {
+                            uid: uid.as_str().to_string(),
+                        })
+                        .collect(),
+                );
+                outcome("replaced");
+                true
+            }
+            None => {
+                outcome("dropped");
+                false
+            }
+        }
     });
     ExtenderPreemptionResult {
         node_name_to_meta_victims: Some(candidates),

@@ -10,6 +10,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,4 +202,72 @@ func TestSharePodsPreemptThroughTheExtender(t *testing.T) {
 		t.Fatalf("high-half holds %v, want the victim %s's GPU %d", d, victims[0], minorOf[victims[0]])
 	}
 	cp.assertNoViolations()
+}
+
+// holdShare creates a pod already bound to `node` that holds `share` hundredths of GPU `minor`
+// (the annotation koordinator's scheduler would have written), at `priority`.
+func (cp *controlPlane) holdShare(name, node, priority string, minor, share int) {
+	cp.t.Helper()
+	s := fmt.Sprint(share)
+	p := cp.pod(podSpec{name: name, priority: priority, limits: map[string]string{
+		"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-core": s, "koordinator.sh/gpu-memory-ratio": s}})
+	p.Spec.NodeName = node
+	p.Annotations = map[string]string{"scheduling.koordinator.sh/device-allocated": fmt.Sprintf(
+		`{"gpu":[{"minor":%d,"resources":{"koordinator.sh/gpu-core":"%s","koordinator.sh/gpu-memory-ratio":"%s"}}]}`, minor, s, s)}
+	if _, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, p, metav1.CreateOptions{}); err != nil {
+		cp.t.Fatalf("pod %s: %v", name, err)
+	}
+}
+
+// Issue 38 §2: kube-scheduler picks victims by node totals, here two pods on two cards whose
+// removal frees 40 on each and 50 on neither. The extender's preempt answers the fewest pods
+// that free half a card instead (one 60 holder), which kube-scheduler evicts as they are; the
+// pod binds to that card.
+func TestSharePreemptionVictimsFreeOneCard(t *testing.T) {
+	cp, ext := start(t, planOptions{chartValues: shareTotals})
+	m := machine{numa: 1, coresPerNuma: 16, gpus: 2, gpuMemoryGi: 80}
+	cp.addNodes("gpu", 1, m)
+	ext.waitReady()
+	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-core", "200")
+	cp.priorityClass("low", 100)
+	cp.priorityClass("mid", 200)
+	cp.priorityClass("high", 1000)
+	// Card 0: 30 + 30 (mid) + 40 (low); card 1: 60 (mid) + 40 (low). kube-scheduler reprieves
+	// the mid pods first, so its victims are the two low 40s, one per card.
+	cp.holdShare("a30", "gpu-0", "mid", 0, 30)
+	cp.holdShare("b30", "gpu-0", "mid", 0, 30)
+	cp.holdShare("c40", "gpu-0", "low", 0, 40)
+	cp.holdShare("d60", "gpu-0", "mid", 1, 60)
+	cp.holdShare("e40", "gpu-0", "low", 1, 40)
+	// Every holder is in the extender's cache (an ordering point: a half-card pod fits nowhere).
+	ext.waitCachedPods(5)
+	cp.assertNoViolations()
+
+	half := map[string]string{"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}
+	cp.createPod(podSpec{name: "high-half", priority: "high", limits: half})
+	victims := cp.playKubeletUntil(m, func() bool { return cp.getPod("high-half").Spec.NodeName != "" })
+	if len(victims) != 1 || victims[0] != "d60" {
+		t.Fatalf("victims %v, want exactly d60 (the one pod whose removal frees half of one card)", victims)
+	}
+	d, err := parseDeviceAllocated(cp.getPod("high-half"))
+	if err != nil || len(d["gpu"]) != 1 || d["gpu"][0].Minor != 1 {
+		t.Fatalf("high-half holds %v, want GPU 1 (the victim's)", d)
+	}
+	for _, name := range []string{"a30", "b30", "c40", "e40"} {
+		if p := cp.getPod(name); p.DeletionTimestamp != nil {
+			t.Fatalf("%s is being deleted; only d60 should be", name)
+		}
+	}
+	cp.assertNoViolations()
+}
+
+// waitCachedPods waits until the extender's pod cache holds n pods.
+func (e *extenderProc) waitCachedPods(n int) {
+	want := fmt.Sprintf(`dne_cached_objects{kind="pods"} %d`, n)
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
+		return strings.Contains(e.metrics(), want), nil
+	})
+	if err != nil {
+		e.cp.t.Fatalf("the extender never cached %d pods: %s", n, metricLines(e.metrics(), "dne_cached_objects"))
+	}
 }

@@ -279,34 +279,15 @@ func TestTheExtenderMayChangeOnlyItsOwnAnnotationOnNodes(t *testing.T) {
 		t.Fatalf("the chart rendered %d policies and %d bindings, want the node-write policy and its binding", len(cp.chart.Policies), len(cp.chart.PolicyBindings))
 	}
 	cp.addNodes("n", 1, cpuMachine)
-	cfg, err := clientcmd.BuildConfigFromFlags("", cp.extenderKubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ext, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ext := cp.extenderClient()
 	patch := func(body string) error {
 		_, err := ext.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(body), metav1.PatchOptions{})
 		return err
 	}
 	taint := `{"spec":{"taints":[{"key":"evil","effect":"NoSchedule"}]}}`
-	// The apiserver loads policies asynchronously: the taint is retried until refused (the
-	// ordering point "the policy is active"). RBAC alone admits it.
-	var refused error
-	err = wait.PollUntilContextTimeout(cp.ctx, 200*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
-		refused = patch(taint)
-		if refused == nil {
-			// Admitted before the policy was active: undo it as the admin, and try again.
-			_, _ = cp.admin.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(`{"spec":{"taints":null}}`), metav1.PatchOptions{})
-			return false, nil
-		}
-		return true, nil
+	refused := cp.refusedOncePolicyIsActive("a taint patch", func() error { return patch(taint) }, func() {
+		_, _ = cp.admin.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(`{"spec":{"taints":null}}`), metav1.PatchOptions{})
 	})
-	if err != nil {
-		t.Fatalf("a taint patch by the extender was never refused: %v", err)
-	}
 	if !apierrors.IsForbidden(refused) && !apierrors.IsInvalid(refused) || !strings.Contains(refused.Error(), "may change only") {
 		t.Fatalf("the taint patch failed, but not by the policy: %v", refused)
 	}
@@ -340,34 +321,15 @@ func TestTheExtenderMayChangeOnlyShareTotalsInNodeStatus(t *testing.T) {
 		t.Fatalf("the chart rendered %d policies and %d bindings, want the node-write and node-status policies", len(cp.chart.Policies), len(cp.chart.PolicyBindings))
 	}
 	cp.addNodes("n", 1, cpuMachine)
-	cfg, err := clientcmd.BuildConfigFromFlags("", cp.extenderKubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ext, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ext := cp.extenderClient()
 	patch := func(body string) error {
 		_, err := ext.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(body), metav1.PatchOptions{}, "status")
 		return err
 	}
 	cpu := `{"status":{"allocatable":{"cpu":"1000"},"capacity":{"cpu":"1000"}}}`
-	// The apiserver loads policies asynchronously: retried until refused (the ordering point
-	// "the policy is active"); RBAC alone admits it.
-	var refused error
-	err = wait.PollUntilContextTimeout(cp.ctx, 200*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
-		refused = patch(cpu)
-		if refused == nil {
-			// Admitted before the policy was active: undo it as the admin, and try again.
-			_, _ = cp.admin.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(`{"status":{"allocatable":{"cpu":"64"},"capacity":{"cpu":"64"}}}`), metav1.PatchOptions{}, "status")
-			return false, nil
-		}
-		return true, nil
+	refused := cp.refusedOncePolicyIsActive("a CPU allocatable patch", func() error { return patch(cpu) }, func() {
+		_, _ = cp.admin.CoreV1().Nodes().Patch(cp.ctx, "n-0", types.MergePatchType, []byte(`{"status":{"allocatable":{"cpu":"64"},"capacity":{"cpu":"64"}}}`), metav1.PatchOptions{}, "status")
 	})
-	if err != nil {
-		t.Fatalf("a CPU allocatable patch by the extender was never refused: %v", err)
-	}
 	if !strings.Contains(refused.Error(), "may change only the GPU share totals") {
 		t.Fatalf("the CPU patch failed, but not by the policy: %v", refused)
 	}
@@ -397,4 +359,39 @@ func TestTheExtenderMayChangeOnlyShareTotalsInNodeStatus(t *testing.T) {
 	if q := n.Status.Allocatable["koordinator.sh/gpu-core"]; q.String() != "800" {
 		t.Fatalf("the share total was not written: %v", n.Status.Allocatable)
 	}
+}
+
+// extenderClient is a client with the extender's own credentials (the chart's ServiceAccount).
+func (cp *controlPlane) extenderClient() *kubernetes.Clientset {
+	cp.t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", cp.extenderKubeconfig)
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	ext, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	return ext
+}
+
+// refusedOncePolicyIsActive retries `write` until it is refused and returns the refusal. The
+// apiserver loads policies asynchronously, so a write admitted before the policy is active is
+// undone (as the admin) and tried again: the refusal is the ordering point "the policy is
+// active"; RBAC alone admits the write.
+func (cp *controlPlane) refusedOncePolicyIsActive(what string, write func() error, undo func()) error {
+	cp.t.Helper()
+	var refused error
+	err := wait.PollUntilContextTimeout(cp.ctx, 200*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
+		refused = write()
+		if refused == nil {
+			undo()
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		cp.t.Fatalf("%s by the extender was never refused: %v", what, err)
+	}
+	return refused
 }

@@ -30,6 +30,7 @@ mod smoke;
 mod sync;
 mod sync_prop;
 mod tls;
+mod victims;
 mod wire;
 // Out of alphabetical order on purpose: parallel branches add modules above.
 mod fragmentation;

@@ -32,6 +32,19 @@ fn warnings(ready: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Polls `/readyz` until its warnings satisfy `done`, failing the test after [`TIMEOUT`].
+async fn wait_warnings(http: &Http, what: &str, done: impl Fn(&[String]) -> bool) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let (_, ready) = http.get("/readyz").await;
+        if done(&warnings(&ready)) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {ready}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_extender_writes_share_totals_and_follows_the_devices() {
     let fake = FakeApiServer::new();
@@ -168,29 +181,19 @@ async fn koord_managers_mode_reports_nodes_without_totals() {
     let svc = service::start(&fake, &["--gpu-share-totals=koord-manager"]).await;
     let http = Http::new(svc.addr);
     http.wait_ready(TIMEOUT).await;
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let (_, ready) = http.get("/readyz").await;
-        if warnings(&ready)
-            .iter()
+    wait_warnings(&http, "a warning naming the node", |w| {
+        w.iter()
             .any(|w| w.starts_with("1 node(s)") && w.contains("gpu"))
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no warning: {ready}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
+    })
+    .await;
+    let mismatched = || {
         svc.state
             .scheduler
             .metrics
             .share_totals_mismatched_nodes
-            .get(),
-        1
-    );
+            .get()
+    };
+    assert_eq!(mismatched(), 1);
     // koord-manager writes them: the warning goes.
     fake.patch_merge(
         Kind::Node,
@@ -200,26 +203,8 @@ async fn koord_managers_mode_reports_nodes_without_totals() {
             "koordinator.sh/gpu-memory": "160Gi", "koordinator.sh/gpu-memory-ratio": "200"}}}),
     )
     .unwrap();
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let (_, ready) = http.get("/readyz").await;
-        if warnings(&ready).is_empty() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "warning stays: {ready}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        svc.state
-            .scheduler
-            .metrics
-            .share_totals_mismatched_nodes
-            .get(),
-        0
-    );
+    wait_warnings(&http, "no warning", |w| w.is_empty()).await;
+    assert_eq!(mismatched(), 0);
     assert!(
         !fake
             .rbac_requests()
