@@ -526,6 +526,12 @@ impl ClusterState {
         }
     }
 
+    /// The version of the latest write to any node's state (0 before any): unchanged, nothing
+    /// any node's state says has changed since it was read.
+    pub fn last_version(&self) -> u64 {
+        self.versions.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// After every write, under the node's write lock: a new version, published to the read
     /// snapshot once it is live (a dead entry publishes the node's removal).
     fn written(&self, name: &str, state: &mut NodeState) {

@@ -288,6 +288,10 @@ pub async fn run(
     if mode == ShareTotals::Ignored {
         return;
     }
+    // What the last pass saw: the caches' version and whether it wrote. The same again is
+    // skipped (a pass reads every node under its lock) unless writes failed: they are retried.
+    let mut last: Option<(u64, bool)> = None;
+    let mut left: Vec<Mismatch> = Vec::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -299,7 +303,12 @@ pub async fn run(
         let writer = api
             .as_deref()
             .filter(|_| mode == ShareTotals::Extender && readiness.is_leader());
-        let left = reconcile(&cluster, writer, &metrics).await;
+        let seen = (cluster.last_version(), writer.is_some());
+        if last == Some(seen) && (left.is_empty() || writer.is_none()) {
+            continue;
+        }
+        last = Some(seen);
+        left = reconcile(&cluster, writer, &metrics).await;
         metrics
             .share_totals_mismatched_nodes
             .set(i64::try_from(left.len()).unwrap_or(i64::MAX));
