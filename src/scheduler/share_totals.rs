@@ -15,9 +15,10 @@
 //! nobody (the default: share pods cannot preempt, and readiness says so), koord-manager (the
 //! extender checks every node and reports those that do not match), or the extender itself: the
 //! leader patches `status.capacity` and `status.allocatable` of the three names on every node
-//! whose totals differ (kubelet keeps extended resources it does not manage in `capacity` and
-//! derives `allocatable` from them; both are written so a node without a kubelet, or before its
-//! next status update, reads the same).
+//! whose totals differ. Both, because of what kubelet v1.37 does with extended resources it
+//! does not manage (`nodestatus.MachineInfo`): it keeps them in `capacity`, sets `allocatable`
+//! from `capacity`, and deletes from `allocatable` any not in `capacity`; and when the node was
+//! recreated it zeroes them all (`reconcileExtendedResource`), which the next pass writes back.
 //!
 //! Rules:
 //! - a node's wanted total of a name is the sum of that resource over the healthy GPUs of its
