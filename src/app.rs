@@ -328,6 +328,10 @@ impl Service {
             scoring,
             requeue.clone(),
         );
+        let scheduler = Scheduler {
+            share_totals: args.gpu_share_totals,
+            ..scheduler
+        };
         let binder = scheduler.binder.clone();
         // Ambiguous binds (a write failed with an unknown outcome) are probed promptly with
         // backoff (issue 11); the gauge of assumed entries by age is refreshed on the same tick.

@@ -230,7 +230,8 @@ async fn run_pod(args: &InspectArgs, key: &str) -> Result<String, OpsError> {
         .cloned()
         .ok_or_else(|| error("no such pod in the cluster (or in --pods)"))?;
     let api = Arc::new(OfflinePodApi::new(pods.iter().cloned()));
-    let state = loaded.into_scheduler(api, ScoringConfig::default());
+    let mut state = loaded.into_scheduler(api, ScoringConfig::default());
+    state.share_totals = args.gpu_share_totals;
     let found = pending::inspect_pod(&state, &pod, &pods);
     match args.output {
         InspectFormat::Json => {

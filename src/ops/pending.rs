@@ -250,7 +250,7 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
         let Some(entry) = state.cluster.node(node) else {
             return false;
         };
-        if scheduler_fit(&entry.read(), &requests, ignore).is_err() {
+        if scheduler_fit(state, &entry.read(), &requests, ignore).is_err() {
             return false;
         }
         fit_or_explain(state, node, &needs, ignore).is_ok()
@@ -282,7 +282,7 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
         state
             .cluster
             .node(node)
-            .is_some_and(|e| scheduler_fit(&e.read(), &requests, ignore).is_ok())
+            .is_some_and(|e| scheduler_fit(state, &e.read(), &requests, ignore).is_ok())
     };
     let mut unseen_by_kube = 0usize;
     for node in &helpable {
@@ -312,7 +312,7 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
             ),
             num_pdb_violations: 0,
         };
-        let kept = verbs::preempt(
+        let answer = verbs::preempt(
             state,
             ExtenderPreemptionArgs {
                 pod: Some(pod.clone()),
@@ -320,14 +320,19 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
                 node_name_to_meta_victims: Some(BTreeMap::from([(node.clone(), meta)])),
             },
         );
-        if kept
+        // The victims the verb answers: kube-scheduler's, or others where those do not make
+        // room (`scheduler::victims`), which kube-scheduler then evicts as they are.
+        if let Some(chosen) = answer
             .node_name_to_meta_victims
-            .is_some_and(|m| m.contains_key(node))
+            .and_then(|mut m| m.remove(node))
         {
             out.preemption.push(Preemption {
                 node: node.clone(),
-                victims: victims
+                victims: chosen
+                    .pods
                     .iter()
+                    .flatten()
+                    .filter_map(|p| lower.iter().find(|h| h.uid.as_str() == p.uid))
                     .map(|h| Victim {
                         pod: h.key.clone(),
                         priority: h.priority,
@@ -338,7 +343,7 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
     }
     if out.preemption.is_empty() && unseen_by_kube > 0 {
         out.preemption_note = Some(format!(
-            "on {unseen_by_kube} node(s) removing lower-priority pods would make room, but kube-scheduler proposes no victims there: the pod asks for device dimensions it does not count (ignoredByScheduler)"
+            "on {unseen_by_kube} node(s) removing lower-priority pods would make room, but kube-scheduler proposes no victims there: the pod asks for device dimensions it does not count (ignoredByScheduler; --gpu-share-totals, README \"Preemption\")"
         ));
     }
     out.preemption.sort_by_key(|p| {
@@ -439,7 +444,7 @@ fn target_for(state: &Scheduler, pod: &Pod, taken: &BTreeSet<String>) -> Option<
         .find(|n| {
             state.cluster.node(n).is_some_and(|e| {
                 let s = e.read();
-                s.node.is_some() && scheduler_fit(&s, &requests, &[]).is_ok()
+                s.node.is_some() && scheduler_fit(state, &s, &requests, &[]).is_ok()
             }) && fit_or_explain(state, n, &needs, &[]).is_ok()
         })
         .map(|n| n.to_string())

@@ -147,7 +147,7 @@ impl KubeScheduler {
             let name = &nodes[(self.next_start + i) % nodes.len()];
             let verdict = state.cluster.node(name).map_or_else(
                 || Err("node not found".to_string()),
-                |entry| super::simulate::scheduler_fit(&entry.read(), &requests, &[]),
+                |entry| super::simulate::scheduler_fit(state, &entry.read(), &requests, &[]),
             );
             match verdict {
                 Ok(()) => feasible.push(Cow::Owned(name.to_string())),

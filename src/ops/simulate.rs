@@ -33,6 +33,7 @@ use crate::model::pod::Pod;
 use crate::model::requests::{Requests, pod_requests};
 use crate::model::wire::{ExtenderArgsRef, ExtenderBindingArgs};
 use crate::scheduler::bind::{OfflinePodApi, PodApi};
+use crate::scheduler::share_totals::SHARE_NAMES;
 use crate::scheduler::verbs;
 use crate::scheduler::{Scheduler, ScoringConfig};
 use crate::sync::Kind;
@@ -94,15 +95,18 @@ fn ignored_by_scheduler(resource: &str) -> bool {
 }
 
 /// kube-scheduler's NodeResourcesFit, as far as simulate models it (see the module docs): the
-/// shipped configs' counted names. `ignore`'s pods count as gone (preemption victims, pods a plan
+/// shipped configs' counted names, the GPU share names too when their totals are counted
+/// (`--gpu-share-totals`). `ignore`'s pods count as gone (preemption victims, pods a plan
 /// moves away).
 pub(super) fn scheduler_fit(
+    state: &Scheduler,
     node: &NodeState,
     requests: &Requests,
     ignore: &[PodUid],
 ) -> Result<(), String> {
+    let shares_counted = state.share_totals.counted_by_scheduler();
     crate::scheduler::kube_fit::node_resources_fit(node, requests, ignore, |r| {
-        !ignored_by_scheduler(r)
+        !ignored_by_scheduler(r) || (shares_counted && SHARE_NAMES.contains(&r))
     })
 }
 
@@ -132,7 +136,7 @@ pub(super) fn kube_fit(state: &Scheduler, requests: &Requests) -> KubeFit {
             if s.node.is_none() {
                 continue;
             }
-            scheduler_fit(&s, requests, &[])
+            scheduler_fit(state, &s, requests, &[])
         };
         out.total += 1;
         match verdict {

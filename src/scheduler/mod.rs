@@ -71,6 +71,9 @@ pub struct Scheduler {
     pub memos: Arc<ReadMemos>,
     /// Pods filter rejected everywhere, for the requeue signal ([`requeue`]).
     pub requeue: Arc<Requeue>,
+    /// Whether kube-scheduler counts the GPU share names (`--gpu-share-totals`): what the
+    /// operator tools' model of it (`ops::simulate::scheduler_fit`) counts.
+    pub share_totals: share_totals::ShareTotals,
 }
 
 impl Scheduler {
@@ -112,6 +115,7 @@ impl Scheduler {
             scoring,
             memos: Default::default(),
             requeue,
+            share_totals: Default::default(),
         }
     }
 }

@@ -72,6 +72,15 @@ fn cluster(extra: &[Value], without: &[&str]) -> String {
 }
 
 fn inspect(dir: &std::path::Path, cluster_text: &str, pods_text: &str) -> Value {
+    inspect_with(dir, cluster_text, pods_text, &[])
+}
+
+fn inspect_with(
+    dir: &std::path::Path,
+    cluster_text: &str,
+    pods_text: &str,
+    extra: &[&str],
+) -> Value {
     let cluster_path = dir.join("cluster.json");
     let pods_path = dir.join("pods.json");
     std::fs::write(&cluster_path, cluster_text).unwrap();
@@ -82,6 +91,7 @@ fn inspect(dir: &std::path::Path, cluster_text: &str, pods_text: &str) -> Value 
         .arg("--pods")
         .arg(&pods_path)
         .args(["--pod", "ml/big", "-o", "json"])
+        .args(extra)
         .env_remove("KUBECONFIG")
         .output()
         .expect("run the binary");
@@ -194,6 +204,49 @@ async fn inspect_pod_names_the_nearest_nodes_and_what_would_make_it_fit() {
         note.starts_with("on 1 node(s) removing lower-priority pods would make room"),
         "{got:#}"
     );
+}
+
+/// With the GPU share totals advertised and counted (`--gpu-share-totals`, README
+/// "Preemption"), kube-scheduler's dry run proposes victims for a pod asking by ratio, and
+/// inspect shows them where before it could only say that none would be proposed.
+#[tokio::test]
+async fn inspect_pod_with_share_totals_counted_shows_the_victims() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = service::node("e");
+    node["status"]["allocatable"]["koordinator.sh/gpu-memory-ratio"] = json!("400");
+    let items = vec![
+        node,
+        service::gpu_device("e", 4, 2, &[]),
+        holder("low-1", "e", &[0, 1], -10, false),
+        holder("low-2", "e", &[2, 3], 5, false),
+    ];
+    let text = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+    let mut by_ratio = service::pending("big", cards(2, false));
+    by_ratio["spec"]["priority"] = json!(10);
+    let pods = list(&[by_ratio]);
+    // Ignored (the default): removing a pod would make room, but none is proposed.
+    let got = inspect(dir.path(), &text, &pods);
+    assert_eq!(got["preemption"], json!([]), "{got:#}");
+    assert!(
+        got["preemption_note"]
+            .as_str()
+            .is_some_and(|n| n.contains("--gpu-share-totals")),
+        "{got:#}"
+    );
+    // Counted: kube-scheduler reprieves low-2 (priority 5) and proposes low-1 (-10), whose two
+    // cards the extender then finds free for the pod.
+    let got = inspect_with(
+        dir.path(),
+        &text,
+        &pods,
+        &["--gpu-share-totals", "extender"],
+    );
+    assert_eq!(
+        got["preemption"],
+        json!([{"node": "e", "victims": [{"pod": "ml/low-1", "priority": -10}]}]),
+        "{got:#}"
+    );
+    assert!(got.get("preemption_note").is_none(), "{got:#}");
 }
 
 /// Against a cluster (`--kubeconfig`, the fake API server holding the same objects), the
