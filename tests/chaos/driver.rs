@@ -1115,11 +1115,19 @@ impl Driver {
             | Event::DeviceHealthy
             | Event::DeviceShrink
             | Event::DeviceGrow => {
-                let node = self.rng.pick(&NODES).copied().unwrap_or(NODES[0]);
-                let mut shape = self.shapes[node].clone();
-                if !shape.exists {
+                // A node whose Device exists (a deleted one waits for its recreate event): a
+                // draw that lands on a deleted Device would exercise nothing, and the run's
+                // minimums require every class to take effect (seed 17288000687750029304 drew
+                // one shrink, on a deleted Device).
+                let live: Vec<&str> = NODES
+                    .iter()
+                    .copied()
+                    .filter(|n| self.shapes[*n].exists)
+                    .collect();
+                let Some(node) = self.rng.pick(&live).copied() else {
                     return false;
-                }
+                };
+                let mut shape = self.shapes[node].clone();
                 let changed = match event {
                     Event::DeviceUnhealthy => {
                         let healthy: Vec<i64> =
@@ -1148,6 +1156,16 @@ impl Driver {
                             .map(|m| shape.unhealthy.remove(&m))
                     }
                     Event::DeviceShrink => {
+                        if shape.gpus.len() <= 1 {
+                            // Nothing to shrink: the Device grows first, so the draw exercises
+                            // a Device shrinking (capacity going away), not nothing.
+                            if let Some(m) = (0..GPUS).find(|m| !shape.gpus.contains(m)) {
+                                let mut grown = shape.clone();
+                                grown.gpus.insert(m);
+                                self.set_device(node, grown.clone()).await;
+                                shape = grown;
+                            }
+                        }
                         let last = shape.gpus.iter().next_back().copied();
                         last.filter(|_| shape.gpus.len() > 1)
                             .map(|m| shape.gpus.remove(&m))
@@ -1173,15 +1191,24 @@ impl Driver {
                 changed.is_some()
             }
             Event::DeviceDelete => {
+                // One Device gone at a time: a missing one comes back first, so the draw
+                // exercises a deletion (drawn once in a run, it must take effect).
+                let missing: Vec<String> = self
+                    .shapes
+                    .iter()
+                    .filter(|(_, s)| !s.exists)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for node in missing {
+                    let mut back = self.shapes[&node].clone();
+                    back.exists = true;
+                    self.set_device(&node, back).await;
+                }
                 let node = self.rng.pick(&NODES).copied().unwrap_or(NODES[0]);
                 let mut shape = self.shapes[node].clone();
-                if shape.exists && self.shapes.values().all(|s| s.exists) {
-                    shape.exists = false;
-                    self.set_device(node, shape).await;
-                    true
-                } else {
-                    false
-                }
+                shape.exists = false;
+                self.set_device(node, shape).await;
+                true
             }
             Event::DeviceRecreate => {
                 let mut missing: Vec<String> = self
