@@ -26,6 +26,7 @@
 //! `PLACEMENT_LOOP=cold perf record target/release/deps/placement-* --bench none` (filter at
 //! 1,000 candidates; `PLACEMENT_LOOP_VERB=prioritize`, `PLACEMENT_LOOP_NODES=5000`).
 //! `PLACEMENT_SCORE_STRATEGY=fragmentation` decides with that device strategy throughout.
+//! `PLACEMENT_PREEMPT=1` times the GPU share totals' pass and preempt's victim search (issue 38).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -641,6 +642,10 @@ fn main() {
         profile_loop(&state);
         return;
     }
+    if std::env::var("PLACEMENT_PREEMPT").is_ok_and(|v| v == "1") {
+        preempt_costs(&state);
+        return;
+    }
     benches(&mut c, &state, &rt);
     c.final_summary();
     // PLACEMENT_PERCENTILES=0 skips the percentile pass (e.g. when filtering criterion benches).
@@ -746,6 +751,60 @@ fn verb_scaling(state: &Scheduler) {
                 println!("{line}");
             }
         }
+    }
+}
+
+/// `PLACEMENT_PREEMPT=1`: what issue 38's additions cost on the 5,000-node cluster: one pass
+/// of the GPU share totals' check over every node (`share_totals::plan`, the work the writer
+/// repeats after each change), and `preempt` on a full node (eight 1-GPU holders) where
+/// kube-scheduler's one victim does not make room, so the extender searches others: a 2-GPU
+/// pod (found at the ninth decision) and a 9-GPU pod (no set works: every set of up to four
+/// holders is decided, 162 decisions). p50 and p99 of the verb alone.
+fn preempt_costs(state: &Scheduler) {
+    use device_numa_extender::model::wire::ExtenderPreemptionArgs;
+    use device_numa_extender::scheduler::share_totals;
+    println!("\n== issue 38: share totals pass and preempt's victim search, {NODES} nodes ==");
+    println!("{}", common::machine());
+    let mut passes: Vec<Duration> = (0..20)
+        .map(|_| timed(|| share_totals::plan(&state.cluster)))
+        .collect();
+    let p = summarize(&mut passes);
+    println!(
+        "  share totals pass over {NODES} nodes: p50 {}  p99 {}",
+        common::ms(p.p50),
+        common::ms(p.p99)
+    );
+    let full = common::node_name(9);
+    let victim = {
+        let entry = state.cluster.node(&full).expect("node 9");
+        let guard = entry.read();
+        guard
+            .pods
+            .keys()
+            .next()
+            .expect("node 9 holds pods")
+            .as_str()
+            .to_string()
+    };
+    for gpus in [2, 9] {
+        let pod = serde_json::json!({"metadata": {"name": "hi", "namespace": "ml", "uid": "uid-hi"},
+            "spec": {"priority": 1000, "containers": [{"name": "c", "resources": {"requests": {
+                "cpu": "1", "nvidia.com/gpu": gpus.to_string()}}}]}});
+        let body = serde_json::json!({"Pod": pod, "NodeNameToMetaVictims": {
+            full.clone(): {"Pods": [{"UID": victim.clone()}], "NumPDBViolations": 0}}});
+        let mut samples: Vec<Duration> = (0..200)
+            .map(|_| {
+                let args: ExtenderPreemptionArgs =
+                    serde_json::from_value(body.clone()).expect("preempt args");
+                timed(|| verbs::preempt(state, args))
+            })
+            .collect();
+        let p = summarize(&mut samples);
+        println!(
+            "  preempt, {gpus}-GPU pod, kube-scheduler's one victim too few: p50 {}  p99 {}",
+            common::ms(p.p50),
+            common::ms(p.p99)
+        );
     }
 }
 
