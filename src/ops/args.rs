@@ -85,6 +85,12 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub output_cluster: Option<PathBuf>,
 
+    /// Whether kube-scheduler counts the GPU share names as `serve --gpu-share-totals` says:
+    /// `ignored` (the default), `koord-manager` or `extender` (the Nodes advertise the totals and
+    /// the scheduler's stanza counts them). How kube-scheduler's resource fit is modelled.
+    #[arg(long, env = "DNE_GPU_SHARE_TOTALS", value_enum, default_value_t = crate::scheduler::share_totals::ShareTotals::Ignored)]
+    pub gpu_share_totals: crate::scheduler::share_totals::ShareTotals,
+
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: SimulateFormat,

@@ -33,7 +33,7 @@ use crate::model::pod::Pod;
 use crate::model::requests::{Requests, pod_requests};
 use crate::model::wire::{ExtenderArgsRef, ExtenderBindingArgs};
 use crate::scheduler::bind::{OfflinePodApi, PodApi};
-use crate::scheduler::share_totals::SHARE_NAMES;
+use crate::scheduler::share_totals::{SHARE_NAMES, ShareTotals};
 use crate::scheduler::verbs;
 use crate::scheduler::{Scheduler, ScoringConfig};
 use crate::sync::Kind;
@@ -198,13 +198,35 @@ fn doc_key(doc: &Value) -> (String, String) {
     )
 }
 
-/// Runs the simulation on texts already read (`cluster_path`/`pods_path` name them in errors).
+/// Runs the simulation on texts already read (`cluster_path`/`pods_path` name them in errors),
+/// kube-scheduler modelled with the GPU share names ignored (the chart's default).
 pub async fn simulate(
     cluster_text: &str,
     cluster_path: &str,
     pods_text: &str,
     pods_path: &str,
     scoring: ScoringConfig,
+) -> Result<Simulation, OpsError> {
+    simulate_as(
+        cluster_text,
+        cluster_path,
+        pods_text,
+        pods_path,
+        scoring,
+        ShareTotals::Ignored,
+    )
+    .await
+}
+
+/// [`simulate`] with kube-scheduler counting the GPU share names as `share_totals` says
+/// (`--gpu-share-totals`).
+pub async fn simulate_as(
+    cluster_text: &str,
+    cluster_path: &str,
+    pods_text: &str,
+    pods_path: &str,
+    scoring: ScoringConfig,
+    share_totals: ShareTotals,
 ) -> Result<Simulation, OpsError> {
     let file = ClusterFile::parse(cluster_text, cluster_path)?;
     let cluster_docs = documents(cluster_text, cluster_path)?;
@@ -227,7 +249,8 @@ pub async fn simulate(
             .cloned()
             .chain(pending.iter().map(|(p, _)| p.clone())),
     ));
-    let state = load_cluster_file(file).into_scheduler(api.clone(), scoring);
+    let mut state = load_cluster_file(file).into_scheduler(api.clone(), scoring);
+    state.share_totals = share_totals;
     let before = cluster_report(&state.cluster, &[]).summary;
 
     let mut placements = Vec::new();
@@ -541,12 +564,13 @@ pub async fn run(args: SimulateArgs) -> Result<(), OpsError> {
     let cluster_text = read(&args.cluster_file)?;
     let pods_text = read(&args.pods)?;
     let scoring = args.scoring.config()?;
-    let sim = simulate(
+    let sim = simulate_as(
         &cluster_text,
         &args.cluster_file.display().to_string(),
         &pods_text,
         &args.pods.display().to_string(),
         scoring,
+        args.gpu_share_totals,
     )
     .await?;
     if let Some(path) = &args.output_cluster {

@@ -249,6 +249,48 @@ async fn inspect_pod_with_share_totals_counted_shows_the_victims() {
     assert!(got.get("preemption_note").is_none(), "{got:#}");
 }
 
+/// `simulate --gpu-share-totals`: with the share names counted, kube-scheduler's resource fit
+/// refuses a node whose advertised totals are short, whatever its cards hold; ignored (the
+/// default), the extender alone decides.
+#[tokio::test]
+async fn simulate_counts_share_totals_as_the_deployment_does() {
+    use device_numa_extender::ops::simulate::simulate_as;
+    use device_numa_extender::scheduler::share_totals::ShareTotals;
+    // Four free cards, but the Node advertises one card's ratio.
+    let mut node = service::node("e");
+    node["status"]["allocatable"]["koordinator.sh/gpu-memory-ratio"] = json!("100");
+    let text = json!({"apiVersion": "v1", "kind": "List",
+        "items": [node, service::gpu_device("e", 4, 2, &[])]})
+    .to_string();
+    let pod = service::pending("big", cards(2, false));
+    let run = |mode| {
+        let (text, pods) = (text.clone(), list(std::slice::from_ref(&pod)));
+        async move {
+            simulate_as(
+                &text,
+                "c.json",
+                &pods,
+                "p.json",
+                ScoringConfig::default(),
+                mode,
+            )
+            .await
+            .expect("simulate runs")
+            .report
+            .placements
+            .remove(0)
+        }
+    };
+    assert_eq!(run(ShareTotals::Ignored).await.node.as_deref(), Some("e"));
+    let counted = run(ShareTotals::Extender).await;
+    assert_eq!(counted.node, None, "{counted:?}");
+    let text = serde_json::to_string(&counted).unwrap();
+    assert!(
+        text.contains("Insufficient koordinator.sh/gpu-memory-ratio"),
+        "{text}"
+    );
+}
+
 /// Against a cluster (`--kubeconfig`, the fake API server holding the same objects), the
 /// answer equals the cluster file's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
