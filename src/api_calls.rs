@@ -53,6 +53,12 @@ pub const API_CALLS: &[ApiCall] = &[
         resource: "devicetaintrules",
         verbs: &["list", "watch"],
     },
+    // The budgets preempt's own victims are counted against (README "Preemption").
+    ApiCall {
+        group: "policy",
+        resource: "poddisruptionbudgets",
+        verbs: &["list", "watch"],
+    },
 ];
 /// Only with `--dra-ownership` (the default): the leader keeps its `NoSchedule`
 /// DeviceTaintRule on every DRA pool that publishes devices of a `Device` object

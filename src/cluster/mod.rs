@@ -6,11 +6,13 @@
 //! a pod goes; sync writes into it and placement reads views of it.
 
 pub(crate) mod assumed;
+pub mod budgets;
 pub mod cpus;
 pub mod devices;
 pub mod dra;
 pub(crate) mod ledger;
 pub(crate) mod node;
+pub mod nominated;
 pub(crate) mod nrt;
 mod parallel;
 pub(crate) mod pod;

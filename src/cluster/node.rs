@@ -22,8 +22,9 @@ use crate::placement::cpu::{Amplification, AmplifiedCpu};
 use crate::placement::device::partition::NodePartitions;
 use crate::placement::device::request::PodDeviceRequest;
 
-/// Everything known about one node. Guarded by the node's own lock.
-#[derive(Debug, Default, Serialize)]
+/// Everything known about one node. Guarded by the node's own lock. A clone is a private
+/// what-if copy (see [`Self::hold`]): nothing publishes it.
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct NodeState {
     /// The Node object; `None` until it arrives or after it is deleted.
     pub node: Option<NodeRecord>,
@@ -97,6 +98,19 @@ impl NodeState {
         if cpu_milli > 0 {
             self.assumed_cpu_milli.insert(uid.clone(), cpu_milli);
         }
+    }
+
+    /// Records, on a private copy of the state, what a pod that is not bound yet would hold:
+    /// filter decides a pod against the capacity held for nominated pods this way
+    /// (`crate::scheduler::nominated`). The entries read as assumed now.
+    pub fn hold(
+        &mut self,
+        uid: &PodUid,
+        devices: Option<DeviceAllocations>,
+        cpus: Option<RecordedCpus>,
+        cpu_milli: i64,
+    ) {
+        self.record_assumed(uid, devices, cpus, cpu_milli, std::time::Instant::now());
     }
 
     /// The ledgers, writable, for tests that build a node's state by hand.

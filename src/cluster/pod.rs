@@ -1,5 +1,6 @@
 //! The compact pod record the caches keep instead of whole Pod objects.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -53,6 +54,11 @@ pub struct PodRecord {
     /// victim of whom.
     #[serde(skip_serializing_if = "is_zero")]
     pub priority: i32,
+    /// `metadata.labels`, kept only for a pod that holds devices or CPUs here (the only pods
+    /// `preempt` may name as its own victims), for the PodDisruptionBudgets covering it
+    /// (`super::budgets`); empty for every other pod, which costs nothing.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 fn is_zero(v: &i32) -> bool {
@@ -65,16 +71,23 @@ impl PodRecord {
         let uid = meta.uid.as_deref().filter(|u| !u.is_empty())?;
         let name = meta.name.as_deref()?;
         let namespace = meta.namespace.as_deref().unwrap_or("default");
+        let devices = PodDevices::of_pod(pod);
+        let cpus = PodCpus::from_pod(pod);
+        let holds = !matches!(devices, PodDevices::None) || !matches!(cpus, PodCpus::None);
         Some(PodRecord {
             uid: PodUid::new(uid),
             key: ObjectKey::namespaced(namespace, name),
             node: pod.node_name().map(Arc::from),
             phase: pod.status.phase.clone(),
             requests: pod_requests_compact(&pod.spec).unwrap_or_default(),
-            devices: PodDevices::of_pod(pod),
+            devices,
             resource_status: pod.annotation(RESOURCE_STATUS).map(str::to_owned),
-            cpus: PodCpus::from_pod(pod),
+            cpus,
             priority: pod.spec.priority.unwrap_or(0),
+            labels: match (&meta.labels, holds) {
+                (Some(labels), true) => labels.clone(),
+                _ => BTreeMap::new(),
+            },
         })
     }
 

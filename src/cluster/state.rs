@@ -68,6 +68,10 @@ pub struct ClusterState {
     dra: parking_lot::Mutex<DraIndex>,
     /// `DraIndex::extended_names` as bits, for nodes created after a class arrived.
     dra_extended: std::sync::atomic::AtomicU32,
+    /// Pending pods kube-scheduler nominated to a node (see [`super::nominated`]).
+    nominations: super::nominated::Nominations,
+    /// PodDisruptionBudgets, for preemption's violation count (see [`super::budgets`]).
+    budgets: super::budgets::DisruptionBudgets,
 }
 
 impl ClusterState {
@@ -105,6 +109,16 @@ impl ClusterState {
 
     pub fn assumptions(&self) -> &Assumptions {
         &self.assumptions
+    }
+
+    /// Pending pods nominated to a node, whose capacity filter holds for them.
+    pub fn nominations(&self) -> &super::nominated::Nominations {
+        &self.nominations
+    }
+
+    /// The PodDisruptionBudgets preemption counts violations of.
+    pub fn budgets(&self) -> &super::budgets::DisruptionBudgets {
+        &self.budgets
     }
 
     /// Decides on `node` under its write lock and records what `decide` returns as assumed:
@@ -880,6 +894,7 @@ mod tests {
             resource_status: None,
             cpus: Default::default(),
             priority: 0,
+            labels: Default::default(),
         }
     }
 

@@ -50,6 +50,10 @@ impl ObjectKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+    /// `(namespace, name)`; the namespace is empty for a cluster-scoped key.
+    pub fn split(&self) -> (&str, &str) {
+        self.0.split_once('/').unwrap_or(("", &self.0))
+    }
     /// The same string, shared rather than copied.
     pub fn shared(&self) -> Arc<str> {
         self.0.clone()

@@ -93,6 +93,14 @@ pub struct ResourceRequirements {
 pub struct PodStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// Set by kube-scheduler's preemption on the preemptor while its victims go: the node
+    /// whose capacity is held for it (`cluster::nominated`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        alias = "nominatednodename"
+    )]
+    pub nominated_node_name: Option<String>,
     /// Set by kube-scheduler (PreBind, before the extender's bind) when it satisfies some of
     /// the pod's extended resources through DRA (KEP-5004): those requests are DRA's.
     #[serde(

@@ -8,8 +8,10 @@
 //!   every pod of lower priority out, then reprieved highest priority first while *its own*
 //!   resource fit still passes: v1.37 asks no extender in its dry run and does not re-check its
 //!   filters after the extender's `preempt` answers), kept only where the extender's `preempt`
-//!   verb keeps the victims; nodes ranked as kube-scheduler picks one (lowest highest-victim
-//!   priority, then lowest sum, then fewest victims). PodDisruptionBudgets are not read;
+//!   verb keeps the victims; PodDisruptionBudgets as kube-scheduler reads them (the pods whose
+//!   eviction would violate one are reprieved first, and counted); nodes ranked as
+//!   kube-scheduler picks one (fewest violations, then lowest highest-victim priority, then
+//!   lowest sum, then fewest victims);
 //! - **moves**: the fewest pods on one node whose move elsewhere lets the pod fit there, each
 //!   moved pod to a node of its own where it fits now (so no two moves compete for one node).
 //!
@@ -82,6 +84,8 @@ pub struct NearNode {
 pub struct Preemption {
     pub node: String,
     pub victims: Vec<Victim>,
+    /// The PodDisruptionBudgets evicting `victims` violates (the count `preempt` answers).
+    pub pdb_violations: i64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -109,6 +113,8 @@ struct Holder {
     key: String,
     priority: i32,
     requests: PodRequests,
+    /// From the pod object (every pod's: kube-scheduler's budget count reads any victim).
+    labels: BTreeMap<String, String>,
 }
 
 /// How many nodes (nearest first) the move plan tries.
@@ -268,6 +274,10 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
                 key: p.key.to_string(),
                 priority: priorities.get(p.uid.as_str()).copied().unwrap_or(0),
                 requests: p.requests.clone(),
+                labels: objects
+                    .get(p.uid.as_str())
+                    .and_then(|o| o.metadata.labels.clone())
+                    .unwrap_or_default(),
             })
             .collect()
     };
@@ -286,14 +296,29 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
     };
     let mut unseen_by_kube = 0usize;
     for node in &helpable {
-        let lower: Vec<Holder> = holders(node)
+        let mut lower: Vec<Holder> = holders(node)
             .into_iter()
             .filter(|h| h.priority < priority)
             .collect();
+        // kube-scheduler's order of importance (higher priority first), then which of them
+        // would violate a budget, all evicted: those are reprieved first.
+        lower.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.key.cmp(&b.key)));
+        let violating: BTreeMap<PodUid, bool> = {
+            let named: Vec<(&str, &str, &BTreeMap<String, String>)> = lower
+                .iter()
+                .map(|h| {
+                    let (namespace, name) = h.key.split_once('/').unwrap_or(("", &h.key));
+                    (namespace, name, &h.labels)
+                })
+                .collect();
+            let flags = state.cluster.budgets().violating(&named);
+            lower.iter().map(|h| h.uid.clone()).zip(flags).collect()
+        };
+        let violates = |h: &Holder| violating.get(&h.uid).copied().unwrap_or(false);
         let Some(victims) = fewest_to_free(
             &lower,
             |ignore| kube_fits(node, ignore),
-            |h| std::cmp::Reverse(h.priority),
+            |h| (!violates(h), std::cmp::Reverse(h.priority)),
         ) else {
             let all: Vec<PodUid> = lower.iter().map(|h| h.uid.clone()).collect();
             if !all.is_empty() && fits(node, &all) {
@@ -310,7 +335,7 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
                     })
                     .collect(),
             ),
-            num_pdb_violations: 0,
+            num_pdb_violations: victims.iter().filter(|h| violates(h)).count() as i64,
         };
         let answer = verbs::preempt(
             state,
@@ -326,18 +351,22 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
             .node_name_to_meta_victims
             .and_then(|mut m| m.remove(node))
         {
+            // Listed lowest priority first.
+            let mut victims: Vec<Victim> = chosen
+                .pods
+                .iter()
+                .flatten()
+                .filter_map(|p| lower.iter().find(|h| h.uid.as_str() == p.uid))
+                .map(|h| Victim {
+                    pod: h.key.clone(),
+                    priority: h.priority,
+                })
+                .collect();
+            victims.sort_by(|a, b| a.priority.cmp(&b.priority).then_with(|| a.pod.cmp(&b.pod)));
             out.preemption.push(Preemption {
                 node: node.clone(),
-                victims: chosen
-                    .pods
-                    .iter()
-                    .flatten()
-                    .filter_map(|p| lower.iter().find(|h| h.uid.as_str() == p.uid))
-                    .map(|h| Victim {
-                        pod: h.key.clone(),
-                        priority: h.priority,
-                    })
-                    .collect(),
+                victims,
+                pdb_violations: chosen.num_pdb_violations,
             });
         }
     }
@@ -349,6 +378,7 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
     out.preemption.sort_by_key(|p| {
         let prios: Vec<i64> = p.victims.iter().map(|v| i64::from(v.priority)).collect();
         (
+            p.pdb_violations,
             prios.iter().copied().max().unwrap_or(i64::MIN),
             prios.iter().sum::<i64>(),
             p.victims.len(),
@@ -496,7 +526,14 @@ pub fn render(i: &PodInspection) -> String {
     let _ = writeln!(s, "\nWOULD FIT IF");
     match i.preemption.first() {
         Some(p) => {
-            let _ = writeln!(s, "  preempted on {}:", p.node);
+            let _ = match p.pdb_violations {
+                0 => writeln!(s, "  preempted on {}:", p.node),
+                n => writeln!(
+                    s,
+                    "  preempted on {} (violating {n} PodDisruptionBudget(s)):",
+                    p.node
+                ),
+            };
             for v in &p.victims {
                 let _ = writeln!(s, "    {} (priority {})", v.pod, v.priority);
             }

@@ -132,11 +132,17 @@ pub enum FitReason {
     /// The cpuset accumulator produced a set that breaks its own plan (a bug, logged where it
     /// is caught): the node is refused rather than the set used.
     InvalidCpuset,
+    /// The pod fits only with what a pod of no lower priority, nominated to this node by
+    /// kube-scheduler's preemption, is waiting for (`scheduler::nominated`): held for it.
+    HeldForNominated {
+        /// `namespace/name` of the first nominated pod the placement would starve.
+        pod: Arc<str>,
+    },
 }
 
 /// The `reason` label values of `dne_filter_rejected_nodes_total`, one per class: a fixed
 /// set, so a reason with a minor number in its text cannot grow the series count.
-pub const REASON_CLASSES: [&str; 28] = [
+pub const REASON_CLASSES: [&str; 29] = [
     "insufficient_gpu",
     "insufficient_rdma",
     "insufficient_fpga",
@@ -164,6 +170,7 @@ pub const REASON_CLASSES: [&str; 28] = [
     "gpu_topology_scope_unmet",
     "dra_split",
     "cpus_published_by_dra",
+    "held_for_nominated",
     "other",
 ];
 
@@ -259,6 +266,12 @@ impl FitReason {
                 .into();
             }
             InvalidCpuset => "internal: invalid cpuset",
+            HeldForNominated { pod } => {
+                return format!(
+                    "capacity held for {pod}, nominated to this node by preemption (priority not lower)"
+                )
+                .into();
+            }
         };
         Cow::Borrowed(fixed)
     }
@@ -271,7 +284,7 @@ impl FitReason {
             InsufficientDevices(DeviceType::Rdma) => 1,
             InsufficientDevices(DeviceType::Fpga) => 2,
             // `other`: a device type the extender does not know, or its own bug.
-            InsufficientDevices(DeviceType::Other(_)) | InvalidCpuset => 27,
+            InsufficientDevices(DeviceType::Other(_)) | InvalidCpuset => 28,
             NoDeviceObject => 3,
             DeviceObjectMissing => 4,
             NotAdvertised(_) => 5,
@@ -299,6 +312,7 @@ impl FitReason {
             MultiSharedGpu | MissingGpuTopologyTree | InsufficientTopologyScopedGpus => 24,
             DraSplit(_) => 25,
             CpusPublishedByDra { .. } => 26,
+            HeldForNominated { .. } => 27,
         }
     }
 
@@ -387,6 +401,9 @@ mod tests {
             MalformedResourceStatus,
             CpusPublishedByDra {
                 drivers: "dra.cpu".into(),
+            },
+            HeldForNominated {
+                pod: "ns/preemptor".into(),
             },
         ]
     }

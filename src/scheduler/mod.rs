@@ -12,6 +12,7 @@
 //!   `placement::device::allocate`), **the cpuset in [`decide::cpu_decision`]** (then
 //!   `placement::cpu::place`);
 //! - [`verbs`]: filter, prioritize and preempt over many candidate nodes;
+//! - [`nominated`]: filter holds the capacity of pods kube-scheduler nominated to a node;
 //! - [`explain`]: a refused node's reason in the pod's own terms, when no node passes;
 //! - [`relative`]: prioritize's answer as kube-scheduler reads it, without the hosts that
 //!   score alike;
@@ -34,6 +35,7 @@ mod fragment;
 pub mod kube_fit;
 mod memo;
 mod needs;
+mod nominated;
 #[cfg(test)]
 mod partition_tests;
 mod read;

@@ -142,6 +142,20 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
                         }
                     }
                 });
+            // What preemption nominated a pod to is held for it, as kube-scheduler's own
+            // filters hold it (`nominated`); one atomic load while nobody is nominated.
+            if !state.cluster.nominations().is_empty() {
+                passing.retain(|name| {
+                    match super::nominated::respect_nominated(state, name, &pod, &needs) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tally[e.reason.class_index()] += 1;
+                            rejected.push((name.clone(), e.reason));
+                            false
+                        }
+                    }
+                });
+            }
             // kube-scheduler shows the reasons only when no node passes: then, and only then,
             // each says what the pod asks and the node lacks (`explain`).
             // Nodes of one state get one explanation (a class of a thousand identical nodes
@@ -422,11 +436,19 @@ pub fn preempt(state: &Scheduler, args: ExtenderPreemptionArgs) -> ExtenderPreem
         let others = requests.as_ref().and_then(|requests| {
             let entry = state.cluster.node(node)?;
             let guard = entry.read();
-            super::victims::fewest_victims(&guard, &needs, &state.scoring, priority, requests)
+            super::victims::fewest_victims(
+                &guard,
+                &needs,
+                &state.scoring,
+                priority,
+                requests,
+                state.cluster.budgets(),
+            )
         });
         match others {
-            Some(set) => {
-                tracing::debug!(%node, kube = ?ignore, extender = ?set, "preempt: kube-scheduler's victims do not make room here; others do");
+            Some((set, violations)) => {
+                tracing::debug!(%node, kube = ?ignore, extender = ?set, violations, "preempt: kube-scheduler's victims do not make room here; others do");
+                victims.num_pdb_violations = violations as i64;
                 victims.pods = Some(
                     set.into_iter()
                         .map(|uid| MetaPod {

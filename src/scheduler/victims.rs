@@ -14,13 +14,14 @@
 //! - only pods of lower priority than the preemptor (kube-scheduler's rule), on the node, holding
 //!   something the pod can use (a device of a type it asks for, a cpuset when it wants CPU
 //!   placement): never a victim whose removal frees nothing the preemptor can use;
-//! - the fewest victims first, then the lowest highest priority among them, then the lowest sum
-//!   of priorities, then pod UIDs (deterministic);
+//! - the fewest PodDisruptionBudget violations first (counted as kube-scheduler counts its own,
+//!   `cluster::budgets`; the answer carries the count, which kube-scheduler ranks nodes by), then
+//!   the fewest victims, then the lowest highest priority among them, then the lowest sum of
+//!   priorities, then pod UIDs (deterministic);
 //! - bounded: sets of at most [`MAX_VICTIMS`] pods and [`SEARCH_BUDGET`] decisions per node; a
 //!   node where that finds nothing is dropped, as before.
 //!
-//! Not modelled: PodDisruptionBudgets (the answer keeps kube-scheduler's violation count for the
-//! node) and in-tree filters other than the resource fit (affinity, ports): only nodes where
+//! Not modelled: in-tree filters other than the resource fit (affinity, ports): only nodes where
 //! kube-scheduler's victims do not work get other victims, so where those filters needed its
 //! victims the node was lost anyway.
 //!
@@ -31,6 +32,7 @@ use super::decide;
 use super::kube_fit::node_resources_fit;
 use super::needs::PodNeeds;
 use crate::cluster::NodeState;
+use crate::cluster::budgets::DisruptionBudgets;
 use crate::cluster::pod::{PodCpus, PodDevices, PodRecord};
 use crate::model::ids::PodUid;
 use crate::model::requests::Requests;
@@ -55,14 +57,16 @@ fn frees_something(pod: &PodRecord, needs: &PodNeeds) -> bool {
 }
 
 /// The best victim set on `node` for a pod of priority `priority` with `needs` (the extender's
-/// decision) and `requests` (kube-scheduler's resource fit), or `None` within the bounds.
+/// decision) and `requests` (kube-scheduler's resource fit), with the PodDisruptionBudgets it
+/// violates (counted as kube-scheduler counts them), or `None` within the bounds.
 pub fn fewest_victims(
     node: &NodeState,
     needs: &PodNeeds,
     scoring: &ScoringConfig,
     priority: i32,
     requests: &Requests,
-) -> Option<Vec<PodUid>> {
+    budgets: &DisruptionBudgets,
+) -> Option<(Vec<PodUid>, usize)> {
     let record = node.node.as_ref()?;
     // kube-scheduler checks the names the node advertises (and refuses those it does not, which
     // a pod it proposed victims for cannot be asking for in-tree).
@@ -74,22 +78,35 @@ pub fn fewest_victims(
         .filter(|p| p.priority < priority && frees_something(p, needs))
         .collect();
     pool.sort_by(|a, b| a.priority.cmp(&b.priority).then_with(|| a.uid.cmp(&b.uid)));
+    // (violations, size, highest priority, sum of priorities): sets of every size compete, a
+    // larger set without a violation beating a smaller one with (kube-scheduler ranks nodes by
+    // violations first, and reprieves violating victims first on a node).
+    type Key = (usize, usize, i32, i64);
+    let mut best: Option<(Key, Vec<PodUid>)> = None;
     let mut tries = 0usize;
-    for size in 1..=MAX_VICTIMS.min(pool.len()) {
-        let mut best: Option<((i32, i64), Vec<PodUid>)> = None;
+    'sizes: for size in 1..=MAX_VICTIMS.min(pool.len()) {
+        if best
+            .as_ref()
+            .is_some_and(|((violations, ..), _)| *violations == 0)
+        {
+            break;
+        }
         let mut picks: Vec<usize> = (0..size).collect();
         loop {
             if tries == SEARCH_BUDGET {
-                return best.map(|(_, set)| set);
+                break 'sizes;
             }
             tries += 1;
             let set: Vec<PodUid> = picks.iter().map(|i| pool[*i].uid.clone()).collect();
             let fits = decide::decide_on_node(Some(node), needs, &set, scoring).is_ok()
                 && node_resources_fit(node, requests, &set, counted).is_ok();
             if fits {
+                let chosen: Vec<&PodRecord> = picks.iter().map(|i| pool[*i]).collect();
                 let key = (
-                    picks.iter().map(|i| pool[*i].priority).max().unwrap_or(0),
-                    picks.iter().map(|i| i64::from(pool[*i].priority)).sum(),
+                    budgets.violations(&chosen),
+                    size,
+                    chosen.iter().map(|p| p.priority).max().unwrap_or(0),
+                    chosen.iter().map(|p| i64::from(p.priority)).sum(),
                 );
                 if best.as_ref().is_none_or(|(k, _)| key < *k) {
                     best = Some((key, set));
@@ -99,11 +116,8 @@ pub fn fewest_victims(
                 break;
             }
         }
-        if let Some((_, set)) = best {
-            return Some(set);
-        }
     }
-    None
+    best.map(|((violations, ..), set)| (set, violations))
 }
 
 /// Advances `picks` (strictly increasing indices below `n`) to the next combination in

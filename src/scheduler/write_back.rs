@@ -22,6 +22,15 @@ pub fn recorded_cpus(placement: &CpuPlacement, req: &PodCpuRequest) -> CpuAlloca
     }
 }
 
+/// The pod's CPU request in millicores (0 when it has none or it does not parse): what the
+/// amplification check counts for an entry the watch has not listed yet.
+pub fn cpu_request_milli(pod: &Pod) -> i64 {
+    crate::model::requests::pod_requests_compact(&pod.spec)
+        .ok()
+        .and_then(|r| r.get("cpu").map(|q| q.milli_value()))
+        .unwrap_or(0)
+}
+
 /// The `resource-status` value for a placement (`None` when it binds nothing).
 pub fn resource_status(placement: &CpuPlacement) -> Option<String> {
     let status = ResourceStatus {

@@ -40,6 +40,7 @@ pub struct ClusterFile {
     pub resource_slices: Vec<crate::model::dra::ResourceSlice>,
     pub resource_claims: Vec<crate::model::dra::ResourceClaim>,
     pub device_taint_rules: Vec<crate::model::dra::DeviceTaintRule>,
+    pub disruption_budgets: Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
     /// Documents of kinds this service does not watch (kept count only, for the log).
     pub ignored: usize,
 }
@@ -112,6 +113,9 @@ impl ClusterFile {
             ("DeviceTaintRule", "resource.k8s.io") => self
                 .device_taint_rules
                 .push(typed(item, index, path, &kind, &name)?),
+            ("PodDisruptionBudget", "policy") => self
+                .disruption_budgets
+                .push(typed(item, index, path, &kind, &name)?),
             _ => self.ignored += 1,
         }
         Ok(())
@@ -121,12 +125,24 @@ impl ClusterFile {
         match kind {
             Kind::Nodes => self.nodes.len(),
             Kind::Pods => self.pods.len(),
+            Kind::NominatedPods => self
+                .pods
+                .iter()
+                .filter(|p| {
+                    p.node_name().is_none()
+                        && p.status
+                            .nominated_node_name
+                            .as_deref()
+                            .is_some_and(|n| !n.is_empty())
+                })
+                .count(),
             Kind::Devices => self.devices.len(),
             Kind::NodeResourceTopologies => self.topologies.len(),
             Kind::DeviceClasses => self.device_classes.len(),
             Kind::ResourceSlices => self.resource_slices.len(),
             Kind::ResourceClaims => self.resource_claims.len(),
             Kind::DeviceTaintRules => self.device_taint_rules.len(),
+            Kind::PodDisruptionBudgets => self.disruption_budgets.len(),
         }
     }
 }

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::kind::Kind;
 use super::store::{Decoded, Handler, Invalid};
+use crate::cluster::budgets::Budget;
 use crate::cluster::devices::NodeDevices;
+use crate::cluster::nominated::NominatedPod;
 use crate::cluster::pod::{PodCpus, PodDevices};
 use crate::cluster::{ClusterState, NodeRecord, PodRecord, TopologyRecord};
 use crate::metrics::Metrics;
@@ -15,6 +17,7 @@ use crate::model::ids::PodUid;
 use crate::model::node::Node;
 use crate::model::nrt::NodeResourceTopology;
 use crate::model::pod::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 /// Name, UID and resourceVersion, borrowed; a missing or empty name or UID makes the object
 /// unusable.
@@ -171,6 +174,61 @@ impl Handler for PodHandler {
                 .with_label_values(&["relist"])
                 .inc_by(released as u64);
         }
+    }
+}
+
+/// Pending pods with a nominated node, into [`crate::cluster::nominated::Nominations`].
+pub struct NominationHandler(pub Arc<ClusterState>);
+
+impl Handler for NominationHandler {
+    type Object = Pod;
+    type Record = Arc<NominatedPod>;
+    const KIND: Kind = Kind::NominatedPods;
+
+    fn decode(&self, pod: &Pod) -> Result<Decoded<Arc<NominatedPod>>, Invalid> {
+        let (_, _, rv) = identity(&pod.metadata)?;
+        let record = NominatedPod::from_pod(pod).ok_or(Invalid("missing metadata.name"))?;
+        Ok(Decoded {
+            key: record.key.shared(),
+            uid: record.uid.shared(),
+            resource_version: rv.to_owned(),
+            record: Arc::new(record),
+        })
+    }
+    fn apply(&self, _key: &str, _old: Option<&Arc<NominatedPod>>, new: &Arc<NominatedPod>) {
+        self.0.nominations().set(Arc::clone(new));
+    }
+    fn remove(&self, _key: &str, old: &Arc<NominatedPod>) {
+        self.0.nominations().forget(&old.uid);
+    }
+}
+
+/// PodDisruptionBudgets, into [`crate::cluster::budgets::DisruptionBudgets`].
+pub struct BudgetHandler(pub Arc<ClusterState>);
+
+impl Handler for BudgetHandler {
+    type Object = PodDisruptionBudget;
+    type Record = Arc<Budget>;
+    const KIND: Kind = Kind::PodDisruptionBudgets;
+
+    fn decode(&self, pdb: &PodDisruptionBudget) -> Result<Decoded<Arc<Budget>>, Invalid> {
+        let (_, uid, rv) = identity(&pdb.metadata)?;
+        let budget = Budget::from_pdb(pdb).ok_or(Invalid("missing metadata.name"))?;
+        Ok(Decoded {
+            key: budget.key.shared(),
+            uid: Arc::from(uid),
+            resource_version: rv.to_owned(),
+            record: Arc::new(budget),
+        })
+    }
+    fn apply(&self, _key: &str, old: Option<&Arc<Budget>>, new: &Arc<Budget>) {
+        if let Some(old) = old.filter(|o| o.key != new.key) {
+            self.0.budgets().remove(old);
+        }
+        self.0.budgets().set(Arc::clone(new));
+    }
+    fn remove(&self, _key: &str, old: &Arc<Budget>) {
+        self.0.budgets().remove(old);
     }
 }
 

@@ -9,6 +9,10 @@ use serde::Serialize;
 pub enum Kind {
     Nodes,
     Pods,
+    /// Pending pods with a nominated node (preemptors waiting for their victims): a second
+    /// pod watch, whose selector is the complement of the first's `spec.nodeName`.
+    #[serde(rename = "nominatedpods")]
+    NominatedPods,
     Devices,
     #[serde(rename = "noderesourcetopologies")]
     NodeResourceTopologies,
@@ -23,18 +27,23 @@ pub enum Kind {
     /// The extender's own DeviceTaintRules (and anyone's, ignored): which DRA pools it owns.
     #[serde(rename = "devicetaintrules")]
     DeviceTaintRules,
+    /// PodDisruptionBudgets (`policy/v1`): what preempt's own victims would violate.
+    #[serde(rename = "poddisruptionbudgets")]
+    PodDisruptionBudgets,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Nodes,
         Kind::Pods,
+        Kind::NominatedPods,
         Kind::Devices,
         Kind::NodeResourceTopologies,
         Kind::DeviceClasses,
         Kind::ResourceSlices,
         Kind::ResourceClaims,
         Kind::DeviceTaintRules,
+        Kind::PodDisruptionBudgets,
     ];
 
     /// Position in [`Kind::ALL`], for per-kind arrays.
@@ -46,18 +55,24 @@ impl Kind {
         match self {
             Kind::Nodes => "nodes",
             Kind::Pods => "pods",
+            Kind::NominatedPods => "nominatedpods",
             Kind::Devices => "devices",
             Kind::NodeResourceTopologies => "noderesourcetopologies",
             Kind::DeviceClasses => "deviceclasses",
             Kind::ResourceSlices => "resourceslices",
             Kind::ResourceClaims => "resourceclaims",
             Kind::DeviceTaintRules => "devicetaintrules",
+            Kind::PodDisruptionBudgets => "poddisruptionbudgets",
         }
     }
 
-    /// Kinds backed by a CRD, which may be absent from a cluster.
+    /// Kinds backed by a CRD or an API group a cluster may not serve (everything but the core
+    /// kinds and `policy/v1`, GA since Kubernetes 1.21).
     pub fn is_optional(self) -> bool {
-        !matches!(self, Kind::Nodes | Kind::Pods)
+        !matches!(
+            self,
+            Kind::Nodes | Kind::Pods | Kind::NominatedPods | Kind::PodDisruptionBudgets
+        )
     }
 
     /// The DRA kinds: served together (`resource.k8s.io/v1`) and watched together.
@@ -82,6 +97,10 @@ impl Kind {
             Kind::DeviceTaintRules => {
                 "keeping DRA off the devices the extender hands out (DRA holders are still counted)"
             }
+            Kind::NominatedPods => "holding a preemptor's capacity while its victims go",
+            Kind::PodDisruptionBudgets => {
+                "counting the disruption budgets preempt's victims violate"
+            }
             Kind::Nodes | Kind::Pods => "everything",
         }
     }
@@ -90,6 +109,7 @@ impl Kind {
         match s.trim().to_ascii_lowercase().as_str() {
             "nodes" | "node" => Some(Kind::Nodes),
             "pods" | "pod" => Some(Kind::Pods),
+            "nominatedpods" | "nominatedpod" => Some(Kind::NominatedPods),
             "devices" | "device" => Some(Kind::Devices),
             "noderesourcetopologies" | "noderesourcetopology" | "nrt" | "nrts" => {
                 Some(Kind::NodeResourceTopologies)
@@ -98,6 +118,9 @@ impl Kind {
             "resourceslices" | "resourceslice" => Some(Kind::ResourceSlices),
             "resourceclaims" | "resourceclaim" => Some(Kind::ResourceClaims),
             "devicetaintrules" | "devicetaintrule" => Some(Kind::DeviceTaintRules),
+            "poddisruptionbudgets" | "poddisruptionbudget" | "pdb" | "pdbs" => {
+                Some(Kind::PodDisruptionBudgets)
+            }
             _ => None,
         }
     }

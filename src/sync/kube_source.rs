@@ -24,6 +24,12 @@ use crate::model::nrt::NrtVersion;
 pub const ASSIGNED_POD_SELECTOR: &str =
     "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
 
+/// Field selector for pending pods kube-scheduler nominated to a node (preemptors): not
+/// assigned, not terminal, `status.nominatedNodeName` set (a selectable pod field since
+/// Kubernetes 1.9). Outside preemption it matches nothing, so this watch costs ~nothing.
+pub const NOMINATED_POD_SELECTOR: &str =
+    "spec.nodeName=,status.nominatedNodeName!=,status.phase!=Succeeded,status.phase!=Failed";
+
 pub const DEVICE_API_VERSION: &str = "scheduling.koordinator.sh/v1alpha1";
 
 /// What discovery decided: each kind's requirement, and which NRT version to watch.
@@ -74,6 +80,8 @@ pub async fn try_discover(
     let mut requirements = BTreeMap::new();
     requirements.insert(Kind::Nodes, Requirement::Required);
     requirements.insert(Kind::Pods, Requirement::Required);
+    requirements.insert(Kind::NominatedPods, Requirement::Required);
+    requirements.insert(Kind::PodDisruptionBudgets, Requirement::Required);
 
     let devices = served(client, DEVICE_API_VERSION, "devices").await?;
     requirements.insert(

@@ -27,11 +27,13 @@ use crate::cluster::ClusterState;
 use crate::metrics::Metrics;
 use dra::{DeviceClassHandler, DeviceTaintRuleHandler, ResourceClaimHandler, ResourceSliceHandler};
 use file_source::{ClusterFile, fill_identity};
-use handlers::{DeviceHandler, NodeHandler, PodHandler, TopologyHandler};
+use handlers::{
+    BudgetHandler, DeviceHandler, NodeHandler, NominationHandler, PodHandler, TopologyHandler,
+};
 use kube_source::WatchMode;
 use store::KindSync;
 
-/// The kinds declared at startup: all four, with the optional ones awaiting discovery.
+/// The kinds declared at startup: every kind, with the optional ones awaiting discovery.
 pub fn declared_kinds() -> BTreeMap<Kind, Requirement> {
     Kind::ALL
         .into_iter()
@@ -221,6 +223,20 @@ fn spawn_watcher(
             mode,
             shutdown.clone(),
         )),
+        Kind::NominatedPods => tasks.spawn(kube_source::run_watcher(
+            ctx.sync(NominationHandler(ctx.cluster.clone())),
+            Api::all(client.clone()),
+            watcher::Config::default().fields(kube_source::NOMINATED_POD_SELECTOR),
+            mode,
+            shutdown.clone(),
+        )),
+        Kind::PodDisruptionBudgets => tasks.spawn(kube_source::run_watcher(
+            ctx.sync(BudgetHandler(ctx.cluster.clone())),
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            mode,
+            shutdown.clone(),
+        )),
         Kind::Devices => tasks.spawn(kube_source::run_watcher(
             ctx.sync(DeviceHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
             Api::all(client.clone()),
@@ -305,6 +321,7 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
         mut resource_slices,
         mut resource_claims,
         mut device_taint_rules,
+        mut disruption_budgets,
         ignored,
     } = file;
     if ignored > 0 {
@@ -334,10 +351,23 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
     for r in &mut device_taint_rules {
         fill_identity(&mut r.metadata, Kind::DeviceTaintRules);
     }
-    // Only assigned, non-terminal pods go through the pod sync, as with the live selector.
-    let assigned: Vec<_> = pods
+    for b in &mut disruption_budgets {
+        fill_identity(&mut b.metadata, Kind::PodDisruptionBudgets);
+    }
+    // Only assigned, non-terminal pods go through the pod sync, and only pending nominated
+    // ones through the nominations, as with the live selectors.
+    let (assigned, pending): (Vec<_>, Vec<_>) = pods
         .into_iter()
-        .filter(|p| p.node_name().is_some() && !p.is_terminal())
+        .filter(|p| !p.is_terminal())
+        .partition(|p| p.node_name().is_some());
+    let nominated: Vec<_> = pending
+        .into_iter()
+        .filter(|p| {
+            p.status
+                .nominated_node_name
+                .as_deref()
+                .is_some_and(|n| !n.is_empty())
+        })
         .collect();
     let device_handler = DeviceHandler::new(ctx.cluster.clone(), ctx.metrics.clone());
     let devices = device_handler.decode_values(devices);
@@ -377,5 +407,10 @@ pub fn run_file(ctx: &SyncContext, file: ClusterFile) {
     replay(
         ctx.sync(PodHandler::new(ctx.cluster.clone(), ctx.metrics.clone())),
         assigned,
+    );
+    replay(ctx.sync(NominationHandler(ctx.cluster.clone())), nominated);
+    replay(
+        ctx.sync(BudgetHandler(ctx.cluster.clone())),
+        disruption_budgets,
     );
 }

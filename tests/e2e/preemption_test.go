@@ -8,13 +8,17 @@ package e2e
 // until it is gone, and is run while the victims terminate.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -208,15 +212,7 @@ func TestSharePodsPreemptThroughTheExtender(t *testing.T) {
 // (the annotation koordinator's scheduler would have written), at `priority`.
 func (cp *controlPlane) holdShare(name, node, priority string, minor, share int) {
 	cp.t.Helper()
-	s := fmt.Sprint(share)
-	p := cp.pod(podSpec{name: name, priority: priority, limits: map[string]string{
-		"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-core": s, "koordinator.sh/gpu-memory-ratio": s}})
-	p.Spec.NodeName = node
-	p.Annotations = map[string]string{"scheduling.koordinator.sh/device-allocated": fmt.Sprintf(
-		`{"gpu":[{"minor":%d,"resources":{"koordinator.sh/gpu-core":"%s","koordinator.sh/gpu-memory-ratio":"%s"}}]}`, minor, s, s)}
-	if _, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, p, metav1.CreateOptions{}); err != nil {
-		cp.t.Fatalf("pod %s: %v", name, err)
-	}
+	cp.holdShareLabeled(name, node, priority, minor, share, nil)
 }
 
 // Issue 38 §2: kube-scheduler picks victims by node totals, here two pods on two cards whose
@@ -243,19 +239,28 @@ func TestSharePreemptionVictimsFreeOneCard(t *testing.T) {
 	ext.waitCachedPods(5)
 	cp.assertNoViolations()
 
+	cp.preemptHalfCard(m, "d60", 1, "the one pod whose removal frees half of one card", "a30", "b30", "c40", "e40")
+}
+
+// preemptHalfCard creates high-half (50 of a card, priority "high"), plays the kubelet until it
+// is bound, and checks that exactly `victim` was evicted (`why` says why it should be), that
+// high-half holds GPU `minor`, and that none of `untouched` is being deleted.
+func (cp *controlPlane) preemptHalfCard(m machine, victim string, minor int, why string, untouched ...string) {
+	t := cp.t
+	t.Helper()
 	half := map[string]string{"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}
 	cp.createPod(podSpec{name: "high-half", priority: "high", limits: half})
 	victims := cp.playKubeletUntil(m, func() bool { return cp.getPod("high-half").Spec.NodeName != "" })
-	if len(victims) != 1 || victims[0] != "d60" {
-		t.Fatalf("victims %v, want exactly d60 (the one pod whose removal frees half of one card)", victims)
+	if len(victims) != 1 || victims[0] != victim {
+		t.Fatalf("victims %v, want exactly %s (%s)", victims, victim, why)
 	}
 	d, err := parseDeviceAllocated(cp.getPod("high-half"))
-	if err != nil || len(d["gpu"]) != 1 || d["gpu"][0].Minor != 1 {
-		t.Fatalf("high-half holds %v, want GPU 1 (the victim's)", d)
+	if err != nil || len(d["gpu"]) != 1 || d["gpu"][0].Minor != minor {
+		t.Fatalf("high-half holds %v, want GPU %d (%s's)", d, minor, victim)
 	}
-	for _, name := range []string{"a30", "b30", "c40", "e40"} {
+	for _, name := range untouched {
 		if p := cp.getPod(name); p.DeletionTimestamp != nil {
-			t.Fatalf("%s is being deleted; only d60 should be", name)
+			t.Fatalf("%s is being deleted; only %s should be", name, victim)
 		}
 	}
 	cp.assertNoViolations()
@@ -269,5 +274,164 @@ func (e *extenderProc) waitCachedPods(n int) {
 	})
 	if err != nil {
 		e.cp.t.Fatalf("the extender never cached %d pods: %s", n, metricLines(e.metrics(), "dne_cached_objects"))
+	}
+}
+
+// waitCached waits until the extender's cache of `kind` (a sync kind's metric label) holds n
+// objects.
+func (e *extenderProc) waitCached(kind string, n int) {
+	want := fmt.Sprintf(`dne_cached_objects{kind="%s"} %d`, kind, n)
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
+		return strings.Contains(e.metrics(), want), nil
+	})
+	if err != nil {
+		e.cp.t.Fatalf("the extender never cached %d %s: %s", n, kind, metricLines(e.metrics(), "dne_cached_objects"))
+	}
+}
+
+// Issue 38 §2: capacity held for the preemptor while its victim goes. Card 0 keeps 60 for a
+// pod nobody preempts; card 1 is held whole by the victim. high-half (50) preempts the victim
+// and is nominated to the node. By node totals a third pod (60, lower priority) fits beside the
+// nomination once the victim is gone (200 - 60 - 50 = 90), so kube-scheduler's own filters let
+// it through; on one card it fits only where high-half must go (card 1), and taking it would
+// strand high-half (40 left on each card) and cost a second preemption.
+//
+// The window is real but short (the preemptor waiting out its backoff when the victim goes), so
+// the test holds it open: kube-scheduler is stopped once it has nominated high-half and deleted
+// the victim, the victim's deletion is finished, and the extender's filter is asked about the
+// third pod as kube-scheduler would ask it: it must refuse, naming the hold. Then kube-scheduler
+// comes back with the third pod pending too: the victim is the only pod ever evicted, high-half
+// binds to card 1, the third pod waits.
+func TestANominatedPreemptorKeepsItsCardFromAThirdPod(t *testing.T) {
+	cp, ext := start(t, planOptions{chartValues: shareTotals})
+	m := machine{numa: 1, coresPerNuma: 16, gpus: 2, gpuMemoryGi: 80}
+	cp.addNodes("gpu", 1, m)
+	ext.waitReady()
+	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-core", "200")
+	cp.priorityClass("low", 100)
+	cp.priorityClass("mid", 200)
+	cp.priorityClass("high", 1000)
+	cp.holdShare("keep60", "gpu-0", "mid", 0, 60)
+	cp.holdShare("victim", "gpu-0", "low", 1, 100)
+	ext.waitCachedPods(2)
+	cp.assertNoViolations()
+
+	share := func(s string) map[string]string {
+		return map[string]string{"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-core": s, "koordinator.sh/gpu-memory-ratio": s}
+	}
+	cp.createPod(podSpec{name: "high-half", priority: "high", limits: share("50")})
+	// Ordering points: the victim is being deleted, and the extender has seen the nomination.
+	err := wait.PollUntilContextTimeout(cp.ctx, 50*time.Millisecond, hangGuard, true, func(context.Context) (bool, error) {
+		return cp.getPod("victim").DeletionTimestamp != nil && cp.getPod("high-half").Status.NominatedNodeName == "gpu-0", nil
+	})
+	if err != nil {
+		t.Fatalf("high-half never preempted the victim: %+v", cp.getPod("high-half").Status)
+	}
+	ext.waitCached("nominatedpods", 1)
+	cp.stopScheduler()
+	cp.deletePodNow("victim")
+	ext.waitCachedPods(1)
+	// The window: the victim gone, high-half nominated and not bound.
+	third := cp.pod(podSpec{name: "third", priority: "low", limits: share("60")})
+	third.Spec.Priority = ptrInt32(100)
+	passing, failed := filterVerb(t, ext, third, []string{"gpu-0"})
+	if len(passing) != 0 || !strings.Contains(failed["gpu-0"], "capacity held for "+testNamespace+"/high-half") {
+		t.Fatalf("filter let the third pod take high-half's card: passing %v, failed %v", passing, failed)
+	}
+
+	cp.startScheduler(ext.urlPrefix())
+	cp.createPod(podSpec{name: "third", priority: "low", limits: share("60")})
+	victims := cp.playKubeletUntil(m, func() bool { return cp.getPod("high-half").Spec.NodeName != "" })
+	if len(victims) != 0 {
+		t.Fatalf("pods evicted after the victim: %v (the third pod took high-half's card)", victims)
+	}
+	d, err := parseDeviceAllocated(cp.getPod("high-half"))
+	if err != nil || len(d["gpu"]) != 1 || d["gpu"][0].Minor != 1 {
+		t.Fatalf("high-half holds %v, want GPU 1 (the victim's)", d)
+	}
+	if got := cp.getPod("third"); got.Spec.NodeName != "" {
+		t.Fatalf("the third pod was bound to %s: 60 fits on no card beside high-half", got.Spec.NodeName)
+	}
+	// The nomination is gone from the extender's cache once high-half is bound.
+	ext.waitCached("nominatedpods", 0)
+	cp.assertNoViolations()
+}
+
+func ptrInt32(v int32) *int32 { return &v }
+
+// filterVerb calls the extender's filter verb as kube-scheduler does (node names): the nodes
+// that pass and the reason for every other.
+func filterVerb(t *testing.T, e *extenderProc, pod *corev1.Pod, nodes []string) ([]string, map[string]string) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"Pod": pod, "NodeNames": nodes})
+	client := http.Client{Timeout: 60 * time.Second}
+	resp, err := client.Post(e.urlPrefix()+"/filter", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("filter: %v", err)
+	}
+	defer resp.Body.Close()
+	var answer struct {
+		NodeNames   *[]string
+		FailedNodes map[string]string
+		Error       string
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil || answer.Error != "" {
+		t.Fatalf("filter: %v %q", err, answer.Error)
+	}
+	var passing []string
+	if answer.NodeNames != nil {
+		passing = *answer.NodeNames
+	}
+	return passing, answer.FailedNodes
+}
+
+// Issue 38 §2: a victim a PodDisruptionBudget protects is avoided when another works. Card 0:
+// a60 (priority 150, protected by a budget that allows no disruption: no disruption controller
+// runs here, so its status stays at 0 allowed) and c40 (low); card 1: d60 (mid) and e40 (low).
+// kube-scheduler's victims by totals are c40 and e40, one per card: 40 free on each, no half
+// card. Either 60 frees half a card alone; without budgets the extender would answer a60 (the
+// lower priority), with them d60 (no violation beats a lower priority). high-half binds to
+// card 1 and a60 stays.
+func TestPreemptionAvoidsAVictimABudgetProtects(t *testing.T) {
+	cp, ext := start(t, planOptions{chartValues: shareTotals})
+	m := machine{numa: 1, coresPerNuma: 16, gpus: 2, gpuMemoryGi: 80}
+	cp.addNodes("gpu", 1, m)
+	ext.waitReady()
+	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-core", "200")
+	cp.priorityClass("low", 100)
+	cp.priorityClass("low-plus", 150)
+	cp.priorityClass("mid", 200)
+	cp.priorityClass("high", 1000)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "a60", Namespace: testNamespace},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"budget": "a60"}},
+		},
+	}
+	if _, err := cp.admin.PolicyV1().PodDisruptionBudgets(testNamespace).Create(cp.ctx, pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ext.waitCached("poddisruptionbudgets", 1)
+	cp.holdShareLabeled("a60", "gpu-0", "low-plus", 0, 60, map[string]string{"budget": "a60"})
+	cp.holdShare("c40", "gpu-0", "low", 0, 40)
+	cp.holdShare("d60", "gpu-0", "mid", 1, 60)
+	cp.holdShare("e40", "gpu-0", "low", 1, 40)
+	ext.waitCachedPods(4)
+	cp.assertNoViolations()
+
+	cp.preemptHalfCard(m, "d60", 1, "a60 frees as much, and a budget protects it", "a60", "c40", "e40")
+}
+
+// holdShareLabeled is holdShare with labels on the pod.
+func (cp *controlPlane) holdShareLabeled(name, node, priority string, minor, share int, labels map[string]string) {
+	cp.t.Helper()
+	s := fmt.Sprint(share)
+	p := cp.pod(podSpec{name: name, priority: priority, labels: labels, limits: map[string]string{
+		"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-core": s, "koordinator.sh/gpu-memory-ratio": s}})
+	p.Spec.NodeName = node
+	p.Annotations = map[string]string{"scheduling.koordinator.sh/device-allocated": fmt.Sprintf(
+		`{"gpu":[{"minor":%d,"resources":{"koordinator.sh/gpu-core":"%s","koordinator.sh/gpu-memory-ratio":"%s"}}]}`, minor, s, s)}
+	if _, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, p, metav1.CreateOptions{}); err != nil {
+		cp.t.Fatalf("pod %s: %v", name, err)
 	}
 }

@@ -19,6 +19,7 @@ mod late_binding;
 mod leader;
 mod leak;
 mod memo;
+mod nominated;
 mod numa;
 mod outage;
 mod partitions;

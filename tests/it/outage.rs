@@ -173,6 +173,17 @@ async fn outage_keeps_filter_answering_fails_bind_cleanly_and_recovers_without_r
         json!({"metadata": {"name": "after-outage"}, "spec": {"taint": {"key": "k", "effect": "None"}}}),
     )
     .unwrap();
+    // And the pending pods with a nominated node (the quietest watch: empty outside
+    // preemption), and the PodDisruptionBudgets.
+    let mut nominee = service::pending("after-outage", json!({"cpu": "1"}));
+    nominee["status"]["nominatedNodeName"] = json!("n1");
+    fake.create(Kind::Pod, nominee).unwrap();
+    fake.create(
+        Kind::PodDisruptionBudget,
+        json!({"metadata": {"name": "after-outage", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "x"}}}}),
+    )
+    .unwrap();
     wait_for("the strict replica to be ready again", async || {
         b.get("/readyz").await.0 == 200
     })

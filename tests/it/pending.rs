@@ -169,7 +169,7 @@ async fn inspect_pod_names_the_nearest_nodes_and_what_would_make_it_fit() {
     // gone (each frees 2 counted GPUs); on b the holder outranks the pod; on c and d too.
     assert_eq!(
         got["preemption"],
-        json!([{"node": "a", "victims": [
+        json!([{"node": "a", "pdb_violations": 0, "victims": [
             {"pod": "ml/low-1", "priority": -10}, {"pod": "ml/low-2", "priority": 5}]}]),
         "{got:#}"
     );
@@ -203,6 +203,61 @@ async fn inspect_pod_names_the_nearest_nodes_and_what_would_make_it_fit() {
     assert!(
         note.starts_with("on 1 node(s) removing lower-priority pods would make room"),
         "{got:#}"
+    );
+}
+
+/// PodDisruptionBudgets as kube-scheduler reads them: on node a (two pods of 2 counted GPUs, the
+/// pod asks 2), kube-scheduler reprieves the higher priority first and evicts low-1; with a
+/// budget protecting low-1 it reprieves low-1 first (a violating victim) and evicts low-2; with
+/// both protected it evicts one and counts the violation.
+#[tokio::test]
+async fn inspect_pod_reprieves_budget_protected_victims_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut two = service::pending("big", cards(2, true));
+    two["spec"]["priority"] = json!(10);
+    let pdb = |name: &str, app: &str| {
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": app}}},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}})
+    };
+    let labeled = |name: &str, minors: &[i32], priority: i32, app: &str| {
+        let mut p = holder(name, "a", minors, priority, true);
+        p["metadata"]["labels"] = json!({"app": app});
+        p
+    };
+    let victims_on_a = |extra: &[Value]| {
+        let mut items = extra.to_vec();
+        // c and d full, by pods that outrank the pod: only a can make room.
+        items.push(holder("c-more", "c", &[2, 3], 1000, false));
+        items.push(holder("d-more", "d", &[2, 3], 1000, false));
+        items.push(labeled("low-1", &[0, 1], -10, "one"));
+        items.push(labeled("low-2", &[2, 3], 5, "two"));
+        let text = cluster(&items, &["low-1", "low-2"]);
+        let got = inspect(dir.path(), &text, &list(std::slice::from_ref(&two)));
+        let a = got["preemption"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["node"] == "a")
+            .cloned()
+            .unwrap_or_else(|| panic!("no preemption on a: {got:#}"));
+        let pods: Vec<String> = a["victims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["pod"].as_str().unwrap().to_string())
+            .collect();
+        (pods, a["pdb_violations"].as_i64().unwrap())
+    };
+    assert_eq!(victims_on_a(&[]), (vec!["ml/low-1".to_string()], 0));
+    assert_eq!(
+        victims_on_a(&[pdb("one", "one")]),
+        (vec!["ml/low-2".to_string()], 0)
+    );
+    assert_eq!(
+        victims_on_a(&[pdb("one", "one"), pdb("two", "two")]),
+        (vec!["ml/low-1".to_string()], 1)
     );
 }
 
@@ -243,7 +298,7 @@ async fn inspect_pod_with_share_totals_counted_shows_the_victims() {
     );
     assert_eq!(
         got["preemption"],
-        json!([{"node": "e", "victims": [{"pod": "ml/low-1", "priority": -10}]}]),
+        json!([{"node": "e", "pdb_violations": 0, "victims": [{"pod": "ml/low-1", "priority": -10}]}]),
         "{got:#}"
     );
     assert!(got.get("preemption_note").is_none(), "{got:#}");

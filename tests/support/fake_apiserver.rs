@@ -75,10 +75,11 @@ pub enum Kind {
     ResourceSlice,
     ResourceClaim,
     DeviceTaintRule,
+    PodDisruptionBudget,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Node,
         Kind::Pod,
         Kind::Device,
@@ -88,6 +89,7 @@ impl Kind {
         Kind::ResourceSlice,
         Kind::ResourceClaim,
         Kind::DeviceTaintRule,
+        Kind::PodDisruptionBudget,
     ];
 
     fn idx(self) -> usize {
@@ -105,12 +107,13 @@ impl Kind {
             | Kind::ResourceSlice
             | Kind::ResourceClaim
             | Kind::DeviceTaintRule => "resource.k8s.io",
+            Kind::PodDisruptionBudget => "policy",
         }
     }
 
     pub fn versions(self) -> &'static [&'static str] {
         match self {
-            Kind::Node | Kind::Pod | Kind::Lease => &["v1"],
+            Kind::Node | Kind::Pod | Kind::Lease | Kind::PodDisruptionBudget => &["v1"],
             Kind::DeviceClass
             | Kind::ResourceSlice
             | Kind::ResourceClaim
@@ -131,6 +134,7 @@ impl Kind {
             Kind::ResourceSlice => "resourceslices",
             Kind::ResourceClaim => "resourceclaims",
             Kind::DeviceTaintRule => "devicetaintrules",
+            Kind::PodDisruptionBudget => "poddisruptionbudgets",
         }
     }
 
@@ -145,11 +149,15 @@ impl Kind {
             Kind::ResourceSlice => "ResourceSlice",
             Kind::ResourceClaim => "ResourceClaim",
             Kind::DeviceTaintRule => "DeviceTaintRule",
+            Kind::PodDisruptionBudget => "PodDisruptionBudget",
         }
     }
 
     pub fn namespaced(self) -> bool {
-        matches!(self, Kind::Pod | Kind::Lease | Kind::ResourceClaim)
+        matches!(
+            self,
+            Kind::Pod | Kind::Lease | Kind::ResourceClaim | Kind::PodDisruptionBudget
+        )
     }
 
     /// `apiVersion` for a given version of this kind's group.
@@ -419,6 +427,9 @@ struct KindState {
     objects: BTreeMap<Key, Arc<Value>>,
     log: VecDeque<Arc<LogEntry>>,
     watchers: HashMap<u64, mpsc::UnboundedSender<WatchMsg>>,
+    /// Watches outside the test's scripts (the nominated-pod stream: `handlers::scripted`),
+    /// not counted by [`FakeApiServer::open_watches`].
+    pub(crate) unscripted: std::collections::HashSet<u64>,
     not_served: bool,
     list_pages_since_arm: usize,
     fail_list_page: Option<(usize, u16)>,
@@ -1433,11 +1444,17 @@ impl FakeApiServer {
     // ---- observation ----
 
     /// Open watch streams of a kind (over all versions and namespaces).
+    /// Open watches of the kind that the test's scripts apply to (for pods: the assigned-pod
+    /// stream, not the nominated one; see `handlers::scripted`).
     pub fn open_watches(&self, kind: Kind) -> usize {
         let mut g = self.inner.lock();
         let ks = g.ks(kind);
         ks.watchers.retain(|_, tx| !tx.is_closed());
-        ks.watchers.len()
+        let unscripted = &ks.unscripted;
+        ks.watchers
+            .keys()
+            .filter(|id| !unscripted.contains(id))
+            .count()
     }
 
     /// Waits until at least `n` watches of the kind are open; false on timeout.

@@ -426,10 +426,7 @@ impl Binder {
         }
         // Until the watch lists the pod here, the amplification check counts its CPU request
         // from this record (while the entries stay assumed).
-        let cpu_milli = crate::model::requests::pod_requests_compact(&pod.spec)
-            .ok()
-            .and_then(|r| r.get("cpu").map(|q| q.milli_value()))
-            .unwrap_or(0);
+        let cpu_milli = write_back::cpu_request_milli(pod);
         Some(Assumption {
             devices,
             cpus,

@@ -112,13 +112,19 @@ pub struct Readiness {
 
 impl Readiness {
     /// `kinds` is the fixed set decided at startup; kinds absent from it are not reported.
-    /// Nodes and pods are always required, whatever the caller passes.
+    /// Nodes, both pod watches and PodDisruptionBudgets are always required, whatever the
+    /// caller passes.
     pub fn new(
         mut kinds: BTreeMap<Kind, Requirement>,
         max_staleness: Option<Duration>,
         metrics: Metrics,
     ) -> Arc<Self> {
-        for always in [Kind::Nodes, Kind::Pods] {
+        for always in [
+            Kind::Nodes,
+            Kind::Pods,
+            Kind::NominatedPods,
+            Kind::PodDisruptionBudgets,
+        ] {
             kinds.insert(always, Requirement::Required);
         }
         Arc::new(Readiness {
@@ -376,6 +382,14 @@ impl Readiness {
 mod tests {
     use super::*;
 
+    /// The kinds every readiness requires, whatever it is built with.
+    const ALWAYS: [Kind; 4] = [
+        Kind::Nodes,
+        Kind::Pods,
+        Kind::NominatedPods,
+        Kind::PodDisruptionBudgets,
+    ];
+
     fn readiness(kinds: &[(Kind, Requirement)]) -> Arc<Readiness> {
         Readiness::new(kinds.iter().cloned().collect(), None, Metrics::new())
     }
@@ -396,11 +410,19 @@ mod tests {
         r.on_init(Kind::Nodes);
         r.on_init_done(Kind::Nodes, 3, 3);
         assert!(!r.is_ready());
-        assert_eq!(r.waiting_for(), vec![Kind::Pods]);
+        assert_eq!(
+            r.waiting_for(),
+            vec![Kind::Pods, Kind::NominatedPods, Kind::PodDisruptionBudgets]
+        );
         r.on_init(Kind::Pods);
         r.on_init_apply(Kind::Pods);
         assert!(!r.is_ready(), "listing is not synced");
         r.on_init_done(Kind::Pods, 1, 1);
+        assert!(!r.is_ready(), "the nominated pods are a required list too");
+        for kind in [Kind::NominatedPods, Kind::PodDisruptionBudgets] {
+            r.on_init(kind);
+            r.on_init_done(kind, 0, 0);
+        }
         assert!(r.is_ready());
         // A later relist never flips readiness back.
         r.on_init(Kind::Pods);
@@ -421,7 +443,7 @@ mod tests {
                 },
             ),
         ]);
-        for kind in [Kind::Nodes, Kind::Pods] {
+        for kind in ALWAYS {
             r.on_init(kind);
             r.on_init_done(kind, 0, 0);
         }
@@ -443,7 +465,7 @@ mod tests {
     #[test]
     fn listing_counts_buffered_objects_and_clears_staleness() {
         let r = Readiness::new(BTreeMap::new(), Some(Duration::ZERO), Metrics::new());
-        for kind in [Kind::Nodes, Kind::Pods] {
+        for kind in ALWAYS {
             r.on_init(kind);
             r.on_init_done(kind, 0, 0);
         }
@@ -467,7 +489,7 @@ mod tests {
     fn empty_kind_set_is_never_ready_by_accident() {
         let r = readiness(&[]);
         assert!(!r.is_ready());
-        assert_eq!(r.waiting_for(), vec![Kind::Nodes, Kind::Pods]);
+        assert_eq!(r.waiting_for(), ALWAYS.to_vec());
     }
 
     /// Issue 27: leadership lapses at its renewal deadline on its own (no task has to clear
@@ -476,7 +498,7 @@ mod tests {
     #[tokio::test]
     async fn a_lapsed_renewal_deadline_ends_leadership_and_a_late_renewal_fences_pods() {
         let r = readiness(&[]);
-        for kind in [Kind::Nodes, Kind::Pods] {
+        for kind in ALWAYS {
             r.on_init(kind);
             r.on_init_done(kind, 0, 0);
         }
@@ -513,7 +535,7 @@ mod tests {
             !r.report().standby_ready,
             "a standby still syncing is not standby-ready"
         );
-        for kind in [Kind::Nodes, Kind::Pods] {
+        for kind in ALWAYS {
             r.on_init(kind);
             r.on_init_done(kind, 0, 0);
         }
@@ -659,7 +681,7 @@ mod tests {
             Some(Duration::ZERO),
             Metrics::new(),
         );
-        for kind in [Kind::Nodes, Kind::Pods] {
+        for kind in ALWAYS {
             r.on_init(kind);
             r.on_init_done(kind, 0, 0);
         }

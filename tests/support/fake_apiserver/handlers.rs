@@ -595,9 +595,22 @@ struct ListOut<'a> {
     items: Vec<Cow<'a, Value>>,
 }
 
+/// Whether a request is one the test's scripted faults (gates, delays, injected failures)
+/// apply to. Pods have two streams: the assigned pods, which every pod script means, and the
+/// pending pods with a nominated node (`status.nominatedNodeName!=`), which lists ~nothing and
+/// is left unscripted, so stepping through "the pod list" page by page stays one stream.
+fn scripted(kind: Kind, q: &HashMap<String, String>) -> bool {
+    kind != Kind::Pod
+        || !q
+            .get("fieldSelector")
+            .is_some_and(|s| s.contains("status.nominatedNodeName!="))
+}
+
 async fn list(fake: FakeApiServer, r: &ResourcePath, q: &HashMap<String, String>) -> Response {
     let kind = r.kind;
-    let (fail, delay, gate) = {
+    let (fail, delay, gate) = if !scripted(kind, q) {
+        (None, Duration::ZERO, None)
+    } else {
         let mut g = fake.inner.lock();
         let ks = g.ks(kind);
         ks.list_pages_since_arm += 1;
@@ -727,7 +740,10 @@ fn event_line(ty: &str, object: &Value) -> Bytes {
 
 async fn watch(fake: FakeApiServer, r: &ResourcePath, q: &HashMap<String, String>) -> Response {
     let kind = r.kind;
-    let (fail, delay, interval, gate) = {
+    let (fail, delay, interval, gate) = if !scripted(kind, q) {
+        let interval = fake.inner.lock().bookmark_interval;
+        (None, Duration::ZERO, interval, None)
+    } else {
         let mut g = fake.inner.lock();
         let interval = g.bookmark_interval;
         let ks = g.ks(kind);
@@ -806,6 +822,9 @@ async fn watch(fake: FakeApiServer, r: &ResourcePath, q: &HashMap<String, String
         let id = g.next_id;
         g.next_id += 1;
         g.ks(kind).watchers.insert(id, in_tx);
+        if !scripted(kind, q) {
+            g.ks(kind).unscripted.insert(id);
+        }
         id
     };
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Bytes>();
@@ -896,12 +915,10 @@ impl WatchTask {
                 _ = &mut deadline => break,
             }
         }
-        self.fake
-            .inner
-            .lock()
-            .ks(self.kind)
-            .watchers
-            .remove(&self.id);
+        let mut g = self.fake.inner.lock();
+        let ks = g.ks(self.kind);
+        ks.watchers.remove(&self.id);
+        ks.unscripted.remove(&self.id);
     }
 
     fn ns_ok(&self, obj: &Value) -> bool {

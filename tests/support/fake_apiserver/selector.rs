@@ -65,7 +65,7 @@ impl FieldSelector {
 
 fn supported_field(kind: Kind, field: &str) -> Option<&'static str> {
     const COMMON: [&str; 2] = ["metadata.name", "metadata.namespace"];
-    const POD: [&str; 2] = ["spec.nodeName", "status.phase"];
+    const POD: [&str; 3] = ["spec.nodeName", "status.phase", "status.nominatedNodeName"];
     let candidates: &[&'static str] = if kind == Kind::Pod { &POD } else { &[] };
     COMMON
         .iter()
