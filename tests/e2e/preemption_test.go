@@ -242,25 +242,32 @@ func TestSharePreemptionVictimsFreeOneCard(t *testing.T) {
 	cp.preemptHalfCard(m, "d60", 1, "the one pod whose removal frees half of one card", "a30", "b30", "c40", "e40")
 }
 
-// preemptHalfCard creates high-half (50 of a card, priority "high"), plays the kubelet until it
-// is bound, and checks that exactly `victim` was evicted (`why` says why it should be), that
-// high-half holds GPU `minor`, and that none of `untouched` is being deleted.
+// preemptHalfCard creates high-half (50 of a card, priority "high") and checks what
+// preemptAs checks.
 func (cp *controlPlane) preemptHalfCard(m machine, victim string, minor int, why string, untouched ...string) {
+	cp.t.Helper()
+	half := map[string]string{"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}
+	cp.preemptAs(m, "high-half", half, victim, minor, why, untouched...)
+}
+
+// preemptAs creates pod `name` asking `limits` at priority "high", plays the kubelet until it
+// is bound, and checks that exactly `victim` was evicted (`why` says why it should be), that
+// the pod holds GPU `minor`, and that none of `untouched` is being deleted.
+func (cp *controlPlane) preemptAs(m machine, name string, limits map[string]string, victim string, minor int, why string, untouched ...string) {
 	t := cp.t
 	t.Helper()
-	half := map[string]string{"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}
-	cp.createPod(podSpec{name: "high-half", priority: "high", limits: half})
-	victims := cp.playKubeletUntil(m, func() bool { return cp.getPod("high-half").Spec.NodeName != "" })
+	cp.createPod(podSpec{name: name, priority: "high", limits: limits})
+	victims := cp.playKubeletUntil(m, func() bool { return cp.getPod(name).Spec.NodeName != "" })
 	if len(victims) != 1 || victims[0] != victim {
 		t.Fatalf("victims %v, want exactly %s (%s)", victims, victim, why)
 	}
-	d, err := parseDeviceAllocated(cp.getPod("high-half"))
+	d, err := parseDeviceAllocated(cp.getPod(name))
 	if err != nil || len(d["gpu"]) != 1 || d["gpu"][0].Minor != minor {
-		t.Fatalf("high-half holds %v, want GPU %d (%s's)", d, minor, victim)
+		t.Fatalf("%s holds %v, want GPU %d (%s's)", name, d, minor, victim)
 	}
-	for _, name := range untouched {
-		if p := cp.getPod(name); p.DeletionTimestamp != nil {
-			t.Fatalf("%s is being deleted; only %s should be", name, victim)
+	for _, other := range untouched {
+		if p := cp.getPod(other); p.DeletionTimestamp != nil {
+			t.Fatalf("%s is being deleted; only %s should be", other, victim)
 		}
 	}
 	cp.assertNoViolations()
@@ -426,12 +433,58 @@ func TestPreemptionAvoidsAVictimABudgetProtects(t *testing.T) {
 func (cp *controlPlane) holdShareLabeled(name, node, priority string, minor, share int, labels map[string]string) {
 	cp.t.Helper()
 	s := fmt.Sprint(share)
-	p := cp.pod(podSpec{name: name, priority: priority, labels: labels, limits: map[string]string{
-		"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-core": s, "koordinator.sh/gpu-memory-ratio": s}})
+	cp.holdOnCard(name, node, priority, minor,
+		map[string]string{"koordinator.sh/gpu-core": s, "koordinator.sh/gpu-memory-ratio": s},
+		map[string]string{"koordinator.sh/gpu-core": s, "koordinator.sh/gpu-memory-ratio": s}, labels)
+}
+
+// holdOnCard creates a pod already bound to `node`, asking `asks` (besides a little CPU and
+// memory) and holding `held` of GPU `minor` by its device-allocated annotation (what
+// koordinator's scheduler would have written), at `priority`, with `labels`.
+func (cp *controlPlane) holdOnCard(name, node, priority string, minor int, asks, held, labels map[string]string) {
+	cp.t.Helper()
+	limits := map[string]string{"cpu": "100m", "memory": "128Mi"}
+	for k, v := range asks {
+		limits[k] = v
+	}
+	p := cp.pod(podSpec{name: name, priority: priority, labels: labels, limits: limits})
 	p.Spec.NodeName = node
+	resources, _ := json.Marshal(held)
 	p.Annotations = map[string]string{"scheduling.koordinator.sh/device-allocated": fmt.Sprintf(
-		`{"gpu":[{"minor":%d,"resources":{"koordinator.sh/gpu-core":"%s","koordinator.sh/gpu-memory-ratio":"%s"}}]}`, minor, s, s)}
+		`{"gpu":[{"minor":%d,"resources":%s}]}`, minor, resources)}
 	if _, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, p, metav1.CreateOptions{}); err != nil {
 		cp.t.Fatalf("pod %s: %v", name, err)
 	}
+}
+
+// Issue 38 §2, by bytes: the same card-level mending for pods asking GPU memory alone
+// (`koordinator.sh/gpu-memory`, counted by kube-scheduler by node totals: 160Gi). Card 0: 24Gi
+// + 24Gi (mid) + 32Gi (low); card 1: 48Gi (mid) + 32Gi (low). kube-scheduler keeps the mid pods
+// and proposes the two 32Gi pods, one per card (32Gi free on each, 40Gi on neither); the
+// extender answers the 48Gi pod alone, and the pod binds to its card.
+func TestSharePreemptionByMemoryFreesOneCard(t *testing.T) {
+	cp, ext := start(t, planOptions{chartValues: shareTotals})
+	m := machine{numa: 1, coresPerNuma: 16, gpus: 2, gpuMemoryGi: 80}
+	cp.addNodes("gpu", 1, m)
+	ext.waitReady()
+	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-memory", "160Gi")
+	cp.priorityClass("low", 100)
+	cp.priorityClass("mid", 200)
+	cp.priorityClass("high", 1000)
+	hold := func(name, priority string, minor, gi int) {
+		mem := fmt.Sprintf("%dGi", gi)
+		cp.holdOnCard(name, "gpu-0", priority, minor,
+			map[string]string{"koordinator.sh/gpu-memory": mem},
+			map[string]string{"koordinator.sh/gpu-memory": mem, "koordinator.sh/gpu-memory-ratio": fmt.Sprint(gi * 100 / 80)}, nil)
+	}
+	hold("a24", "mid", 0, 24)
+	hold("b24", "mid", 0, 24)
+	hold("c32", "low", 0, 32)
+	hold("d48", "mid", 1, 48)
+	hold("e32", "low", 1, 32)
+	ext.waitCachedPods(5)
+	cp.assertNoViolations()
+
+	mem := map[string]string{"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-memory": "40Gi"}
+	cp.preemptAs(m, "high-mem", mem, "d48", 1, "the one pod whose removal frees 40Gi on one card", "a24", "b24", "c32", "e32")
 }
