@@ -806,6 +806,96 @@ fn preempt_costs(state: &Scheduler) {
             common::ms(p.p99)
         );
     }
+    victim_search_worst_case();
+}
+
+/// The victim search's worst case (issue 38's note): on each candidate node sixteen half-card
+/// holders of lower priority and no set of up to four that makes room, so every node spends
+/// the whole search budget (`SEARCH_BUDGET` decisions); kube-scheduler may send up to 100
+/// candidates in one `preempt`. Each holder is covered by a PodDisruptionBudget too.
+fn victim_search_worst_case() {
+    use device_numa_extender::model::wire::ExtenderPreemptionArgs;
+    use device_numa_extender::ops::inspect::load_cluster_file;
+    use device_numa_extender::scheduler::bind::OfflinePodApi;
+    const WORST_NODES: usize = 100;
+    let mut items = Vec::new();
+    let mut meta = serde_json::Map::new();
+    for n in 0..WORST_NODES {
+        let node = format!("w{n}");
+        items.push(
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}),
+        );
+        let devices: Vec<serde_json::Value> = (0..8)
+            .map(|m| serde_json::json!({"type": "gpu", "id": format!("GPU-{node}-{m}"), "minor": m, "health": true,
+                "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "80Gi",
+                    "koordinator.sh/gpu-memory-ratio": "100"}}))
+            .collect();
+        items.push(
+            serde_json::json!({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+            "metadata": {"name": node}, "spec": {"devices": devices}}),
+        );
+        for h in 0..16 {
+            let allocated = serde_json::json!({"gpu": [{"minor": h / 2, "resources": {
+                "koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}}]});
+            items.push(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("{node}-h{h}"), "namespace": "ml", "uid": format!("uid-{node}-{h}"),
+                    "labels": {"app": format!("a{}", h % 4)},
+                    "annotations": {DEVICE_ALLOCATED: allocated.to_string()}},
+                "spec": {"nodeName": node, "priority": h % 3, "containers": [{"name": "c", "resources": {"requests": {
+                    "cpu": "1", "koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}}}]},
+                "status": {"phase": "Running"}}));
+        }
+        meta.insert(
+            node.clone(),
+            serde_json::json!({"Pods": [{"UID": format!("uid-{node}-0")}], "NumPDBViolations": 0}),
+        );
+    }
+    for a in 0..4 {
+        items.push(serde_json::json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": format!("a{a}"), "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": format!("a{a}")}}},
+            "status": {"disruptionsAllowed": 1, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}}));
+    }
+    let text = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+    let file = ClusterFile::parse(&text, "worst").expect("cluster");
+    let api = Arc::new(OfflinePodApi::new(file.pods.clone()));
+    let state = load_cluster_file(file).into_scheduler(api, ScoringConfig::default());
+    // Four whole cards: four victims free at most two (every card holds two halves), so no set
+    // makes room, and every decision runs the allocator over the node's cards.
+    let pod = serde_json::json!({"metadata": {"name": "hi", "namespace": "ml", "uid": "uid-hi"},
+        "spec": {"priority": 1000, "containers": [{"name": "c", "resources": {"requests": {
+            "cpu": "1", "koordinator.sh/gpu-memory-ratio": "400"}}}]}});
+    for nodes in [1, WORST_NODES] {
+        let picked: serde_json::Map<String, serde_json::Value> = meta
+            .iter()
+            .take(nodes)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let body = serde_json::json!({"Pod": pod, "NodeNameToMetaVictims": picked});
+        let mut samples: Vec<Duration> = (0..20)
+            .map(|_| {
+                let args: ExtenderPreemptionArgs =
+                    serde_json::from_value(body.clone()).expect("preempt args");
+                timed(|| {
+                    let out = verbs::preempt(&state, args);
+                    assert!(
+                        out.node_name_to_meta_victims
+                            .as_ref()
+                            .is_some_and(|m| m.is_empty()),
+                        "no node can make room"
+                    );
+                    out
+                })
+            })
+            .collect();
+        let p = summarize(&mut samples);
+        println!(
+            "  preempt, worst case (16 holders, no set of 4 works, search budget spent), {nodes} node(s): p50 {}  p99 {}",
+            common::ms(p.p50),
+            common::ms(p.p99)
+        );
+    }
 }
 
 /// `PLACEMENT_LOOP=warm|cold`: filter alone (decode untimed but run), for the picked cases
