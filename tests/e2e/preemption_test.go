@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -487,4 +488,60 @@ func TestSharePreemptionByMemoryFreesOneCard(t *testing.T) {
 
 	mem := map[string]string{"cpu": "100m", "memory": "128Mi", "koordinator.sh/gpu-memory": "40Gi"}
 	cp.preemptAs(m, "high-mem", mem, "d48", 1, "the one pod whose removal frees 40Gi on one card", "a24", "b24", "c32", "e32")
+}
+
+// Issue 38 §2, a partition-sized whole-GPU request: an H100 node that honours koordinator's
+// built-in partition table (pairs 0-1 … 6-7), each GPU held whole by one pod. kube-scheduler
+// counts `nvidia.com/gpu` and proposes its two lowest-priority holders, on GPUs 1 and 2: two
+// GPUs, but no pair. The extender answers the two holders of one pair instead (0-1 or 2-3,
+// each a priority-100 and a priority-200 pod, the least it can do), and the pod binds to that
+// pair.
+func TestWholeGPUPreemptionFreesAPartition(t *testing.T) {
+	cp, ext := start(t, planOptions{})
+	m := machine{numa: 2, coresPerNuma: 16, gpus: 8, gpuMemoryGi: 80}
+	node := m.node("h100-0")
+	node.Labels["node.koordinator.sh/gpu-model"] = "H100"
+	node.Labels["node.koordinator.sh/gpu-partition-policy"] = "Honor"
+	if _, err := cp.admin.CoreV1().Nodes().Create(cp.ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.dyn.Resource(deviceGVR).Create(cp.ctx, m.device("h100-0", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.dyn.Resource(nrtGVR).Create(cp.ctx, m.nrt("h100-0"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ext.waitReady()
+	cp.priorityClass("low", 100)
+	cp.priorityClass("mid", 200)
+	cp.priorityClass("keep", 300)
+	cp.priorityClass("high-pair", 1000)
+	priority := []string{"mid", "low", "low", "mid", "keep", "keep", "keep", "keep"}
+	whole := map[string]string{"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100", "koordinator.sh/gpu-memory": "80Gi"}
+	for minor, p := range priority {
+		cp.holdOnCard(fmt.Sprintf("g%d", minor), "h100-0", p, minor, map[string]string{"nvidia.com/gpu": "1"}, whole, nil)
+	}
+	ext.waitCachedPods(len(priority))
+	cp.assertNoViolations()
+
+	cp.createPod(podSpec{name: "high-pair", priority: "high-pair", limits: map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "2"}})
+	victims := cp.playKubeletUntil(m, func() bool { return cp.getPod("high-pair").Spec.NodeName != "" })
+	sort.Strings(victims)
+	pairs := map[string][]int{"g0,g1": {0, 1}, "g2,g3": {2, 3}}
+	want, ok := pairs[strings.Join(victims, ",")]
+	if !ok {
+		t.Fatalf("victims %v, want the holders of one pair (g0,g1 or g2,g3)", victims)
+	}
+	d, err := parseDeviceAllocated(cp.getPod("high-pair"))
+	if err != nil || len(d["gpu"]) != 2 {
+		t.Fatalf("high-pair holds %v (%v), want two GPUs", d, err)
+	}
+	if got := minorsOf(d, "gpu"); got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("high-pair holds GPUs %v, want the victims' pair %v", got, want)
+	}
+	// kube-scheduler's own proposal (g1, g2) was mended, not taken as it was.
+	if got := metricValue(ext.metrics(), `dne_preempt_candidates_total{outcome="replaced"}`); !(got >= 1) {
+		t.Fatalf("preempt never replaced kube-scheduler's victims: %s", metricLines(ext.metrics(), "dne_preempt_candidates_total"))
+	}
+	cp.assertNoViolations()
 }
