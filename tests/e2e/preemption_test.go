@@ -444,6 +444,12 @@ func (cp *controlPlane) holdShareLabeled(name, node, priority string, minor, sha
 // koordinator's scheduler would have written), at `priority`, with `labels`.
 func (cp *controlPlane) holdOnCard(name, node, priority string, minor int, asks, held, labels map[string]string) {
 	cp.t.Helper()
+	cp.holdDevice(name, node, priority, "gpu", minor, asks, held, labels)
+}
+
+// holdDevice is holdOnCard for a device of any type (`gpu`, `rdma`, ...).
+func (cp *controlPlane) holdDevice(name, node, priority, deviceType string, minor int, asks, held, labels map[string]string) {
+	cp.t.Helper()
 	limits := map[string]string{"cpu": "100m", "memory": "128Mi"}
 	for k, v := range asks {
 		limits[k] = v
@@ -452,7 +458,7 @@ func (cp *controlPlane) holdOnCard(name, node, priority string, minor int, asks,
 	p.Spec.NodeName = node
 	resources, _ := json.Marshal(held)
 	p.Annotations = map[string]string{"scheduling.koordinator.sh/device-allocated": fmt.Sprintf(
-		`{"gpu":[{"minor":%d,"resources":%s}]}`, minor, resources)}
+		`{%q:[{"minor":%d,"resources":%s}]}`, deviceType, minor, resources)}
 	if _, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, p, metav1.CreateOptions{}); err != nil {
 		cp.t.Fatalf("pod %s: %v", name, err)
 	}
@@ -540,6 +546,49 @@ func TestWholeGPUPreemptionFreesAPartition(t *testing.T) {
 		t.Fatalf("high-pair holds GPUs %v, want the victims' pair %v", got, want)
 	}
 	// kube-scheduler's own proposal (g1, g2) was mended, not taken as it was.
+	if got := metricValue(ext.metrics(), `dne_preempt_candidates_total{outcome="replaced"}`); !(got >= 1) {
+		t.Fatalf("preempt never replaced kube-scheduler's victims: %s", metricLines(ext.metrics(), "dne_preempt_candidates_total"))
+	}
+	cp.assertNoViolations()
+}
+
+// Issue 38 §2, a joint GPU + RDMA pod (one GPU and one NIC on the same PCIe switch): every GPU is
+// held whole, and the NICs of PCIe switches 0 and 1 by pods that outrank the preemptor.
+// kube-scheduler counts GPUs only and proposes its lowest-priority GPU holder, on GPU 0, whose
+// switch has no free NIC. The extender answers the lowest-priority GPU holder on a switch with a
+// free NIC instead (g5, switch 2), and the pod binds to GPU 5 and NIC 2.
+func TestJointGPUAndRDMAPreemptionFreesAGPUBesideAFreeNIC(t *testing.T) {
+	cp, ext := start(t, planOptions{})
+	m := gpuMachine
+	cp.addNodes("gpu", 1, m)
+	ext.waitReady()
+	cp.priorityClass("low", 100)
+	cp.priorityClass("low-plus", 150)
+	cp.priorityClass("mid", 200)
+	cp.priorityClass("high", 1000)
+	cp.priorityClass("top", 2000)
+	whole := map[string]string{"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100", "koordinator.sh/gpu-memory": "80Gi"}
+	priority := []string{"low", "mid", "mid", "mid", "mid", "low-plus", "mid", "mid"}
+	for minor, p := range priority {
+		cp.holdOnCard(fmt.Sprintf("g%d", minor), "gpu-0", p, minor, map[string]string{"nvidia.com/gpu": "1"}, whole, nil)
+	}
+	nic := map[string]string{"koordinator.sh/rdma": "100"}
+	cp.holdDevice("nic0", "gpu-0", "top", "rdma", 0, nic, nic, nil)
+	cp.holdDevice("nic1", "gpu-0", "top", "rdma", 1, nic, nic, nil)
+	ext.waitCachedPods(len(priority) + 2)
+	cp.assertNoViolations()
+
+	cp.createPod(podSpec{name: "high-joint", priority: "high",
+		limits: map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1", "koordinator.sh/rdma": "100"},
+		annots: map[string]string{"scheduling.koordinator.sh/device-joint-allocate": `{"deviceTypes":["gpu","rdma"],"requiredScope":"SamePCIe"}`}})
+	victims := cp.playKubeletUntil(m, func() bool { return cp.getPod("high-joint").Spec.NodeName != "" })
+	if len(victims) != 1 || victims[0] != "g5" {
+		t.Fatalf("victims %v, want exactly g5 (the lowest-priority GPU holder on a switch with a free NIC)", victims)
+	}
+	d, err := parseDeviceAllocated(cp.getPod("high-joint"))
+	if err != nil || len(d["gpu"]) != 1 || d["gpu"][0].Minor != 5 || len(d["rdma"]) != 1 || d["rdma"][0].Minor != 2 {
+		t.Fatalf("high-joint holds %v (%v), want GPU 5 and NIC 2", d, err)
+	}
 	if got := metricValue(ext.metrics(), `dne_preempt_candidates_total{outcome="replaced"}`); !(got >= 1) {
 		t.Fatalf("preempt never replaced kube-scheduler's victims: %s", metricLines(ext.metrics(), "dne_preempt_candidates_total"))
 	}
