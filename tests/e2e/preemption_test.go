@@ -221,14 +221,7 @@ func (cp *controlPlane) holdShare(name, node, priority string, minor, share int)
 // that free half a card instead (one 60 holder), which kube-scheduler evicts as they are; the
 // pod binds to that card.
 func TestSharePreemptionVictimsFreeOneCard(t *testing.T) {
-	cp, ext := start(t, planOptions{chartValues: shareTotals})
-	m := machine{numa: 1, coresPerNuma: 16, gpus: 2, gpuMemoryGi: 80}
-	cp.addNodes("gpu", 1, m)
-	ext.waitReady()
-	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-core", "200")
-	cp.priorityClass("low", 100)
-	cp.priorityClass("mid", 200)
-	cp.priorityClass("high", 1000)
+	cp, ext, m := twoCardShareNode(t)
 	// Card 0: 30 + 30 (mid) + 40 (low); card 1: 60 (mid) + 40 (low). kube-scheduler reprieves
 	// the mid pods first, so its victims are the two low 40s, one per card.
 	cp.holdShare("a30", "gpu-0", "mid", 0, 30)
@@ -274,6 +267,23 @@ func (cp *controlPlane) preemptAs(m machine, name string, limits map[string]stri
 	cp.assertNoViolations()
 }
 
+// twoCardShareNode starts the control plane with the chart's share totals written by the
+// extender and one node, gpu-0, of two 80Gi cards whose totals it advertises, and creates the
+// priority classes low (100), mid (200) and high (1000).
+func twoCardShareNode(t *testing.T) (*controlPlane, *extenderProc, machine) {
+	t.Helper()
+	cp, ext := start(t, planOptions{chartValues: shareTotals})
+	m := machine{numa: 1, coresPerNuma: 16, gpus: 2, gpuMemoryGi: 80}
+	cp.addNodes("gpu", 1, m)
+	ext.waitReady()
+	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-core", "200")
+	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-memory", "160Gi")
+	cp.priorityClass("low", 100)
+	cp.priorityClass("mid", 200)
+	cp.priorityClass("high", 1000)
+	return cp, ext, m
+}
+
 // waitCachedPods waits until the extender's pod cache holds n pods.
 func (e *extenderProc) waitCachedPods(n int) {
 	want := fmt.Sprintf(`dne_cached_objects{kind="pods"} %d`, n)
@@ -311,14 +321,7 @@ func (e *extenderProc) waitCached(kind string, n int) {
 // comes back with the third pod pending too: the victim is the only pod ever evicted, high-half
 // binds to card 1, the third pod waits.
 func TestANominatedPreemptorKeepsItsCardFromAThirdPod(t *testing.T) {
-	cp, ext := start(t, planOptions{chartValues: shareTotals})
-	m := machine{numa: 1, coresPerNuma: 16, gpus: 2, gpuMemoryGi: 80}
-	cp.addNodes("gpu", 1, m)
-	ext.waitReady()
-	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-core", "200")
-	cp.priorityClass("low", 100)
-	cp.priorityClass("mid", 200)
-	cp.priorityClass("high", 1000)
+	cp, ext, m := twoCardShareNode(t)
 	cp.holdShare("keep60", "gpu-0", "mid", 0, 60)
 	cp.holdShare("victim", "gpu-0", "low", 1, 100)
 	ext.waitCachedPods(2)
@@ -401,15 +404,8 @@ func filterVerb(t *testing.T, e *extenderProc, pod *corev1.Pod, nodes []string) 
 // lower priority), with them d60 (no violation beats a lower priority). high-half binds to
 // card 1 and a60 stays.
 func TestPreemptionAvoidsAVictimABudgetProtects(t *testing.T) {
-	cp, ext := start(t, planOptions{chartValues: shareTotals})
-	m := machine{numa: 1, coresPerNuma: 16, gpus: 2, gpuMemoryGi: 80}
-	cp.addNodes("gpu", 1, m)
-	ext.waitReady()
-	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-core", "200")
-	cp.priorityClass("low", 100)
+	cp, ext, m := twoCardShareNode(t)
 	cp.priorityClass("low-plus", 150)
-	cp.priorityClass("mid", 200)
-	cp.priorityClass("high", 1000)
 	pdb := &policyv1.PodDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Name: "a60", Namespace: testNamespace},
 		Spec: policyv1.PodDisruptionBudgetSpec{
@@ -470,14 +466,7 @@ func (cp *controlPlane) holdDevice(name, node, priority, deviceType string, mino
 // and proposes the two 32Gi pods, one per card (32Gi free on each, 40Gi on neither); the
 // extender answers the 48Gi pod alone, and the pod binds to its card.
 func TestSharePreemptionByMemoryFreesOneCard(t *testing.T) {
-	cp, ext := start(t, planOptions{chartValues: shareTotals})
-	m := machine{numa: 1, coresPerNuma: 16, gpus: 2, gpuMemoryGi: 80}
-	cp.addNodes("gpu", 1, m)
-	ext.waitReady()
-	cp.waitAllocatable("gpu-0", "koordinator.sh/gpu-memory", "160Gi")
-	cp.priorityClass("low", 100)
-	cp.priorityClass("mid", 200)
-	cp.priorityClass("high", 1000)
+	cp, ext, m := twoCardShareNode(t)
 	hold := func(name, priority string, minor, gi int) {
 		mem := fmt.Sprintf("%dGi", gi)
 		cp.holdOnCard(name, "gpu-0", priority, minor,
