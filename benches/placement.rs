@@ -415,6 +415,7 @@ impl NumaNode {
             bind_policy: NodeCpuBindPolicy::None,
             numa_policy: self.policy,
             strategy: NumaAllocateStrategy::MostAllocated,
+            amplification: Default::default(),
         }
     }
 }

@@ -63,6 +63,14 @@ cargo build --release --locked --bin device-numa-extender
     echo "tests/koord-compat/gputree-cases.jsonl is not what koordinator's GPU topology allocator answers: regenerate it (see tests/koord-compat/accumulator/gputree/main.go)" >&2
     exit 1
   fi
+  # And its NUMA-level amplification: src/placement/cpu/amplified_cases.rs replays it (klog's
+  # complaints about refused allocations go to stderr).
+  go vet ./numaamp
+  go build -ldflags=-checklinkname=0 -o "${TMPDIR:-/tmp}/dne-koord-numaamp" ./numaamp
+  if ! "${TMPDIR:-/tmp}/dne-koord-numaamp" -seed 1 -cases 2000 2>/dev/null | cmp -s - ../numaamp-cases.jsonl; then
+    echo "tests/koord-compat/numaamp-cases.jsonl is not what koordinator's NUMA amplification answers: regenerate it (see tests/koord-compat/accumulator/numaamp/main.go)" >&2
+    exit 1
+  fi
 )
 
 step "End-to-end scenarios: real kube-apiserver + kube-scheduler v1.37 and the release binary"

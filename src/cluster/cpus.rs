@@ -483,6 +483,7 @@ impl CpuLedger {
             bind_policy: self.bind_policy(),
             numa_policy: self.numa_policy(),
             strategy,
+            amplification: self.labels.amplification,
         }))
     }
 
@@ -552,9 +553,30 @@ impl CpuLedger {
                         .difference(&self.derived.allocated)
                         .to_string()
                 });
+                let amp = self.labels.amplification;
+                let amplified = (!amp.is_off()).then(|| {
+                    let held = nrt.topology.as_deref().map_or(0, |t| {
+                        t.numa_cpus(z.id)
+                            .intersection(&self.derived.allocated)
+                            .len()
+                    });
+                    AmplifiedNumaView {
+                        allocatable_cpu: Quantity::from_milli(amp.cpu(z.cpu_milli).into())
+                            .to_string(),
+                        allocatable_memory: crate::model::device::format_bytes(
+                            Quantity::from_units(amp.memory(z.memory_bytes)),
+                        ),
+                        used_cpu: Quantity::from_milli(
+                            amp.used_cpu(u.cpu_milli, u16::try_from(held).unwrap_or(u16::MAX))
+                                .into(),
+                        )
+                        .to_string(),
+                    }
+                });
                 free_per_numa.insert(
                     z.id,
                     NumaView {
+                        amplified,
                         free_cpus: cpus,
                         allocatable_cpu: Quantity::from_milli(z.cpu_milli.into()).to_string(),
                         allocatable_memory: crate::model::device::format_bytes(
@@ -647,6 +669,17 @@ pub struct NumaView {
     pub used_memory: String,
     pub single_numa_pods: u32,
     pub multi_numa_pods: u32,
+    /// On a node that amplifies its CPU (or memory): the same figures as NUMA placement counts
+    /// them (koordinator's `amplifyNUMANodeResources`; cpuset CPUs counted amplified).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amplified: Option<AmplifiedNumaView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AmplifiedNumaView {
+    pub allocatable_cpu: String,
+    pub allocatable_memory: String,
+    pub used_cpu: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -1117,6 +1150,7 @@ pub(super) mod tests {
                 .collect(),
             allocatable: Default::default(),
             cpu_amplification: Default::default(),
+            numa_amplification: Default::default(),
             advertised: Default::default(),
         };
         assert_eq!(c.cpu_constraining_nodes(), 0);

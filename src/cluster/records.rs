@@ -16,7 +16,9 @@ use crate::model::nrt::{Attribute, NodeResourceTopology, Zone};
 use crate::model::pod::ResourceList;
 use crate::model::quantity::Quantity;
 use crate::model::resource_names::ResourceNameSet;
-use crate::placement::cpu::{NodeCpuBindPolicy, NumaAllocateStrategy, NumaPolicy, Ratio};
+use crate::placement::cpu::{
+    NodeCpuBindPolicy, NumaAllocateStrategy, NumaAmplification, NumaPolicy, Ratio,
+};
 
 /// Device minors a pod's allocation takes beyond their capacity.
 pub type Overcommitted = Vec<(crate::model::device::DeviceType, i32)>;
@@ -30,6 +32,10 @@ pub struct NodeRecord {
     /// `node.koordinator.sh/resource-amplification-ratio`'s CPU ratio.
     #[serde(skip_serializing_if = "CpuAmplificationRatio::is_off")]
     pub cpu_amplification: CpuAmplificationRatio,
+    /// The same annotation's cpu and memory ratios above 1, as NUMA placement applies them
+    /// (none when it does not parse).
+    #[serde(skip)]
+    pub numa_amplification: NumaAmplification,
     /// The managed resource names `allocatable` offers a positive quantity of: what device
     /// plugins serve here when the node has no `Device` object.
     #[serde(skip)]
@@ -38,6 +44,12 @@ pub struct NodeRecord {
 
 impl NodeRecord {
     pub fn from_node(node: &Node) -> Self {
+        let ratios = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RESOURCE_AMPLIFICATION_RATIO))
+            .map(String::as_str);
         NodeRecord {
             uid: node.metadata.uid.clone().unwrap_or_default(),
             labels: node.labels(),
@@ -50,13 +62,13 @@ impl NodeRecord {
                     .filter(|(_, q)| Quantity::parse(q).is_ok_and(|q| q.milli() > 0))
                     .map(|(name, _)| name.as_str()),
             ),
-            cpu_amplification: CpuAmplificationRatio::from_annotation(
-                node.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(RESOURCE_AMPLIFICATION_RATIO))
-                    .map(String::as_str),
-            ),
+            cpu_amplification: CpuAmplificationRatio::from_annotation(ratios),
+            numa_amplification: ratios
+                .and_then(|r| koord_cpu::parse_amplification_ratios(r).ok())
+                .map_or_else(NumaAmplification::default, |r| NumaAmplification {
+                    cpu: r.cpu.and_then(Ratio::above_one),
+                    memory: r.memory.and_then(Ratio::above_one),
+                }),
         }
     }
 
@@ -151,16 +163,24 @@ impl TopologyRecord {
     }
 }
 
-/// The CPU-relevant labels of a Node, parsed once per Node change.
+/// The CPU-relevant labels of a Node, and its amplification ratios, parsed once per Node change.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeCpuLabels {
     pub bind_policy: NodeCpuBindPolicy,
     /// `Some` when the label is set (non-empty): it overrides the NRT, `None`/unknown → None.
     pub numa_policy: Option<NumaPolicy>,
     pub strategy: Option<NumaAllocateStrategy>,
+    pub amplification: NumaAmplification,
 }
 
 impl NodeCpuLabels {
+    pub fn from_node(node: &NodeRecord) -> Self {
+        NodeCpuLabels {
+            amplification: node.numa_amplification,
+            ..Self::from_labels(&node.labels)
+        }
+    }
+
     pub fn from_labels(labels: &BTreeMap<String, String>) -> Self {
         NodeCpuLabels {
             bind_policy: labels
@@ -175,6 +195,7 @@ impl NodeCpuLabels {
             strategy: labels
                 .get(NUMA_ALLOCATE_STRATEGY_LABEL)
                 .and_then(|v| koord_cpu::allocate_strategy_from_label(v)),
+            amplification: NumaAmplification::default(),
         }
     }
 }

@@ -274,7 +274,7 @@ impl ClusterState {
             let before = s.checks_plain_pods();
             s.cpus.set_labels(
                 node.as_ref()
-                    .map(|n| NodeCpuLabels::from_labels(&n.labels))
+                    .map(NodeCpuLabels::from_node)
                     .unwrap_or_default(),
             );
             s.devices.set_gpu_labels(

@@ -302,8 +302,8 @@ fn amplified_cpu_coming_back_is_a_capacity_return() {
     assert!(returned(&cluster), "its CPU came back");
     cluster.set_node("n", Some(node(3, 24_000, None)));
     assert!(
-        !returned(&cluster),
-        "ratio 1.5 → 3: a cpuset pod needs more"
+        returned(&cluster),
+        "ratio 1.5 → 3: each NUMA node's amplified cpu grows (a NUMA-bound pod without a cpuset fits more)"
     );
     cluster.set_node("n", Some(node(2, 24_000, None)));
     assert!(returned(&cluster), "ratio 3 → 2");
@@ -313,4 +313,71 @@ fn amplified_cpu_coming_back_is_a_capacity_return() {
     assert!(returned(&cluster), "the ratio fixed");
     cluster.set_node("n", Some(node(4, 24_000, None)));
     assert!(returned(&cluster), "no amplification any more");
+}
+
+/// Issue 38 §3: the Node's ratio reaches NUMA placement through the caches (Node → labels →
+/// view), on both read paths. A SingleNUMANode node of two 16-CPU NUMA nodes: a NUMA-bound pod
+/// without a cpuset asking 20 CPUs fits on one NUMA node only once each is amplified to 24
+/// CPUs (koordinator's `amplifyNUMANodeResources`), and a 4-CPU cpuset already there counts 6.
+#[test]
+fn numa_placement_sees_the_amplified_numa_nodes() {
+    let decide = |ratio: &str, held: Option<&str>, want_milli: i64| {
+        let cluster = ClusterState::new();
+        cluster.set_topology("n", Some(topology()));
+        let n: Node = serde_json::from_value(json!({"metadata": {"name": "n", "uid": "node-uid",
+            "labels": {"node.koordinator.sh/numa-topology-policy": "SingleNUMANode"},
+            "annotations": {"node.koordinator.sh/resource-amplification-ratio": ratio}},
+            "status": {"allocatable": {"cpu": "96", "memory": "128Gi"}}}))
+        .expect("node");
+        cluster.set_node("n", Some(NodeRecord::from_node(&n)));
+        if let Some(cpus) = held {
+            let status = format!(
+                r#"{{"cpuset":"{cpus}","numaNodeResources":[{{"node":0,"resources":{{"cpu":"4"}}}},{{"node":1,"resources":{{"cpu":"4"}}}}]}}"#
+            );
+            let raw: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "holder", "namespace": "ns", "uid": "holder",
+                    "annotations": {"scheduling.koordinator.sh/resource-status": status}},
+                "spec": {"nodeName": "n", "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "8"}}}]},
+                "status": {"phase": "Running"}}))
+            .expect("pod");
+            cluster.upsert_pod(None, &PodRecord::from_pod(&raw).expect("record"));
+        }
+        cluster.build_snapshot();
+        let needs = candidate(want_milli, false);
+        let scoring = ScoringConfig::default();
+        let full = cluster
+            .edit_node_for_test("n", |s| {
+                decide_on_node(Some(s), &needs, &[], &scoring).map(|_| ())
+            })
+            .expect("node");
+        let snapshot = cluster.read_snapshot();
+        let fast = snapshot_fit(
+            snapshot.node("n"),
+            &needs,
+            None,
+            &scoring,
+            &mut FitMemo::default(),
+        );
+        assert_eq!(
+            fast,
+            Some(full.clone()),
+            "the snapshot answers as the full decision"
+        );
+        full.is_ok()
+    };
+    assert!(
+        !decide(r#"{"cpu":1}"#, None, 20_000),
+        "16 CPUs per NUMA node"
+    );
+    assert!(decide(r#"{"cpu":1.5}"#, None, 20_000), "24 amplified");
+    assert!(!decide(r#"{"cpu":1.5}"#, None, 24_001));
+    // 0-3 and 16-19 held by a cpuset (4 CPUs per NUMA node, shares of 4 each): 24 − 6 = 18 left.
+    assert!(decide(r#"{"cpu":1.5}"#, Some("0-3,16-19"), 18_000));
+    assert!(
+        !decide(r#"{"cpu":1.5}"#, Some("0-3,16-19"), 18_001),
+        "the cpuset counts amplified"
+    );
+    assert!(decide(r#"{"cpu":1}"#, Some("0-3,16-19"), 12_000));
+    assert!(!decide(r#"{"cpu":1}"#, Some("0-3,16-19"), 12_001));
 }

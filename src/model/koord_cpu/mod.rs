@@ -245,7 +245,18 @@ mod tests {
         ] {
             assert_eq!(parse_cpu_amplification_ratio(text).unwrap(), want, "{text}");
         }
-        for bad in ["", "1.5", r#"{"cpu":"1.5"}"#, r#"{"cpu":1.5"#, "[1.5]"] {
+        let both = parse_amplification_ratios(r#"{"cpu":2,"memory":1.25,"pods":3}"#).unwrap();
+        assert_eq!((both.cpu, both.memory), (Some(2.0), Some(1.25)));
+        let memory = parse_amplification_ratios(r#"{"memory":null}"#).unwrap();
+        assert_eq!((memory.cpu, memory.memory), (None, Some(0.0)));
+        for bad in [
+            "",
+            "1.5",
+            r#"{"cpu":"1.5"}"#,
+            r#"{"cpu":1.5"#,
+            "[1.5]",
+            r#"{"memory":"2"}"#,
+        ] {
             let err = parse_cpu_amplification_ratio(bad).unwrap_err();
             assert_eq!(err.annotation(), RESOURCE_AMPLIFICATION_RATIO, "{bad}");
             assert_eq!(err.class(), "bad_json");

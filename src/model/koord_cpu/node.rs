@@ -31,10 +31,31 @@ struct CpuInfoJson {
 /// a `null` ratio reads as 0, as Go decodes it. Any value not above 1 means no amplification,
 /// which is the caller's to decide.
 pub fn parse_cpu_amplification_ratio(s: &str) -> Result<Option<f64>, KoordCpuError> {
+    parse_amplification_ratios(s).map(|r| r.cpu)
+}
+
+/// The ratios of the two resources NUMA placement tracks, each `None` when the annotation names
+/// none; a `null` ratio reads as 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AmplificationRatios {
+    pub cpu: Option<f64>,
+    pub memory: Option<f64>,
+}
+
+/// `node.koordinator.sh/resource-amplification-ratio` → its cpu and memory ratios (koordinator
+/// `extension.GetNodeResourceAmplificationRatios`; every value must be a number or `null`).
+pub fn parse_amplification_ratios(s: &str) -> Result<AmplificationRatios, KoordCpuError> {
     let ratios: Option<BTreeMap<String, Option<f64>>> = json(RESOURCE_AMPLIFICATION_RATIO, s)?;
-    Ok(ratios
-        .and_then(|r| r.get("cpu").copied())
-        .map(|r| r.unwrap_or(0.0)))
+    let get = |name: &str| {
+        ratios
+            .as_ref()
+            .and_then(|r| r.get(name).copied())
+            .map(|r| r.unwrap_or(0.0))
+    };
+    Ok(AmplificationRatios {
+        cpu: get("cpu"),
+        memory: get("memory"),
+    })
 }
 
 /// `node.koordinator.sh/cpu-topology` → the CPU details (not yet validated as a topology:

@@ -51,6 +51,55 @@ impl std::hash::Hash for Ratio {
     }
 }
 
+/// What koordinator's `amplifyNUMANodeResources` multiplies (`nodenumaresource/util.go`,
+/// v1.7.0): each NUMA node's cpu and memory by the Node's ratios for them, and, in what a NUMA
+/// node has handed out, the CPUs cpusets hold there (`getAvailableNUMANodeResources`,
+/// `node_allocation.go`). A cpuset pod's request counts amplified in the scores (it owns whole
+/// CPUs), while its NUMA shares stay what it asked (koordinator splits the original request).
+/// `Default` amplifies nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NumaAmplification {
+    pub cpu: Option<Ratio>,
+    pub memory: Option<Ratio>,
+}
+
+impl NumaAmplification {
+    pub fn is_off(&self) -> bool {
+        self.cpu.is_none() && self.memory.is_none()
+    }
+
+    /// A NUMA node's (or a cpuset pod's) millicores, amplified (`extension.Amplify`).
+    pub fn cpu(&self, milli: i64) -> i64 {
+        match self.cpu {
+            Some(r) if milli != 0 => r.amplify(milli),
+            _ => milli,
+        }
+    }
+
+    /// A NUMA node's memory bytes, amplified.
+    pub fn memory(&self, bytes: i64) -> i64 {
+        match self.memory {
+            Some(r) if bytes != 0 => r.amplify(bytes),
+            _ => bytes,
+        }
+    }
+
+    /// What a NUMA node has handed out, with the `cpuset_cpus` CPUs cpusets hold there counted
+    /// at their amplified size: `used − c + amplify(c)`. Only when the shares cover those CPUs
+    /// (every cpuset pod records its CPUs as NUMA shares; koordinator applies it to whatever it
+    /// has recorded, which differs only while a cpuset has no recorded share), as the
+    /// node-level check does.
+    pub fn used_cpu(&self, used_milli: i64, cpuset_cpus: u16) -> i64 {
+        let held = i64::from(cpuset_cpus) * 1000;
+        match self.cpu {
+            Some(r) if held > 0 && used_milli >= held => used_milli
+                .saturating_sub(held)
+                .saturating_add(r.amplify(held)),
+            _ => used_milli,
+        }
+    }
+}
+
 /// A node's CPU as the amplification check sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Amplification {

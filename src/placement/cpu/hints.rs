@@ -35,7 +35,10 @@
 use std::ops::ControlFlow;
 
 use super::score::{self, Amounts};
-use super::{CpuScoring, FitError, MAX_NUMA_NODES, NodeCpuView, NumaId, NumaMask, NumaPolicy};
+use super::{
+    CpuScoring, FitError, MAX_NUMA_NODES, NodeCpuView, NumaAmplification, NumaId, NumaMask,
+    NumaPolicy,
+};
 
 /// One NUMA node's counts, independent of any pod. CPU counts fit `u16`: a `CpuSet` holds at
 /// most 1,024 CPUs.
@@ -88,6 +91,9 @@ pub struct NumaStats {
     pub len: u8,
     pub cpus_per_core: u16,
     pub node: CoreCounts,
+    /// The ratios the zones' figures were amplified by; scoring amplifies a cpuset pod's
+    /// request and the node's cpuset CPUs by the same.
+    pub amplification: NumaAmplification,
     pub zones: [NumaStat; MAX_NUMA_NODES],
 }
 
@@ -106,6 +112,7 @@ impl NumaStats {
             .difference(&view.shared_pool)
             .difference(&view.reserved);
         let usable = topo.all().difference(&view.reserved);
+        let amp = view.amplification;
         let mut zones = [NumaStat::default(); MAX_NUMA_NODES];
         let mut len = 0usize;
         let mut index_of = [u8::MAX; MAX_NUMA_NODES];
@@ -115,16 +122,17 @@ impl NumaStats {
             }
             let usage = view.usage.get(i).copied().unwrap_or_default();
             let cpus = topo.numa_cpus(z.id);
+            let allocated_cpus = c16(cpus.intersection(&view.allocated).len());
             zones[len] = NumaStat {
                 id: z.id as u8,
                 free_cpus: c16(cpus.intersection(&free).len()),
                 usable_cpus: c16(cpus.intersection(&usable).len()),
-                allocated_cpus: c16(cpus.intersection(&view.allocated).len()),
+                allocated_cpus,
                 single: usage.single_numa_pods > 0,
                 multi: usage.multi_numa_pods > 0,
-                cpu_milli: z.cpu_milli,
-                cpu_used_milli: usage.cpu_milli,
-                memory_bytes: z.memory_bytes,
+                cpu_milli: amp.cpu(z.cpu_milli),
+                cpu_used_milli: amp.used_cpu(usage.cpu_milli, allocated_cpus),
+                memory_bytes: amp.memory(z.memory_bytes),
                 memory_used_bytes: usage.memory_bytes,
                 ..NumaStat::default()
             };
@@ -159,6 +167,7 @@ impl NumaStats {
             len: len as u8,
             zones,
             node,
+            amplification: amp,
             cpus_per_core: c16(topo.cpus_per_core()),
         }
     }
@@ -386,9 +395,14 @@ struct Best {
     score: i64,
 }
 
-/// NUMA score of a hint (`numaScoringStrategy`) over the members' totals.
+/// NUMA score of a hint (`numaScoringStrategy`) over the members' totals, as koordinator's
+/// `generateResourceHints` scores it: requested is the members' total less what they have
+/// available, and for a required FullPCPUs or SpreadByPCPUs cpuset what a NUMA node has
+/// available is at most its eligible free CPUs × 1000 (`trimNUMANodeResources`: whole free
+/// cores, or one CPU per core with a free CPU; un-amplified, so on a node that amplifies its
+/// CPU the capacity amplification added counts as requested for such a pod).
 pub fn hint_score(stats: &NumaStats, members: u32, d: &Demand, scoring: &CpuScoring) -> i64 {
-    let (cpu, mem) = scope_amounts(stats, members);
+    let (cpu, mem) = scope_amounts(stats, members, Some(d.unit));
     score::score(
         scoring,
         scoring.numa_strategy,
@@ -404,16 +418,31 @@ pub fn hint_score(stats: &NumaStats, members: u32, d: &Demand, scoring: &CpuScor
 }
 
 /// Allocatable and requested cpu (milli) and memory over the members; a NUMA node's used cpu
-/// is the larger of its NUMA shares and its cpuset CPUs (pods with cpusets but no NUMA share).
-pub fn scope_amounts(stats: &NumaStats, members: u32) -> (Amounts, Amounts) {
+/// is the larger of its NUMA shares and its cpuset CPUs (pods with cpusets but no NUMA share),
+/// both amplified on a node that amplifies its CPU. With the `unit` of a required cpuset
+/// policy, what is not available to it counts as requested ([`hint_score`]); requested beyond
+/// the allocatable scores as the allocatable would, so the two forms agree elsewhere.
+pub fn scope_amounts(stats: &NumaStats, members: u32, unit: Option<CpuUnit>) -> (Amounts, Amounts) {
+    let amp = stats.amplification;
     let mut cpu = Amounts::default();
     let mut mem = Amounts::default();
     for (i, z) in stats.zones().iter().enumerate() {
         if members & (1 << i) == 0 {
             continue;
         }
+        let used = z
+            .cpu_used_milli
+            .max(amp.cpu(i64::from(z.allocated_cpus) * 1000));
+        let eligible = match unit {
+            Some(CpuUnit::Core) => Some(z.free_full_cpus),
+            Some(CpuUnit::CpuOnePerCore) => Some(z.free_cores),
+            _ => None,
+        };
         cpu.allocatable += z.cpu_milli;
-        cpu.requested += z.cpu_used_milli.max(i64::from(z.allocated_cpus) * 1000);
+        cpu.requested += match eligible {
+            Some(cpus) => z.cpu_milli - (z.cpu_milli - used).max(0).min(i64::from(cpus) * 1000),
+            None => used,
+        };
         mem.allocatable += z.memory_bytes;
         mem.requested += z.memory_used_bytes;
     }

@@ -13,7 +13,7 @@
 //! | `split` | the NUMA split of a request over a hint |
 //! | `accumulator` | which free CPUs a cpuset gets |
 //! | `score` | LeastAllocated / MostAllocated |
-//! | `amplified` | the node-level check under a CPU amplification ratio |
+//! | `amplified` | the node-level check under a CPU amplification ratio, and what the ratios multiply at NUMA level |
 //! | `place`, `summary` | the entry points |
 //!
 //! Pure and deterministic. Placement owns these view types; `cluster` builds them from its
@@ -22,6 +22,8 @@
 
 pub mod accumulator;
 pub(crate) mod amplified;
+#[cfg(test)]
+mod amplified_cases;
 pub(crate) mod classify;
 pub(crate) mod hints;
 #[cfg(test)]
@@ -38,7 +40,7 @@ pub(crate) mod proptests;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use amplified::{Amplification, AmplifiedCpu, Ratio};
+pub use amplified::{Amplification, AmplifiedCpu, NumaAmplification, Ratio};
 pub use place::{place, score_or_zero};
 pub use summary::{CpuSummary, fast_aligned, fast_aligned_score, fast_feasible, fast_score};
 pub use topology::{CpuDetail, CpuTopology, TopologyError};
@@ -161,6 +163,8 @@ pub struct NodeCpuView<'a> {
     pub bind_policy: NodeCpuBindPolicy,
     pub numa_policy: NumaPolicy,
     pub strategy: NumaAllocateStrategy,
+    /// The Node's amplification ratios as NUMA placement applies them (`Default`: none).
+    pub amplification: NumaAmplification,
 }
 
 /// A pod's cpuset wish, from its QoS class and `resource-spec` (node-independent part).

@@ -48,9 +48,9 @@ pub fn place(
         return Ok(None);
     };
     let stats = NumaStats::from_view(view);
-    let d = demand(&res, req, stats.cpus_per_core);
+    let d = demand(&res, req, &stats);
     let decision = choose_hint(&stats, &res, &d, devices, scoring, Goal::Best)?;
-    let score = placement_score(&stats, decision, req, scoring);
+    let score = placement_score(&stats, decision, &d, scoring);
     match decision {
         Decision::NodeLevel => node_level(view, &res, score).map(Some),
         Decision::Numa(members) => numa_level(view, &stats, &res, &d, members, score).map(Some),
@@ -106,36 +106,40 @@ pub(crate) fn choose_hint(
 /// The prioritize score (koordinator nodenumaresource `scoring.go`) with the operator's node `scoringStrategy`, as
 /// koordinator does: over the whole node, or over the chosen NUMA nodes when a hint applies
 /// (`numaScoringStrategy` only ranks hints). A NUMA node's used cpu is the larger of its NUMA
-/// shares and its cpuset CPUs, so cpuset pods without NUMA shares count too.
+/// shares and its cpuset CPUs, so cpuset pods without NUMA shares count too. On a node that
+/// amplifies its CPU, every figure is amplified as koordinator's `scoreWithAmplifiedCPUs` and
+/// `calculateAllocatableAndRequested` amplify them: the allocatable, the CPUs cpusets hold
+/// and a cpuset pod's own request ([`demand`]).
 pub(crate) fn placement_score(
     stats: &NumaStats,
     decision: Decision,
-    req: &PodCpuRequest,
+    d: &Demand,
     scoring: &CpuScoring,
 ) -> i64 {
     let members = match decision {
         Decision::NodeLevel => stats.all_members(),
         Decision::Numa(m) => m,
     };
-    let (mut cpu, mem) = hints::scope_amounts(stats, members);
+    let (mut cpu, mem) = hints::scope_amounts(stats, members, None);
     if decision == Decision::NodeLevel {
+        let amp = stats.amplification;
         if stats.len == 0 {
             // No NUMA zones: the node's usable CPUs themselves are the allocatable.
-            cpu.allocatable = i64::from(stats.node.usable_cpus) * 1000;
+            cpu.allocatable = amp.cpu(i64::from(stats.node.usable_cpus) * 1000);
         }
         cpu.requested = cpu
             .requested
-            .max(i64::from(stats.node.allocated_cpus) * 1000);
+            .max(amp.cpu(i64::from(stats.node.allocated_cpus) * 1000));
     }
     score::score(
         scoring,
         scoring.node_strategy,
         Amounts {
-            pod: req.cpu_milli.max(0),
+            pod: d.pod_cpu_milli,
             ..cpu
         },
         Amounts {
-            pod: req.memory_bytes.max(0),
+            pod: d.memory,
             ..mem
         },
     )
@@ -155,8 +159,13 @@ pub fn score_or_zero(
     }
 }
 
-/// The request in split units (whole cores for a required FullPCPUs cpuset).
-pub(crate) fn demand(res: &Resolved, req: &PodCpuRequest, cpus_per_core: u16) -> Demand {
+/// The request in split units (whole cores for a required FullPCPUs cpuset). The split takes
+/// the request as asked; only the scores see a cpuset pod's cpu amplified (koordinator's
+/// `getResourceOptions` amplifies `requests`, `allocateResourcesByHint` splits
+/// `originalRequests`).
+pub(crate) fn demand(res: &Resolved, req: &PodCpuRequest, stats: &NumaStats) -> Demand {
+    let cpus_per_core = stats.cpus_per_core;
+    let pod_cpu_milli = req.cpu_milli.max(0);
     let (unit, cpu) = match res.cpuset {
         None => (CpuUnit::Milli, req.cpu_milli.max(0)),
         Some(plan) => {
@@ -174,7 +183,11 @@ pub(crate) fn demand(res: &Resolved, req: &PodCpuRequest, cpus_per_core: u16) ->
         unit,
         cpu,
         memory: req.memory_bytes.max(0),
-        pod_cpu_milli: req.cpu_milli.max(0),
+        pod_cpu_milli: if res.cpuset.is_some() {
+            stats.amplification.cpu(pod_cpu_milli)
+        } else {
+            pod_cpu_milli
+        },
     }
 }
 
@@ -237,7 +250,7 @@ fn node_level(
     })
 }
 
-fn numa_level(
+pub(crate) fn numa_level(
     view: &NodeCpuView<'_>,
     stats: &NumaStats,
     res: &Resolved,

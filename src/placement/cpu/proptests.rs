@@ -118,6 +118,17 @@ fn gen_node(r: &mut Rng) -> Node {
         NumaAllocateStrategy::MostAllocated,
         NumaAllocateStrategy::LeastAllocated,
     ]);
+    // koord-manager's amplification ratio on some nodes (issue 38 §3).
+    if r.chance(30) {
+        node.amplification = NumaAmplification {
+            cpu: Ratio::above_one(r.pick(&[1.5, 2.0, 1.33, 3.0])),
+            memory: if r.chance(30) {
+                Ratio::above_one(1.2)
+            } else {
+                None
+            },
+        };
+    }
     node
 }
 
@@ -393,21 +404,55 @@ pub(crate) fn oracle(
         .iter()
         .map(|z| raw_numa_cpus(node, z.id))
         .collect();
-    // A NUMA node's used cpu counts its NUMA shares or its cpuset CPUs, whichever is larger.
-    let used_cpu = |i: usize| {
-        node.usage[i]
-            .cpu_milli
-            .max(zone_cpus[i].intersection(&node.allocated).len() as i64 * 1000)
+    let amp_cpu = |x: i64| amplify(node.amplification.cpu, x);
+    let cap_cpu = |i: usize| amp_cpu(node.zones[i].cpu_milli);
+    let cap_mem = |i: usize| amplify(node.amplification.memory, node.zones[i].memory_bytes);
+    // A NUMA node's used cpu counts its NUMA shares or its cpuset CPUs, whichever is larger;
+    // the CPUs cpusets hold count amplified (`getAvailableNUMANodeResources`: shares − cpuset
+    // CPUs + their amplified size, when the shares cover them).
+    let held_milli = |i: usize| zone_cpus[i].intersection(&node.allocated).len() as i64 * 1000;
+    let used_cpu_shares = |i: usize| {
+        let (held, shares) = (held_milli(i), node.usage[i].cpu_milli);
+        if held > 0 && shares >= held {
+            shares - held + amp_cpu(held)
+        } else {
+            shares
+        }
+    };
+    let used_cpu = |i: usize| used_cpu_shares(i).max(amp_cpu(held_milli(i)));
+    // A cpuset pod's request counts amplified in the scores (`getResourceOptions`).
+    let pod_cpu = if d.cpuset.is_some() {
+        amp_cpu(req.cpu_milli.max(0))
+    } else {
+        req.cpu_milli
     };
     let amounts = |members: &[usize]| {
-        let cpu_alloc: i64 = members.iter().map(|&i| node.zones[i].cpu_milli).sum();
+        let cpu_alloc: i64 = members.iter().map(|&i| cap_cpu(i)).sum();
         let cpu_req: i64 = members.iter().map(|&i| used_cpu(i)).sum();
-        let mem_alloc: i64 = members.iter().map(|&i| node.zones[i].memory_bytes).sum();
+        let mem_alloc: i64 = members.iter().map(|&i| cap_mem(i)).sum();
         let mem_req: i64 = members.iter().map(|&i| node.usage[i].memory_bytes).sum();
         (
-            (cpu_alloc, cpu_req, req.cpu_milli),
+            (cpu_alloc, cpu_req, pod_cpu),
             (mem_alloc, mem_req, req.memory_bytes),
         )
+    };
+    // A hint's NUMA score (`generateResourceHints`): requested = total − available, where a
+    // required cpuset policy caps a NUMA node's available cpu at its eligible free CPUs × 1000
+    // (`trimNUMANodeResources`).
+    let hint_amounts = |members: &[usize]| {
+        let (mut cpu, mut mem) = ((0, 0, pod_cpu), (0, 0, req.memory_bytes));
+        for &i in members {
+            let mut available = (cap_cpu(i) - used_cpu(i)).max(0);
+            if let Some((policy, true, _)) = d.cpuset {
+                available =
+                    available.min(eligible_count(node, zone_cpus[i], policy, true) as i64 * 1000);
+            }
+            cpu.0 += cap_cpu(i);
+            cpu.1 += cap_cpu(i) - available;
+            mem.0 += cap_mem(i);
+            mem.1 += cap_mem(i) - (cap_mem(i) - node.usage[i].memory_bytes).max(0);
+        }
+        (cpu, mem)
     };
     if d.numa == NumaPolicy::None || n == 0 {
         // Node level: the cpuset comes from the whole node.
@@ -430,7 +475,7 @@ pub(crate) fn oracle(
         }
         let all: Vec<usize> = (0..n).collect();
         let (mut cpu, mem) = amounts(&all);
-        cpu.1 = cpu.1.max(node.allocated.len() as i64 * 1000);
+        cpu.1 = cpu.1.max(amp_cpu(node.allocated.len() as i64 * 1000));
         return Expected::NodeLevel {
             score: spec_score(scoring.node_strategy, scoring, cpu, mem),
         };
@@ -438,17 +483,16 @@ pub(crate) fn oracle(
     // Per NUMA node: what the pod could get now and what it could get were every pod gone,
     // in the split's unit (whole cores for a required FullPCPUs cpuset).
     let units = |i: usize, capacity: bool| -> (i64, i64) {
-        let z = node.zones[i];
         let milli = if capacity {
-            z.cpu_milli
+            cap_cpu(i)
         } else {
-            z.cpu_milli - node.usage[i].cpu_milli
+            cap_cpu(i) - used_cpu_shares(i)
         }
         .max(0);
         let mem = if capacity {
-            z.memory_bytes
+            cap_mem(i)
         } else {
-            z.memory_bytes - node.usage[i].memory_bytes
+            cap_mem(i) - node.usage[i].memory_bytes
         }
         .max(0);
         let cpu = match d.cpuset {
@@ -549,7 +593,7 @@ pub(crate) fn oracle(
             let preferred = Some(s.len()) == min_by_capacity
                 && (devices.is_none() || Some(s.len()) == device_min)
                 && !demoted(s);
-            let (cpu, mem) = amounts(s);
+            let (cpu, mem) = hint_amounts(s);
             let hint = spec_score(scoring.numa_strategy, scoring, cpu, mem);
             (preferred, s.clone(), hint)
         })
@@ -591,6 +635,35 @@ pub(crate) fn oracle(
         mask: mask_of(&chosen),
         score: spec_score(scoring.node_strategy, scoring, cpu, mem),
     }
+}
+
+/// koordinator's `extension.Amplify`, `ceil(x × ratio)`, for one of the node's ratios
+/// (`amplifyNUMANodeResources`), written out again.
+fn amplify(ratio: Option<Ratio>, x: i64) -> i64 {
+    match ratio {
+        Some(r) if x != 0 => (x as f64 * r.get()).ceil() as i64,
+        _ => x,
+    }
+}
+
+/// What NUMA node `i` has left of its amplified cpu and memory, its cpuset CPUs counted
+/// amplified when its shares cover them (`getAvailableNUMANodeResources`).
+fn zone_left(node: &Node, i: usize) -> (i64, i64) {
+    let z = node.zones[i];
+    let u = node.usage[i];
+    let held = raw_numa_cpus(node, z.id)
+        .intersection(&node.allocated)
+        .len() as i64
+        * 1000;
+    let cpu_used = if held > 0 && u.cpu_milli >= held {
+        u.cpu_milli - held + amplify(node.amplification.cpu, held)
+    } else {
+        u.cpu_milli
+    };
+    (
+        (amplify(node.amplification.cpu, z.cpu_milli) - cpu_used).max(0),
+        (amplify(node.amplification.memory, z.memory_bytes) - u.memory_bytes).max(0),
+    )
 }
 
 /// `place`'s answer in the oracle's terms.
@@ -668,10 +741,9 @@ fn check(seed: u64) -> Result<(), TestCaseError> {
             prop_assert_eq!(total_mem, req.memory_bytes);
             for s in &p.numa {
                 let i = node.zones.iter().position(|z| z.id == s.numa).unwrap();
-                let z = node.zones[i];
-                let u = node.usage[i];
-                prop_assert!(s.cpu_milli <= (z.cpu_milli - u.cpu_milli).max(0));
-                prop_assert!(s.memory_bytes <= (z.memory_bytes - u.memory_bytes).max(0));
+                let (cpu_left, memory_left) = zone_left(&node, i);
+                prop_assert!(s.cpu_milli <= cpu_left);
+                prop_assert!(s.memory_bytes <= memory_left);
                 prop_assert!(p.affinity.is_some_and(|m| m.contains(s.numa)));
                 // The cpuset's CPUs on this NUMA node match its share.
                 if d.cpuset.is_some() {
@@ -701,16 +773,16 @@ fn check(seed: u64) -> Result<(), TestCaseError> {
     let mem_need = req.memory_bytes.max(0);
     let fits_numa = |i: usize| -> bool {
         let z = node.zones[i];
-        let u = node.usage[i];
+        let (cpu_left, memory_left) = zone_left(&node, i);
         let cpu_ok = match d.cpuset {
             Some((policy, required, cpus)) => {
                 eligible_count(&node, node.topo.numa_cpus(z.id), policy, required) >= cpus
-                    && z.cpu_milli - u.cpu_milli >= cpus as i64 * 1000
+                    && cpu_left >= cpus as i64 * 1000
             }
             // Nothing asked is always there, even on an over-committed NUMA node.
-            None => cpu_need == 0 || z.cpu_milli - u.cpu_milli >= cpu_need,
+            None => cpu_need == 0 || cpu_left >= cpu_need,
         };
-        cpu_ok && (mem_need == 0 || z.memory_bytes - u.memory_bytes >= mem_need)
+        cpu_ok && (mem_need == 0 || memory_left >= mem_need)
     };
     match d.numa {
         NumaPolicy::None => {
@@ -740,9 +812,9 @@ fn check(seed: u64) -> Result<(), TestCaseError> {
                 let total_cpu: i64 = node
                     .zones
                     .iter()
-                    .zip(node.usage.iter())
-                    .map(|(z, u)| {
-                        let free_milli = (z.cpu_milli - u.cpu_milli).max(0);
+                    .enumerate()
+                    .map(|(i, z)| {
+                        let free_milli = zone_left(&node, i).0;
                         match d.cpuset {
                             Some((policy, required, _)) => {
                                 let eligible = eligible_count(
@@ -763,12 +835,7 @@ fn check(seed: u64) -> Result<(), TestCaseError> {
                         }
                     })
                     .sum();
-                let total_mem: i64 = node
-                    .zones
-                    .iter()
-                    .zip(node.usage.iter())
-                    .map(|(z, u)| (z.memory_bytes - u.memory_bytes).max(0))
-                    .sum();
+                let total_mem: i64 = (0..node.zones.len()).map(|i| zone_left(&node, i).1).sum();
                 prop_assert!(
                     total_cpu < cpu_need || total_mem < mem_need,
                     "BestEffort rejected a node that holds it: {:?}",

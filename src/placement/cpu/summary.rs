@@ -13,7 +13,7 @@
 //! device callback needs the device ledger), for which `fast_feasible` returns `None`. A
 //! property test holds the two equal on generated nodes.
 
-use super::hints::{Goal, NumaStats};
+use super::hints::{Demand, Goal, NumaStats};
 use super::place::{Decision, choose_hint, demand, placement_score};
 use super::policy::resolve;
 use super::{
@@ -42,7 +42,8 @@ impl CpuSummary {
 
 /// `place`'s decision, from the summary. `None` when only `place` can answer: a NUMA policy
 /// applies, the pod also asks for devices (`has_devices`) and no `devices` callback is given.
-/// Inside: `Ok(None)` when nothing CPU/NUMA-related applies to the pod.
+/// Inside: `Ok(None)` when nothing CPU/NUMA-related applies to the pod; with the decision, the
+/// request in the units it was decided in (the score reads it).
 fn summary_decision(
     summary: &CpuSummary,
     req: &PodCpuRequest,
@@ -50,7 +51,7 @@ fn summary_decision(
     devices: Option<&mut dyn FnMut(NumaMask) -> bool>,
     scoring: &CpuScoring,
     goal: Goal,
-) -> Option<Result<Option<Decision>, FitError>> {
+) -> Option<Result<Option<(Decision, Demand)>, FitError>> {
     let stats = &summary.stats;
     let res = match resolve(
         summary.bind_policy,
@@ -66,22 +67,21 @@ fn summary_decision(
     if devices.is_none() && has_devices && res.numa_policy != NumaPolicy::None && stats.len > 0 {
         return None;
     }
-    let d = demand(&res, req, stats.cpus_per_core);
+    let d = demand(&res, req, stats);
     // Scores do not change feasibility, but they rank the non-preferred hints, and the
     // failure reason names the best of those (exclusivity or not): same scoring as place.
-    Some(choose_hint(stats, &res, &d, devices, scoring, goal).map(Some))
+    Some(choose_hint(stats, &res, &d, devices, scoring, goal).map(|decision| Some((decision, d))))
 }
 
 /// A decision's CPU score, `score_or_zero`'s way: 0 when the pod does not fit.
 fn score_of(
     summary: &CpuSummary,
-    decision: Result<Option<Decision>, FitError>,
-    req: &PodCpuRequest,
+    decision: Result<Option<(Decision, Demand)>, FitError>,
     scoring: &CpuScoring,
 ) -> Option<i64> {
     match decision {
         Ok(None) => None,
-        Ok(Some(d)) => Some(placement_score(&summary.stats, d, req, scoring)),
+        Ok(Some((decision, d))) => Some(placement_score(&summary.stats, decision, &d, scoring)),
         Err(_) => Some(0),
     }
 }
@@ -114,8 +114,8 @@ pub fn fast_aligned(
     let decision = summary_decision(summary, req, true, Some(devices), scoring, Goal::AnyFit)
         .unwrap_or(Ok(None));
     Ok(match decision? {
-        None | Some(Decision::NodeLevel) => None,
-        Some(Decision::Numa(members)) => Some(summary.stats.mask_of(members)),
+        None | Some((Decision::NodeLevel, _)) => None,
+        Some((Decision::Numa(members), _)) => Some(summary.stats.mask_of(members)),
     })
 }
 
@@ -129,7 +129,7 @@ pub fn fast_aligned_score(
 ) -> Option<i64> {
     let decision = summary_decision(summary, req, true, Some(devices), scoring, Goal::Best)
         .unwrap_or(Ok(None));
-    score_of(summary, decision, req, scoring)
+    score_of(summary, decision, scoring)
 }
 
 /// `Some(s)` where `s == score_or_zero(view, req, devices, scoring)` for the view the summary
@@ -142,5 +142,5 @@ pub fn fast_score(
     scoring: &CpuScoring,
 ) -> Option<Option<i64>> {
     summary_decision(summary, req, has_devices, None, scoring, Goal::Best)
-        .map(|decision| score_of(summary, decision, req, scoring))
+        .map(|decision| score_of(summary, decision, scoring))
 }

@@ -20,6 +20,7 @@ pub(crate) struct Node {
     pub bind_policy: NodeCpuBindPolicy,
     pub numa_policy: NumaPolicy,
     pub strategy: NumaAllocateStrategy,
+    pub amplification: NumaAmplification,
 }
 
 impl Node {
@@ -46,6 +47,7 @@ impl Node {
             bind_policy: NodeCpuBindPolicy::None,
             numa_policy: NumaPolicy::None,
             strategy: NumaAllocateStrategy::MostAllocated,
+            amplification: NumaAmplification::default(),
         }
     }
 
@@ -62,6 +64,7 @@ impl Node {
             bind_policy: self.bind_policy,
             numa_policy: self.numa_policy,
             strategy: self.strategy,
+            amplification: self.amplification,
         }
     }
 

@@ -24,6 +24,7 @@ import (
 	"os"
 	_ "unsafe" // go:linkname
 
+	"github.com/device-numa-extender/device-numa-extender/tests/koord-compat/accumulator/internal/koordtopo"
 	schedulingconfig "github.com/koordinator-sh/koordinator/pkg/scheduler/apis/config"
 	"github.com/koordinator-sh/koordinator/pkg/scheduler/plugins/nodenumaresource"
 	"github.com/koordinator-sh/koordinator/pkg/util/cpuset"
@@ -55,30 +56,6 @@ type record struct {
 	Error     string `json:"error,omitempty"`
 }
 
-func topology(sockets, perSocket, cores, threads int) *nodenumaresource.CPUTopology {
-	t := &nodenumaresource.CPUTopology{
-		NumSockets: sockets,
-		NumNodes:   sockets * perSocket,
-		NumCores:   sockets * perSocket * cores,
-		NumCPUs:    sockets * perSocket * cores * threads,
-		CPUDetails: nodenumaresource.CPUDetails{},
-	}
-	var node, core, cpu int
-	for s := 0; s < sockets; s++ {
-		for n := 0; n < perSocket; n++ {
-			for c := 0; c < cores; c++ {
-				for p := 0; p < threads; p++ {
-					t.CPUDetails[cpu] = nodenumaresource.CPUInfo{SocketID: s, NodeID: node, CoreID: core, CPUID: cpu}
-					cpu++
-				}
-				core++
-			}
-			node++
-		}
-	}
-	return t
-}
-
 func main() {
 	seed := flag.Int64("seed", 1, "random seed")
 	cases := flag.Int("cases", 5000, "number of cases")
@@ -92,7 +69,7 @@ func main() {
 	strategies := []schedulingconfig.NUMAAllocateStrategy{schedulingconfig.NUMAMostAllocated, schedulingconfig.NUMALeastAllocated}
 	for written := 0; written < *cases; {
 		dims := [4]int{pick(1, 2), pick(1, 2), pick(1, 2, 3, 4, 8), pick(1, 2)}
-		topo := topology(dims[0], dims[1], dims[2], dims[3])
+		topo := koordtopo.New(dims[0], dims[1], dims[2], dims[3])
 		share := []float64{0, 0.1, 0.25, 0.5, 0.75}[r.Intn(5)]
 		allocated := nodenumaresource.CPUDetails{}
 		var held, pcpu, numa []int
@@ -146,7 +123,7 @@ func main() {
 	rr := rand.New(rand.NewSource(*seed + 1_000_003))
 	for n := 0; n < *refusals; {
 		dims := [4]int{1 + rr.Intn(2), 1 + rr.Intn(2), []int{1, 2, 3, 4, 8}[rr.Intn(5)], 1 + rr.Intn(2)}
-		topo := topology(dims[0], dims[1], dims[2], dims[3])
+		topo := koordtopo.New(dims[0], dims[1], dims[2], dims[3])
 		allocated := nodenumaresource.CPUDetails{}
 		var held []int
 		for cpu := 0; cpu < topo.NumCPUs; cpu++ {
