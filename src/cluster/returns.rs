@@ -43,6 +43,9 @@ impl ResourceKinds {
     pub const FPGA: ResourceKinds = ResourceKinds(4);
     pub const CPU: ResourceKinds = ResourceKinds(8);
     const DEVICES: ResourceKinds = ResourceKinds(1 | 2 | 4);
+    /// Every kind: what a released hold may have kept from anyone (a nominee's, see
+    /// `crate::sync::handlers::NominationHandler`).
+    pub const ALL: ResourceKinds = ResourceKinds(1 | 2 | 4 | 8);
     /// Every kind, with the label each has in metrics and logs.
     pub const LABELED: [(ResourceKinds, &'static str); 4] = [
         (Self::GPU, "gpu"),

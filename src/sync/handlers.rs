@@ -178,7 +178,27 @@ impl Handler for PodHandler {
 }
 
 /// Pending pods with a nominated node, into [`crate::cluster::nominated::Nominations`].
+///
+/// A nomination that leaves a node (cleared, moved, the pod gone or bound) ends the hold filter
+/// kept there for it, and filter may have refused pods for that hold (`held_for_nominated`),
+/// which no fact of the node's own records as a return. So it is recorded as a capacity return
+/// of every kind on that node, for the requeue signal. When the nominee itself bound there, the
+/// hold became its allocation and the pods retried are refused again: one retry wasted, where
+/// missing the return would leave them waiting for an unrelated event.
 pub struct NominationHandler(pub Arc<ClusterState>);
+
+impl NominationHandler {
+    fn released(&self, old: Option<&Arc<NominatedPod>>, new: Option<&Arc<NominatedPod>>) {
+        let Some(node) = old.and_then(|o| o.node.as_deref()) else {
+            return;
+        };
+        if new.and_then(|n| n.node.as_deref()) != Some(node) {
+            self.0
+                .capacity_returns()
+                .record(node, crate::cluster::returns::ResourceKinds::ALL);
+        }
+    }
+}
 
 impl Handler for NominationHandler {
     type Object = Pod;
@@ -195,11 +215,13 @@ impl Handler for NominationHandler {
             record: Arc::new(record),
         })
     }
-    fn apply(&self, _key: &str, _old: Option<&Arc<NominatedPod>>, new: &Arc<NominatedPod>) {
+    fn apply(&self, _key: &str, old: Option<&Arc<NominatedPod>>, new: &Arc<NominatedPod>) {
         self.0.nominations().set(Arc::clone(new));
+        self.released(old, Some(new));
     }
     fn remove(&self, _key: &str, old: &Arc<NominatedPod>) {
         self.0.nominations().forget(&old.uid);
+        self.released(Some(old), None);
     }
 }
 

@@ -297,3 +297,74 @@ async fn the_nominated_pod_watch_follows_preemption_as_it_happens() {
         "readiness reports the nominated-pod watch: {ready}"
     );
 }
+
+/// A pod refused for a nominee's hold waits in kube-scheduler's unschedulable pool; no fact of
+/// the node changes when the nomination clears, so the hold's end is a capacity return of its
+/// own, and the requeue signal retries the waiting pod (one Node annotation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleared_nomination_requeues_the_pods_its_hold_refused() {
+    use device_numa_extender::scheduler::requeue::REQUEUE_ANNOTATION;
+    let fake = crate::support::FakeApiServer::new();
+    service::add_gpu_node(&fake, "n", 2, &[]);
+    fake.create(Kind::Pod, holder("keeper", 1000, 0)).unwrap();
+    fake.create(Kind::Pod, nominated(one_gpu("pre", 100), "n"))
+        .unwrap();
+    let flags = [
+        "--requeue-interval",
+        "50ms",
+        "--requeue-after-takeover",
+        "0s",
+    ];
+    let svc = service::start(&fake, &flags).await;
+    let http = Http::new(svc.addr);
+    http.wait_ready(TIMEOUT).await;
+    service::wait_for_all_watches(&fake, TIMEOUT).await;
+
+    // The free card is held for `pre`: the third pod is refused and remembered as waiting.
+    let third = half_gpu("third", 0);
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let (status, out) = http
+            .post("/filter", &service::extender_args(&third, &["n"]))
+            .await;
+        assert_eq!(status, 200, "{out}");
+        if out["FailedNodes"]["n"]
+            .as_str()
+            .is_some_and(|r| r.contains("capacity held for ml/pre"))
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never held: {out}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, ready) = http.get("/readyz").await;
+    assert_eq!(ready["requeue"]["waiting_pods"], 1, "{ready}");
+    let annotated = |fake: &crate::support::FakeApiServer| {
+        fake.get(Kind::Node, "", "n").is_some_and(|n| {
+            n["metadata"]["annotations"][REQUEUE_ANNOTATION]
+                .as_str()
+                .is_some()
+        })
+    };
+    assert!(!annotated(&fake), "nothing returned while the hold stands");
+
+    // kube-scheduler gives up on the node: the nomination clears, and the waiting pod is
+    // signalled on the node whose hold ended.
+    let mut cleared = fake.get(Kind::Pod, "ml", "pre").unwrap();
+    cleared["status"]
+        .as_object_mut()
+        .unwrap()
+        .remove("nominatedNodeName");
+    fake.replace(Kind::Pod, cleared).unwrap();
+    service::eventually(TIMEOUT, "the requeue annotation on n", || annotated(&fake)).await;
+    assert_eq!(
+        svc.state
+            .scheduler
+            .metrics
+            .requeue_signals
+            .with_label_values(&["written"])
+            .get(),
+        1
+    );
+    svc.shutdown().await.unwrap();
+}
