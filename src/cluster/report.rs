@@ -300,6 +300,17 @@ pub struct NumaCpuView {
     /// milli-CPUs.
     pub cpu_milli: Usage,
     pub memory_bytes: Usage,
+    /// On a node whose Node amplifies its cpu or memory: the same two as NUMA placement counts
+    /// them (totals × the ratios, cpuset CPUs counted amplified in `used`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub amplified: Option<AmplifiedNuma>,
+}
+
+/// A NUMA node's figures under the Node's amplification ratios.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AmplifiedNuma {
+    pub cpu_milli: Usage,
+    pub memory_bytes: Usage,
 }
 
 /// One pod's CPU entry.
@@ -328,12 +339,30 @@ fn cpu_view(state: &NodeState) -> Option<CpuReport> {
     let nrt = ledger.nrt()?;
     let allocated = ledger.allocated();
     let usage = ledger.numa_usage();
+    let amp = ledger.labels().amplification;
     let numa = nrt
         .zones
         .iter()
         .map(|z| {
             let used = usage.get(&z.id).copied().unwrap_or_default();
+            let amplified = (!amp.is_off()).then(|| {
+                let held = nrt
+                    .topology
+                    .as_deref()
+                    .map_or(0, |t| t.numa_cpus(z.id).intersection(&allocated).len());
+                AmplifiedNuma {
+                    cpu_milli: Usage {
+                        used: amp.used_cpu(used.cpu_milli, u16::try_from(held).unwrap_or(u16::MAX)),
+                        total: amp.cpu(z.cpu_milli),
+                    },
+                    memory_bytes: Usage {
+                        used: used.memory_bytes,
+                        total: amp.memory(z.memory_bytes),
+                    },
+                }
+            });
             NumaCpuView {
+                amplified,
                 id: z.id,
                 free_cpus: nrt.topology.as_deref().map(|t| {
                     t.numa_cpus(z.id)

@@ -381,3 +381,34 @@ fn numa_placement_sees_the_amplified_numa_nodes() {
     assert!(decide(r#"{"cpu":1}"#, Some("0-3,16-19"), 12_000));
     assert!(!decide(r#"{"cpu":1}"#, Some("0-3,16-19"), 12_001));
 }
+
+/// `inspect` and `/debug/nodes` show each NUMA node as NUMA placement counts it.
+#[test]
+fn the_report_shows_each_numa_node_amplified() {
+    let cluster = ClusterState::new();
+    cluster.set_topology("n", Some(topology()));
+    let report = |cluster: &ClusterState| {
+        let r = crate::cluster::report::cluster_report(cluster, &["n".to_string()]);
+        serde_json::to_value(&r.nodes[0].cpus).expect("json")
+    };
+    cluster.set_node("n", Some(node(1, 40_000, None)));
+    cluster.upsert_pod(None, &listed("h", 4_000, Some("0-3"), "Running"));
+    let r = report(&cluster);
+    // {"cpu":1.25,"memory":2}: 16 CPUs → 20, 64Gi → 128Gi; the 4-CPU cpuset has no NUMA
+    // share here (its resource-status names only the cpuset), so nothing is used.
+    assert_eq!(
+        r["numa"][0]["amplified"]["cpu_milli"]["total"], 20_000,
+        "{r}"
+    );
+    assert_eq!(
+        r["numa"][0]["amplified"]["memory_bytes"]["total"],
+        128i64 << 30,
+        "{r}"
+    );
+    assert_eq!(r["numa"][0]["cpu_milli"]["total"], 16_000, "{r}");
+    cluster.set_node("n", Some(node(4, 40_000, None)));
+    assert!(
+        report(&cluster)["numa"][0].get("amplified").is_none(),
+        "ratio 1: none"
+    );
+}
