@@ -427,11 +427,28 @@ pub fn inspect_pod(state: &Scheduler, pod: &Pod, pods: &[Pod]) -> PodInspection 
 
 /// The GPU and CPU a pod asks, for ordering reprieves (lightest first).
 fn weight(h: &Holder) -> (i128, i128) {
-    let get = |name: &str| h.requests.get(name).map_or(0, |q| q.milli());
-    let gpu = get("nvidia.com/gpu") * 100
-        + get("koordinator.sh/gpu")
-        + get("koordinator.sh/gpu-core").max(get("koordinator.sh/gpu-memory-ratio"));
-    (gpu, get("cpu"))
+    requests_weight(&h.requests)
+}
+
+/// GPU percent (100 per whole card of any vendor, the share dimensions as koordinator reads
+/// them) and millicores, every name read through the managed-resource table (deprecated names
+/// as their current ones).
+fn requests_weight(requests: &PodRequests) -> (i128, i128) {
+    use crate::model::resource_names::{
+        AMD_GPU, GPU_CORE, GPU_MEMORY_RATIO, HYGON_DCU, KOORD_GPU, NVIDIA_GPU, managed,
+    };
+    let (mut whole, mut percent, mut core, mut ratio) = (0, 0, 0, 0);
+    for (name, q) in requests.iter() {
+        match managed(name).map_or(name, |(_, r)| r.canonical) {
+            NVIDIA_GPU | AMD_GPU | HYGON_DCU => whole += q.milli(),
+            KOORD_GPU => percent += q.milli(),
+            GPU_CORE => core += q.milli(),
+            GPU_MEMORY_RATIO => ratio += q.milli(),
+            _ => {}
+        }
+    }
+    let cpu = requests.get("cpu").map_or(0, |q| q.milli());
+    (whole * 100 + percent + core.max(ratio), cpu)
 }
 
 /// kube-scheduler's victim selection on one node: every holder out; if the pod then fits,
@@ -574,4 +591,34 @@ pub fn render(i: &PodInspection) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn requests(r: serde_json::Value) -> PodRequests {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {"containers": [{"name": "c", "resources": {"requests": r}}]}}))
+        .expect("pod");
+        crate::model::requests::pod_requests_compact(&pod.spec).expect("requests")
+    }
+
+    /// Whole cards weigh alike whatever the vendor, and a deprecated name as its current one.
+    #[test]
+    fn every_gpu_name_weighs_by_the_managed_table() {
+        let one = requests_weight(&requests(serde_json::json!({"nvidia.com/gpu": "1"})));
+        assert_eq!(one.0, 100_000);
+        for name in ["amd.com/gpu", "dcu.com/gpu"] {
+            let w = requests_weight(&requests(serde_json::json!({name: "1"})));
+            assert_eq!(w, one, "{name}");
+        }
+        let half = requests_weight(&requests(serde_json::json!({
+            "kubernetes.io/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "40", "cpu": "2"})));
+        assert_eq!(half, (50_000, 2_000));
+        assert_eq!(
+            requests_weight(&requests(serde_json::json!({"kubernetes.io/gpu": "30"}))).0,
+            30_000
+        );
+    }
 }
