@@ -57,6 +57,21 @@ func TestTheLedgerOracleCatchesEachPlantedViolation(t *testing.T) {
 	if v := ledgerViolations(base()); len(v) != 0 {
 		t.Fatalf("a sound cluster: %v", v)
 	}
+	// koordinator's amplification: NUMA node 0 (32 CPUs) × 1.5 = 48, and lsr's 4-CPU cpuset
+	// counts 6 of them: 42 more CPUs of NUMA shares fit (4 + 42 − 4 + 6 = 48).
+	amplified := func(o *clusterObjects, cpus string) {
+		node := corev1.Node{}
+		node.Name = "n"
+		node.Annotations = map[string]string{"node.koordinator.sh/resource-amplification-ratio": `{"cpu":1.5}`}
+		o.nodes = append(o.nodes, node)
+		o.pods = append(o.pods, heldPod("shared", map[string]string{"cpu": cpus, "memory": "1Gi"}, "",
+			`{"numaNodeResources":[{"node":0,"resources":{"cpu":"`+cpus+`","memory":"1Gi"}}]}`))
+	}
+	sound := base()
+	amplified(&sound, "42")
+	if v := ledgerViolations(sound); len(v) != 0 {
+		t.Fatalf("a sound amplified cluster: %v", v)
+	}
 	plants := []struct {
 		name  string
 		plant func(o *clusterObjects)
@@ -104,6 +119,9 @@ func TestTheLedgerOracleCatchesEachPlantedViolation(t *testing.T) {
 			o.pods = append(o.pods, heldPod("numa", map[string]string{"cpu": "30", "memory": "1Gi"}, "",
 				`{"numaNodeResources":[{"node":0,"resources":{"cpu":"30","memory":"1Gi"}}]}`))
 		}, "n NUMA node 0: cpu 34000 > 32000 milli"},
+		{"an amplified NUMA node's CPUs over its amplified zone", func(o *clusterObjects) {
+			amplified(o, "43")
+		}, "n NUMA node 0: cpu 49000 > 48000 milli"},
 		{"a NUMA node the NRT does not have", func(o *clusterObjects) {
 			o.pods = append(o.pods, heldPod("numa2", map[string]string{"cpu": "1", "memory": "1Gi"}, "",
 				`{"numaNodeResources":[{"node":5,"resources":{"cpu":"1"}}]}`))

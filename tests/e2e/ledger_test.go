@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -103,6 +104,8 @@ type clusterObjects struct {
 	pods    []corev1.Pod
 	devices []unstructured.Unstructured
 	nrts    []unstructured.Unstructured
+	// nodes: only their node.koordinator.sh/resource-amplification-ratio is read.
+	nodes []corev1.Node
 }
 
 // violations lists everything koordlet could not enforce at once among the API server's
@@ -121,7 +124,11 @@ func (cp *controlPlane) violations() []string {
 	if err != nil {
 		cp.t.Fatal(err)
 	}
-	return ledgerViolations(clusterObjects{pods: pods.Items, devices: devices.Items, nrts: nrts.Items})
+	nodes, err := cp.admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	return ledgerViolations(clusterObjects{pods: pods.Items, devices: devices.Items, nrts: nrts.Items, nodes: nodes.Items})
 }
 
 // deviceSlot is one Device entry as koordlet publishes it.
@@ -165,6 +172,27 @@ func deviceSlots(devices []unstructured.Unstructured) (map[string]map[string]dev
 		out[d.GetName()] = slots
 	}
 	return out, problems
+}
+
+// cpuNumas reads every NRT's CPU → NUMA node map (koordlet's cpu-topology annotation).
+func cpuNumas(nrts []unstructured.Unstructured) map[string]map[int]int {
+	out := map[string]map[int]int{}
+	for _, n := range nrts {
+		var topo struct {
+			Detail []struct {
+				ID   int `json:"id"`
+				Node int `json:"node"`
+			} `json:"detail"`
+		}
+		if raw, ok := n.GetAnnotations()["node.koordinator.sh/cpu-topology"]; ok && json.Unmarshal([]byte(raw), &topo) == nil {
+			m := map[int]int{}
+			for _, c := range topo.Detail {
+				m[c.ID] = c.Node
+			}
+			out[n.GetName()] = m
+		}
+	}
+	return out
 }
 
 // numaZones reads every NRT's CPU ids (koordlet's cpu-topology annotation) and its NUMA zones'
@@ -334,10 +362,38 @@ func podCPUMilli(pod *corev1.Pod) int64 {
 //  3. exclusive cpusets: disjoint, on CPUs the NRT's topology lists, as large as the pod's
 //     (whole) CPU request;
 //  4. NUMA: per NUMA node, the cpu and memory of every holder's numaNodeResources within the
-//     NRT zone's allocatable.
+//     NRT zone's allocatable; on a Node carrying koordinator's amplification ratio, within the
+//     zone × the ratio, the CPUs cpusets hold there counted × the ratio (koordinator v1.7.0
+//     amplifyNUMANodeResources, getAvailableNUMANodeResources: shares − cpuset CPUs + their
+//     amplified size). The cpusets themselves stay physical: 3. holds them disjoint.
 func ledgerViolations(o clusterObjects) []string {
 	slots, out := deviceSlots(o.devices)
 	cpuIDs, zones := numaZones(o.nrts)
+	cpuNuma := cpuNumas(o.nrts)
+	ratios := map[string]map[string]float64{}
+	for _, n := range o.nodes {
+		raw, ok := n.Annotations["node.koordinator.sh/resource-amplification-ratio"]
+		if !ok {
+			continue
+		}
+		var r map[string]float64
+		if err := json.Unmarshal([]byte(raw), &r); err != nil {
+			continue // koordinator refuses every pod there: nothing is amplified
+		}
+		ratios[n.Name] = r
+	}
+	// amplify is koordinator's extension.Amplify on milli-units: ceil(units × ratio) for a ratio
+	// above 1 (cpu in millicores; memory in bytes, so the milli-units are divided first).
+	amplify := func(node, name string, milli int64) int64 {
+		r := ratios[node][name]
+		if r <= 1 || milli == 0 {
+			return milli
+		}
+		if name == "cpu" {
+			return int64(math.Ceil(float64(milli) * r))
+		}
+		return int64(math.Ceil(float64(milli/1000)*r)) * 1000
+	}
 	type key struct {
 		node, slot string
 	}
@@ -453,6 +509,13 @@ func ledgerViolations(o clusterObjects) []string {
 		}
 	}
 	for node, byNuma := range numaUsed {
+		// The CPUs cpusets hold on each NUMA node of this node.
+		held := map[int]int64{}
+		for c := range cpuOwner[node] {
+			if numa, ok := cpuNuma[node][c]; ok {
+				held[numa] += 1000
+			}
+		}
 		for numa, u := range byNuma {
 			zone, ok := zones[node][numa]
 			if !ok {
@@ -460,8 +523,11 @@ func ledgerViolations(o clusterObjects) []string {
 				continue
 			}
 			for name, v := range u {
-				if c, ok := zone[name]; ok && v > c {
-					out = append(out, fmt.Sprintf("%s NUMA node %d: %s %d > %d milli", node, numa, name, v, c))
+				if name == "cpu" && held[numa] > 0 && v >= held[numa] {
+					v = v - held[numa] + amplify(node, name, held[numa])
+				}
+				if c, ok := zone[name]; ok && v > amplify(node, name, c) {
+					out = append(out, fmt.Sprintf("%s NUMA node %d: %s %d > %d milli", node, numa, name, v, amplify(node, name, c)))
 				}
 			}
 		}
