@@ -270,8 +270,19 @@ fn cpu_block(out: &mut String, c: &CpuReport, wide: bool, color: bool) {
                 Some("") => "none",
                 Some(f) => f,
             }),
-            Cell::plain(used_of(Some(n.cpu_milli), cpus_of)),
-            Cell::plain(used_of(Some(n.memory_bytes), bytes)),
+            // On an amplified node, what NUMA placement counts (the heading names the ratio).
+            Cell::plain(used_of(
+                Some(n.amplified.as_ref().map_or(n.cpu_milli, |a| a.cpu_milli)),
+                cpus_of,
+            )),
+            Cell::plain(used_of(
+                Some(
+                    n.amplified
+                        .as_ref()
+                        .map_or(n.memory_bytes, |a| a.memory_bytes),
+                ),
+                bytes,
+            )),
         ]);
     }
     table(out, "  ", &rows, color);

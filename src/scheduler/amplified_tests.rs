@@ -406,6 +406,13 @@ fn the_report_shows_each_numa_node_amplified() {
         "{r}"
     );
     assert_eq!(r["numa"][0]["cpu_milli"]["total"], 16_000, "{r}");
+    // The text report's NUMA rows show the same (0 of 20 CPUs, 0 of 128Gi).
+    let text = crate::ops::render::cluster(
+        &crate::cluster::report::cluster_report(&cluster, &["n".to_string()]),
+        false,
+        false,
+    );
+    assert!(text.contains("0/20") && text.contains("0/128Gi"), "{text}");
     cluster.set_node("n", Some(node(4, 40_000, None)));
     assert!(
         report(&cluster)["numa"][0].get("amplified").is_none(),
