@@ -24,7 +24,7 @@ use crate::model::koord_cpu::ResourceStatus;
 use crate::model::quantity::Quantity;
 use crate::placement::cpu::{
     CpuExclusivePolicy, CpuScoreStrategy, CpuScoring, CpuSummary, CpuTopology, NodeCpuBindPolicy,
-    NodeCpuView, NumaAllocateStrategy, NumaId, NumaPolicy, NumaShare, NumaUsage,
+    NodeCpuView, NumaAllocateStrategy, NumaId, NumaPolicy, NumaShare, NumaUsage, NumaZone,
 };
 use crate::placement::fit_error::{FitReason, MissingTopology};
 
@@ -271,6 +271,31 @@ impl CpuLedger {
     }
     pub fn allocated(&self) -> CpuSet {
         self.derived.allocated
+    }
+
+    /// NUMA node `zone` as NUMA placement counts it on a node whose Node amplifies its cpu or
+    /// memory (`NumaStats::from_view`'s arithmetic: totals × the ratios, the CPUs cpusets hold
+    /// there counted amplified in `used_cpu_milli`); `None` when nothing is amplified. For the
+    /// reports (`/debug/nodes`, `inspect`).
+    pub fn amplified_zone(&self, zone: &NumaZone, used_cpu_milli: i64) -> Option<AmplifiedZone> {
+        let amp = self.labels.amplification;
+        if amp.is_off() {
+            return None;
+        }
+        let held = self
+            .nrt
+            .as_deref()
+            .and_then(|n| n.topology.as_deref())
+            .map_or(0, |t| {
+                t.numa_cpus(zone.id)
+                    .intersection(&self.derived.allocated)
+                    .len()
+            });
+        Some(AmplifiedZone {
+            cpu_milli: amp.cpu(zone.cpu_milli),
+            used_cpu_milli: amp.used_cpu(used_cpu_milli, u16::try_from(held).unwrap_or(u16::MAX)),
+            memory_bytes: amp.memory(zone.memory_bytes),
+        })
     }
     /// The CPUs held by every entry but `ignore`'s (preemption victims).
     pub fn allocated_without(&self, ignore: &[PodUid]) -> CpuSet {
@@ -553,26 +578,15 @@ impl CpuLedger {
                         .difference(&self.derived.allocated)
                         .to_string()
                 });
-                let amp = self.labels.amplification;
-                let amplified = (!amp.is_off()).then(|| {
-                    let held = nrt.topology.as_deref().map_or(0, |t| {
-                        t.numa_cpus(z.id)
-                            .intersection(&self.derived.allocated)
-                            .len()
-                    });
-                    AmplifiedNumaView {
-                        allocatable_cpu: Quantity::from_milli(amp.cpu(z.cpu_milli).into())
-                            .to_string(),
+                let amplified = self
+                    .amplified_zone(z, u.cpu_milli)
+                    .map(|a| AmplifiedNumaView {
+                        allocatable_cpu: Quantity::from_milli(a.cpu_milli.into()).to_string(),
                         allocatable_memory: crate::model::device::format_bytes(
-                            Quantity::from_units(amp.memory(z.memory_bytes)),
+                            Quantity::from_units(a.memory_bytes),
                         ),
-                        used_cpu: Quantity::from_milli(
-                            amp.used_cpu(u.cpu_milli, u16::try_from(held).unwrap_or(u16::MAX))
-                                .into(),
-                        )
-                        .to_string(),
-                    }
-                });
+                        used_cpu: Quantity::from_milli(a.used_cpu_milli.into()).to_string(),
+                    });
                 free_per_numa.insert(
                     z.id,
                     NumaView {
@@ -673,6 +687,14 @@ pub struct NumaView {
     /// them (koordinator's `amplifyNUMANodeResources`; cpuset CPUs counted amplified).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amplified: Option<AmplifiedNumaView>,
+}
+
+/// One NUMA node's figures under the Node's amplification ratios ([`CpuLedger::amplified_zone`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmplifiedZone {
+    pub cpu_milli: i64,
+    pub used_cpu_milli: i64,
+    pub memory_bytes: i64,
 }
 
 #[derive(Debug, Clone, Serialize)]

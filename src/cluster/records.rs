@@ -44,12 +44,12 @@ pub struct NodeRecord {
 
 impl NodeRecord {
     pub fn from_node(node: &Node) -> Self {
-        let ratios = node
+        let parsed = node
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(RESOURCE_AMPLIFICATION_RATIO))
-            .map(String::as_str);
+            .map(|r| koord_cpu::parse_amplification_ratios(r));
         NodeRecord {
             uid: node.metadata.uid.clone().unwrap_or_default(),
             labels: node.labels(),
@@ -62,13 +62,14 @@ impl NodeRecord {
                     .filter(|(_, q)| Quantity::parse(q).is_ok_and(|q| q.milli() > 0))
                     .map(|(name, _)| name.as_str()),
             ),
-            cpu_amplification: CpuAmplificationRatio::from_annotation(ratios),
-            numa_amplification: ratios
-                .and_then(|r| koord_cpu::parse_amplification_ratios(r).ok())
-                .map_or_else(NumaAmplification::default, |r| NumaAmplification {
+            cpu_amplification: CpuAmplificationRatio::from_parsed(parsed.as_ref()),
+            numa_amplification: match &parsed {
+                Some(Ok(r)) => NumaAmplification {
                     cpu: r.cpu.and_then(Ratio::above_one),
                     memory: r.memory.and_then(Ratio::above_one),
-                }),
+                },
+                _ => NumaAmplification::default(),
+            },
         }
     }
 
@@ -94,7 +95,14 @@ pub enum CpuAmplificationRatio {
 
 impl CpuAmplificationRatio {
     pub fn from_annotation(value: Option<&str>) -> Self {
-        match value.map(koord_cpu::parse_cpu_amplification_ratio) {
+        Self::from_parsed(value.map(koord_cpu::parse_amplification_ratios).as_ref())
+    }
+
+    /// From the annotation already parsed (`None`: no annotation).
+    pub fn from_parsed(
+        parsed: Option<&Result<koord_cpu::AmplificationRatios, koord_cpu::KoordCpuError>>,
+    ) -> Self {
+        match parsed.map(|p| p.as_ref().map(|r| r.cpu)) {
             None | Some(Ok(None)) => CpuAmplificationRatio::Off,
             Some(Ok(Some(r))) => {
                 Ratio::above_one(r).map_or(CpuAmplificationRatio::Off, CpuAmplificationRatio::Ratio)

@@ -339,28 +339,23 @@ fn cpu_view(state: &NodeState) -> Option<CpuReport> {
     let nrt = ledger.nrt()?;
     let allocated = ledger.allocated();
     let usage = ledger.numa_usage();
-    let amp = ledger.labels().amplification;
     let numa = nrt
         .zones
         .iter()
         .map(|z| {
             let used = usage.get(&z.id).copied().unwrap_or_default();
-            let amplified = (!amp.is_off()).then(|| {
-                let held = nrt
-                    .topology
-                    .as_deref()
-                    .map_or(0, |t| t.numa_cpus(z.id).intersection(&allocated).len());
-                AmplifiedNuma {
+            let amplified = ledger
+                .amplified_zone(z, used.cpu_milli)
+                .map(|a| AmplifiedNuma {
                     cpu_milli: Usage {
-                        used: amp.used_cpu(used.cpu_milli, u16::try_from(held).unwrap_or(u16::MAX)),
-                        total: amp.cpu(z.cpu_milli),
+                        used: a.used_cpu_milli,
+                        total: a.cpu_milli,
                     },
                     memory_bytes: Usage {
                         used: used.memory_bytes,
-                        total: amp.memory(z.memory_bytes),
+                        total: a.memory_bytes,
                     },
-                }
-            });
+                });
             NumaCpuView {
                 amplified,
                 id: z.id,

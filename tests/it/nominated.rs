@@ -99,6 +99,55 @@ fn held(v: Result<(), String>) -> bool {
     matches!(&v, Err(r) if r.contains("capacity held for ml/pre"))
 }
 
+/// The live service's filter verdict for `pod` on `n`: `Ok` when it passes, else the reason.
+async fn live_verdict(http: &Http, pod: &Value) -> Result<(), String> {
+    let (status, out) = http
+        .post("/filter", &service::extender_args(pod, &["n"]))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    if out["NodeNames"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|n| n == "n"))
+    {
+        Ok(())
+    } else {
+        Err(out["FailedNodes"]["n"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+}
+
+/// Polls [`live_verdict`] until `want` holds (hang guard [`TIMEOUT`]): the ordering point
+/// "the watch has been applied".
+async fn until_verdict(
+    http: &Http,
+    what: &str,
+    pod: &Value,
+    want: fn(&Result<(), String>) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let v = live_verdict(http, pod).await;
+        if want(&v) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {v:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// kube-scheduler gives up on the node: `ml/name` loses its nomination (it stops matching the
+/// nominated-pod watch's selector, which the watch says as a deletion).
+fn clear_nomination(fake: &crate::support::FakeApiServer, name: &str) {
+    let mut cleared = fake.get(Kind::Pod, "ml", name).unwrap();
+    cleared["status"]
+        .as_object_mut()
+        .unwrap()
+        .remove("nominatedNodeName");
+    fake.replace(Kind::Pod, cleared).unwrap();
+}
+
 #[test]
 fn a_nominated_pod_keeps_its_card_from_pods_of_no_higher_priority() {
     // GPU 0 held by a pod nobody preempts; GPU 1 free (its victim is gone); `pre` (priority
@@ -219,37 +268,11 @@ async fn the_nominated_pod_watch_follows_preemption_as_it_happens() {
     service::wait_for_all_watches(&fake, TIMEOUT).await;
     let filter = |pod: Value| {
         let http = &http;
-        async move {
-            let (status, out) = http
-                .post("/filter", &service::extender_args(&pod, &["n"]))
-                .await;
-            assert_eq!(status, 200, "{out}");
-            if out["NodeNames"]
-                .as_array()
-                .is_some_and(|a| a.iter().any(|n| n == "n"))
-            {
-                Ok(())
-            } else {
-                Err(out["FailedNodes"]["n"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string())
-            }
-        }
+        async move { live_verdict(http, &pod).await }
     };
     let until = |what: &'static str, pod: Value, want: fn(&Result<(), String>) -> bool| {
-        let filter = &filter;
-        async move {
-            let deadline = tokio::time::Instant::now() + TIMEOUT;
-            loop {
-                let v = filter(pod.clone()).await;
-                if want(&v) {
-                    return;
-                }
-                assert!(tokio::time::Instant::now() < deadline, "{what}: {v:?}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
+        let http = &http;
+        async move { until_verdict(http, what, &pod, want).await }
     };
     let third = half_gpu("third", 0);
 
@@ -266,12 +289,7 @@ async fn the_nominated_pod_watch_follows_preemption_as_it_happens() {
 
     // The nomination cleared (kube-scheduler gave up on the node): the pod stops matching the
     // watch's selector, which the watch says as a deletion.
-    let mut cleared = fake.get(Kind::Pod, "ml", "pre").unwrap();
-    cleared["status"]
-        .as_object_mut()
-        .unwrap()
-        .remove("nominatedNodeName");
-    fake.replace(Kind::Pod, cleared).unwrap();
+    clear_nomination(&fake, "pre");
     until("the hold released", third.clone(), |v| v.is_ok()).await;
 
     // Nominated again, then bound with the card: held, then counted by its annotation.
@@ -322,21 +340,7 @@ async fn a_cleared_nomination_requeues_the_pods_its_hold_refused() {
 
     // The free card is held for `pre`: the third pod is refused and remembered as waiting.
     let third = half_gpu("third", 0);
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let (status, out) = http
-            .post("/filter", &service::extender_args(&third, &["n"]))
-            .await;
-        assert_eq!(status, 200, "{out}");
-        if out["FailedNodes"]["n"]
-            .as_str()
-            .is_some_and(|r| r.contains("capacity held for ml/pre"))
-        {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never held: {out}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_verdict(&http, "never held", &third, |v| held(v.clone())).await;
     let (_, ready) = http.get("/readyz").await;
     assert_eq!(ready["requeue"]["waiting_pods"], 1, "{ready}");
     let annotated = |fake: &crate::support::FakeApiServer| {
@@ -350,12 +354,7 @@ async fn a_cleared_nomination_requeues_the_pods_its_hold_refused() {
 
     // kube-scheduler gives up on the node: the nomination clears, and the waiting pod is
     // signalled on the node whose hold ended.
-    let mut cleared = fake.get(Kind::Pod, "ml", "pre").unwrap();
-    cleared["status"]
-        .as_object_mut()
-        .unwrap()
-        .remove("nominatedNodeName");
-    fake.replace(Kind::Pod, cleared).unwrap();
+    clear_nomination(&fake, "pre");
     service::eventually(TIMEOUT, "the requeue annotation on n", || annotated(&fake)).await;
     assert_eq!(
         svc.state

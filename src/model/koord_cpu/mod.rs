@@ -243,7 +243,11 @@ mod tests {
             ("null", None),
             (r#"{"cpu":null}"#, Some(0.0)),
         ] {
-            assert_eq!(parse_cpu_amplification_ratio(text).unwrap(), want, "{text}");
+            assert_eq!(
+                parse_amplification_ratios(text).unwrap().cpu,
+                want,
+                "{text}"
+            );
         }
         let both = parse_amplification_ratios(r#"{"cpu":2,"memory":1.25,"pods":3}"#).unwrap();
         assert_eq!((both.cpu, both.memory), (Some(2.0), Some(1.25)));
@@ -257,7 +261,7 @@ mod tests {
             "[1.5]",
             r#"{"memory":"2"}"#,
         ] {
-            let err = parse_cpu_amplification_ratio(bad).unwrap_err();
+            let err = parse_amplification_ratios(bad).unwrap_err();
             assert_eq!(err.annotation(), RESOURCE_AMPLIFICATION_RATIO, "{bad}");
             assert_eq!(err.class(), "bad_json");
         }

@@ -26,14 +26,6 @@ struct CpuInfoJson {
     node: Option<i64>,
 }
 
-/// `node.koordinator.sh/resource-amplification-ratio` → CPU's ratio (koordinator
-/// `extension.GetNodeResourceAmplificationRatio`): `None` when the object names no CPU ratio;
-/// a `null` ratio reads as 0, as Go decodes it. Any value not above 1 means no amplification,
-/// which is the caller's to decide.
-pub fn parse_cpu_amplification_ratio(s: &str) -> Result<Option<f64>, KoordCpuError> {
-    parse_amplification_ratios(s).map(|r| r.cpu)
-}
-
 /// The ratios of the two resources NUMA placement tracks, each `None` when the annotation names
 /// none; a `null` ratio reads as 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -43,7 +35,9 @@ pub struct AmplificationRatios {
 }
 
 /// `node.koordinator.sh/resource-amplification-ratio` → its cpu and memory ratios (koordinator
-/// `extension.GetNodeResourceAmplificationRatios`; every value must be a number or `null`).
+/// `extension.GetNodeResourceAmplificationRatios`; every value must be a number or `null`, which
+/// reads as 0, as Go decodes it). Any value not above 1 means no amplification, which is the
+/// caller's to decide.
 pub fn parse_amplification_ratios(s: &str) -> Result<AmplificationRatios, KoordCpuError> {
     let ratios: Option<BTreeMap<String, Option<f64>>> = json(RESOURCE_AMPLIFICATION_RATIO, s)?;
     let get = |name: &str| {
