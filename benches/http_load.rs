@@ -13,6 +13,8 @@
 //!   one Job) and a cold one (emptied before every request: each is its shape's first);
 //! - filter throughput at 1,000 candidate nodes with several keep-alive connections for a fixed
 //!   time;
+//! - ranking: per pod, filter + prioritize under `--ranking=prioritize` against filter alone
+//!   under `--ranking=filter` (a second service on the same cluster), at 5,000 candidates;
 //! - scaling: on a 20,000-node cluster, the per-node cost ((case − pass-through) / nodes, p50)
 //!   at 1,000, 5,000 and 20,000 candidates, cold memo (each request decides its shape's
 //!   distinct node states, then looks the rest up) and warm (the lookup alone); and the same
@@ -26,7 +28,7 @@
 //!
 //! Bounded: a fixed request count (and a time cap) per phase, loopback only.
 //! Run: `cargo bench --bench http_load` (see BENCHMARKS.md). `HTTP_LOAD_PHASES` (a comma
-//! list of `latency`, `verbs`, `throughput`, `scaling`, `distinct`, `nowhere`; default all) runs only
+//! list of `latency`, `verbs`, `throughput`, `ranking`, `scaling`, `distinct`, `nowhere`; default all) runs only
 //! those phases.
 
 #[path = "../tests/support/mod.rs"]
@@ -282,6 +284,9 @@ async fn run() {
     if phase("throughput") {
         throughput_phase(&client, &targets, &bodies).await;
     }
+    if phase("ranking") {
+        ranking_phase(&client, &targets[0], path_str, &bodies).await;
+    }
     if phase("nowhere") {
         nowhere(&svc, &client, &targets[0].base, &mut bodies).await;
     }
@@ -515,6 +520,69 @@ async fn latency_phase(
             );
         }
     }
+}
+
+/// `--ranking=filter` against the default `--ranking=prioritize`, as kube-scheduler calls them
+/// per pod: filter then prioritize on the default service (over the same candidates, as
+/// [`latency`]), against filter alone on a second service started with `--ranking=filter` on
+/// the same cluster file; client-side, alternating blocks.
+async fn ranking_phase(
+    client: &HttpClient,
+    by_prioritize: &Target,
+    cluster_file: &str,
+    bodies: &HashMap<String, Bytes>,
+) {
+    println!(
+        "\n-- ranking: per pod, filter + prioritize (--ranking=prioritize) against filter alone (--ranking=filter), {NODES} candidates, 1 connection, client-side --"
+    );
+    let args =
+        support::service::serve_args(&["--cluster-file", cluster_file, "--ranking", "filter"]);
+    let ranked = Service::start(args, None).await.expect("service starts");
+    support::service::Http::new(ranked.addr)
+        .wait_ready(Duration::from_secs(120))
+        .await;
+    let by_filter = Target {
+        name: "ranked",
+        base: format!("http://{}", ranked.addr),
+    };
+    let filter_url = format!("{}/filter", by_filter.base);
+    for case in Case::ALL {
+        let key = format!("{}@{NODES}", case.label());
+        let body = &bodies[&key];
+        let mut pairs = Vec::new();
+        let mut alone = Vec::new();
+        let mut answer = 0;
+        for _ in 0..4 {
+            pairs.extend(
+                latency(client, by_prioritize, &key, body, LATENCY_PAIRS / 4)
+                    .await
+                    .0,
+            );
+            let cap = Instant::now() + LATENCY_CAP;
+            for i in 0..(LATENCY_PAIRS / 4) + LATENCY_PAIRS / 40 {
+                let t = Instant::now();
+                let (status, size) = post(client, &filter_url, &key, body).await;
+                let took = t.elapsed();
+                assert_eq!(status, 200, "the ranked service answered an error");
+                answer = size;
+                if i >= LATENCY_PAIRS / 40 {
+                    alone.push(took);
+                }
+                if Instant::now() > cap {
+                    break;
+                }
+            }
+        }
+        let (p, f) = (summarize(&mut pairs), summarize(&mut alone));
+        println!(
+            "{} (ranked filter answer {answer} B)\n  filter+prioritize {p}\n  ranked filter     {f}\n  ratio    mean {:.2}x  p50 {:.2}x  p99 {:.2}x",
+            case.label(),
+            f.mean.as_secs_f64() / p.mean.as_secs_f64(),
+            f.p50.as_secs_f64() / p.p50.as_secs_f64(),
+            f.p99.as_secs_f64() / p.p99.as_secs_f64(),
+        );
+    }
+    ranked.shutdown().await.expect("shutdown");
 }
 
 /// Filter throughput at `THROUGHPUT_NODES` candidates, service against the baseline server.

@@ -330,6 +330,7 @@ impl Service {
         );
         let scheduler = Scheduler {
             share_totals: args.gpu_share_totals,
+            ranking: args.ranking,
             ..scheduler
         };
         let binder = scheduler.binder.clone();

@@ -215,6 +215,15 @@ pub struct ServeArgs {
     #[arg(long, env = "DNE_GPU_SHARE_TOTALS", value_enum, default_value_t = crate::scheduler::share_totals::ShareTotals::Ignored)]
     pub gpu_share_totals: crate::scheduler::share_totals::ShareTotals,
 
+    /// Where the placement ranking reaches kube-scheduler. `prioritize`: filter passes every
+    /// fitting node and prioritize scores them (the stanza's `weight` mixes them with
+    /// kube-scheduler's own scores). `filter`: filter passes only the fitting nodes prioritize
+    /// would score best, kube-scheduler's own scores choose among them, and the stanza needs no
+    /// `prioritizeVerb` (one round trip per pod less; README "Ranking"). The chart's
+    /// `extenderConfig.ranking` sets this and the stanza together.
+    #[arg(long, env = "DNE_RANKING", value_enum, default_value_t = crate::scheduler::ranking::Ranking::Prioritize)]
+    pub ranking: crate::scheduler::ranking::Ranking,
+
     /// Process-wide limit of requests handled at once; more wait in a queue.
     #[arg(long, env = "DNE_MAX_CONCURRENCY", default_value_t = 256)]
     pub max_concurrency: usize,

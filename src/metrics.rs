@@ -50,6 +50,8 @@ pub struct MetricSet {
     pub filter_rejected_nodes: IntCounterVec,
     /// Filter: requests by what they found (`fits`, `fits_nowhere`, `pass_through`, `invalid_request`).
     pub filter_results: IntCounterVec,
+    /// Filter with `--ranking=filter`: fitting nodes left out because others score better.
+    pub filter_ranked_out: IntCounter,
     /// Filter and prioritize: candidate nodes answered from the read snapshot, by `verb` and
     /// `how` (`decided`, or `memo`: a candidate with equal facts was decided for the same pod
     /// shape, in this request or a recent one).
@@ -249,6 +251,10 @@ impl MetricSet {
                     "Filter requests by result: fits (some node passed), fits_nowhere, pass_through (no device needs), invalid_request."
                 ),
                 &["result"]
+            )),
+            filter_ranked_out: reg!(IntCounter::new(
+                "filter_ranked_out_nodes_total",
+                "Fitting nodes filter left out because others score better (--ranking=filter)."
             )),
             read_decisions: reg!(IntCounterVec::new(
                 Opts::new(

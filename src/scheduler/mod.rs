@@ -16,6 +16,8 @@
 //! - [`explain`]: a refused node's reason in the pod's own terms, when no node passes;
 //! - [`relative`]: prioritize's answer as kube-scheduler reads it, without the hosts that
 //!   score alike;
+//! - [`ranking`]: where the ranking goes (`--ranking`): prioritize's scores, or filter passing
+//!   only the best-scoring nodes;
 //! - [`bind`]: the one place an allocation is committed, in named phases;
 //! - [`write_back`]: the koordinator annotations a CPU placement is written as;
 //! - [`requeue`]: the pods filter rejected everywhere and the signal that retries them.
@@ -38,6 +40,7 @@ mod needs;
 mod nominated;
 #[cfg(test)]
 mod partition_tests;
+pub mod ranking;
 mod read;
 pub mod relative;
 pub mod requeue;
@@ -76,6 +79,8 @@ pub struct Scheduler {
     /// Whether kube-scheduler counts the GPU share names (`--gpu-share-totals`): what the
     /// operator tools' model of it (`ops::simulate::scheduler_fit`) counts.
     pub share_totals: share_totals::ShareTotals,
+    /// Where the ranking goes: prioritize's scores, or filter's answer (`--ranking`).
+    pub ranking: ranking::Ranking,
 }
 
 impl Scheduler {
@@ -118,6 +123,7 @@ impl Scheduler {
             memos: Default::default(),
             requeue,
             share_totals: Default::default(),
+            ranking: Default::default(),
         }
     }
 }

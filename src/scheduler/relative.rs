@@ -16,7 +16,7 @@
 //! among them break as before (listed) or in kube-scheduler's own node order (left out). A tie
 //! between a listed and a left-out host needs the in-tree scores to differ by exactly
 //! `weight × 10` times the score difference, which the chart's weight (200, against an in-tree
-//! total of at most 1,200) makes impossible; with a smaller weight the listed host wins such a
+//! total of at most 1,500 for the v1.37 default plugins) makes impossible; with a smaller weight the listed host wins such a
 //! tie. The property tests below check all of this against kube-scheduler's combination,
 //! written out from its source.
 //!
@@ -122,12 +122,12 @@ mod tests {
         (names, full)
     }
 
-    /// Nodes with an in-tree total (the default plugins' at most 1,200) and our score, mostly
+    /// Nodes with an in-tree total (the v1.37 default plugins' at most 1,500) and our score, mostly
     /// 0..=10 (what prioritize answers), sometimes outside it (the function must not care).
     fn cluster() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
         (1usize..60).prop_flat_map(|n| {
             (
-                prop::collection::vec(0i64..=1200, n),
+                prop::collection::vec(0i64..=1500, n),
                 // Few distinct values, as a real cluster has: many repeats.
                 prop::collection::vec(prop_oneof![Just(0i64), Just(10), 0i64..=10, -20i64..=30], n),
             )
@@ -167,7 +167,7 @@ mod tests {
 
         /// Ties on the total: within a tie, the hosts with one extender score are all listed or
         /// all left out; and with the chart's weight (score steps of 2,000 against in-tree
-        /// totals of at most 1,200) a tie never mixes listed and left-out hosts, so
+        /// totals of at most 1,500) a tie never mixes listed and left-out hosts, so
         /// kube-scheduler's random tie-break covers exactly the ties it covered before, or
         /// none (all left out, its own order).
         #[test]
@@ -186,7 +186,7 @@ mod tests {
                     for &j in members {
                         if ours[i] == ours[j] {
                             prop_assert_eq!(after[i].1, after[j].1);
-                        } else if weight * 10 > 1200 {
+                        } else if weight * 10 > 1500 {
                             prop_assert!(false, "a tie across extender scores at weight {}", weight);
                         }
                     }

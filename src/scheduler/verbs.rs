@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::Scheduler;
 use super::memo::{CpuRead, table_limit};
 use super::needs::pod_needs;
+use super::ranking::Ranking;
 use super::{PodNeeds, decide, explain, read};
 use crate::cluster::returns::ResourceKinds;
 use crate::cluster::snapshot::{Fingerprint, hash128};
@@ -67,11 +68,12 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
     // Names mode: move the names into the answer instead of copying them.
     let nodes_mode = args.nodes_mode();
     let candidates: Vec<Cow<'a, str>> = args.take_candidates();
-    let passing: Vec<Cow<'a, str>> = match pod_needs(&pod, state.needs_inputs()) {
+    let needs = pod_needs(&pod, state.needs_inputs());
+    let mut passing: Vec<Cow<'a, str>> = match &needs {
         // No device or CPU needs: pass through untouched and cheaply (a routed pod's CPU
         // still joins the fragmentation strategy's workload mix).
         Ok(needs) if needs.is_none() => {
-            super::fragment::observe(&pod, &needs, &state.scoring, &state.metrics);
+            super::fragment::observe(&pod, needs, &state.scoring, &state.metrics);
             candidates
         }
         Err(invalid) => {
@@ -86,7 +88,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
             Vec::new()
         }
         Ok(needs) => {
-            super::fragment::observe(&pod, &needs, &state.scoring, &state.metrics);
+            super::fragment::observe(&pod, needs, &state.scoring, &state.metrics);
             let fast = needs
                 .devices
                 .as_ref()
@@ -122,13 +124,13 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
                                 let aligned = &mut aligned.borrow_mut();
                                 read::snapshot_fit(
                                     view,
-                                    &needs,
+                                    needs,
                                     fast.as_ref(),
                                     &state.scoring,
                                     aligned,
                                 )
                             })
-                            .unwrap_or_else(|| full_fit(state, &name, &needs, &[]));
+                            .unwrap_or_else(|| full_fit(state, &name, needs, &[]));
                         match verdict {
                             Ok(()) => passing.push(name),
                             Err(e) => {
@@ -146,7 +148,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
             // filters hold it (`nominated`); one atomic load while nobody is nominated.
             if !state.cluster.nominations().is_empty() {
                 passing.retain(|name| {
-                    match super::nominated::respect_nominated(state, name, &pod, &needs) {
+                    match super::nominated::respect_nominated(state, name, &pod, needs) {
                         Ok(()) => true,
                         Err(e) => {
                             tally[e.reason.class_index()] += 1;
@@ -171,7 +173,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
                     let explain_now = || {
                         let entry = state.cluster.node(&name);
                         let guard = entry.as_ref().map(|e| e.read());
-                        explain::explain(guard.as_deref(), &needs, &reason).text
+                        explain::explain(guard.as_deref(), needs, &reason).text
                     };
                     let text = match snapshot.find(&name).map(|f| f.fingerprint()) {
                         Some(key) => explained.entry(key).or_insert_with(explain_now).clone(),
@@ -197,7 +199,7 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
                 if passing.is_empty() && !(failed.is_empty() && unresolvable.is_empty()) {
                     state
                         .requeue
-                        .rejected(&state.cluster, uid, waits_for(&needs), returns_seen);
+                        .rejected(&state.cluster, uid, waits_for(needs), returns_seen);
                 } else if !passing.is_empty() {
                     state.requeue.admitted(&uid);
                 }
@@ -205,6 +207,14 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
             passing
         }
     };
+    // `--ranking=filter`: only the nodes prioritize would score best pass (`ranking`).
+    if state.ranking == Ranking::Filter
+        && passing.len() > 1
+        && let Some(scores) = needs.as_ref().ok().and_then(|n| scores(state, &passing, n))
+    {
+        let removed = super::ranking::retain_best(&mut passing, &scores);
+        state.metrics.filter_ranked_out.inc_by(removed as u64);
+    }
     record_filter(state, result, &tally);
     // The bind of this scheduling cycle decides on this copy (`bind::sent`); only a pod that
     // fits somewhere is bound.
@@ -277,47 +287,40 @@ fn record_filter(state: &Scheduler, result: &str, tally: &[u64; REASON_CLASSES.l
 /// are the request's names, moved (they borrow from the body).
 pub fn prioritize<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> Vec<HostPriority<'a>> {
     let names = args.take_candidates();
-    let needs = match args
+    let scores = args
         .pod
         .as_ref()
-        .map(|p| pod_needs(p, state.needs_inputs()))
-    {
-        Some(Ok(needs))
-            if needs.devices.is_some()
-                || needs.wants_cpu_placement()
-                || super::fragment::applies(&needs, &state.scoring) =>
-        {
-            needs
-        }
-        // No device or CPU placement needs (or an invalid request, which filter already
-        // rejected): no opinion.
-        _ => {
-            return names
-                .into_iter()
-                .map(|host| HostPriority { host, score: 0 })
-                .collect();
-        }
-    };
-    if super::fragment::applies(&needs, &state.scoring) {
+        .and_then(|p| pod_needs(p, state.needs_inputs()).ok())
+        .and_then(|needs| scores(state, &names, &needs));
+    // No scores: no opinion, every host 0.
+    let scores = scores.unwrap_or_else(|| vec![0; names.len()]);
+    names
+        .into_iter()
+        .zip(scores)
+        .map(|(host, score)| HostPriority { host, score })
+        .collect()
+}
+
+/// Prioritize's scores for `names` (0..=10, the best 10, one per name in order), or `None`
+/// when the pod leaves the extender no opinion: no device or CPU placement needs and no
+/// fragmentation score (an invalid request never gets here: filter rejected it). Filter
+/// ranks with the same scores (`--ranking=filter`), so both modes rank alike.
+fn scores(state: &Scheduler, names: &[Cow<'_, str>], needs: &PodNeeds) -> Option<Vec<i64>> {
+    let fragmentation = super::fragment::applies(needs, &state.scoring);
+    if !(needs.devices.is_some() || needs.wants_cpu_placement() || fragmentation) {
+        return None;
+    }
+    if fragmentation {
         // Fragmentation measures every candidate against one mix, outside the memo (its answer
         // depends on the mix and the free CPU, which fingerprints do not cover); a pod that
         // asks for CPU placement breaks its ties by the usual (memoized) score.
         let usual = needs
             .wants_cpu_placement()
-            .then(|| usual_raw(state, &names, &needs));
-        let raw = super::fragment::prioritize_raw(state, &names, &needs, usual.as_deref());
-        return names
-            .into_iter()
-            .zip(super::fragment::normalize(&raw))
-            .map(|(host, score)| HostPriority { host, score })
-            .collect();
+            .then(|| usual_raw(state, names, needs));
+        let raw = super::fragment::prioritize_raw(state, names, needs, usual.as_deref());
+        return Some(super::fragment::normalize(&raw));
     }
-    let raw = usual_raw(state, &names, &needs);
-    names
-        .into_iter()
-        .zip(normalize_scores(&raw))
-        .map(|(host, score)| HostPriority { host, score })
-        .collect()
+    Some(normalize_scores(&usual_raw(state, names, needs)))
 }
 
 /// Prioritize's raw scores (0..=100) by the configured formulas: the snapshot, the memo, and

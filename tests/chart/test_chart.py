@@ -392,20 +392,24 @@ TLS_CONFIG_FIELDS = {"insecure", "serverName", "certFile", "keyFile", "caFile", 
 
 
 def check_extenders_stanza(extenders: list[dict], *, port: int, prefix: str, host: str,
-                           tls: bool = False) -> dict:
+                           tls: bool = False, ranking: str = "filter") -> dict:
     assert isinstance(extenders, list) and len(extenders) == 1
     ext = extenders[0]
     assert set(ext) <= EXTENDER_FIELDS, f"unknown extender fields {set(ext) - EXTENDER_FIELDS}"
     scheme = "https" if tls else "http"
     assert ext["urlPrefix"] == f"{scheme}://{host}:{port}{prefix}"
     assert "?" not in ext["urlPrefix"] and not ext["urlPrefix"].endswith("/")
-    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"], ext["preemptVerb"]) == \
-        ("filter", "prioritize", "bind", "preempt")
-    assert isinstance(ext["weight"], int) and not isinstance(ext["weight"], bool)
-    if ext.get("prioritizeVerb"):
-        assert ext["weight"] > 0
-    # One point of our 0..10 score (x weight x 10) outweighs the default in-tree maximum (12 x 100).
-    assert ext["weight"] * 10 > 1200
+    assert (ext["filterVerb"], ext["bindVerb"], ext["preemptVerb"]) == ("filter", "bind", "preempt")
+    if ranking == "filter":
+        # Filter's answer carries the ranking: kube-scheduler must not ask for scores (and a
+        # weight without prioritizeVerb would only mislead).
+        assert "prioritizeVerb" not in ext and "weight" not in ext
+    else:
+        assert ext["prioritizeVerb"] == "prioritize"
+        assert isinstance(ext["weight"], int) and not isinstance(ext["weight"], bool)
+        # One point of our 0..10 score (x weight x 10) outweighs the v1.37 default in-tree
+        # maximum (15 x 100: DynamicResources and VolumeBinding count too).
+        assert ext["weight"] * 10 > 1500
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
     assert ext["enableHTTPS"] is tls
@@ -464,7 +468,7 @@ def test_scheduler_config(chart, case):
     ext_values = values.get("extender", {})
     ext = check_extenders_stanza(cfg["extenders"], port=ext_values.get("port", 8888),
                                  prefix=ext_values.get("pathPrefix", ""), host="127.0.0.1",
-                                 tls=expects_tls(values))
+                                 tls=expects_tls(values), ranking=ranking_of(values))
     # Server gives up before the client, so the scheduler gets a readable Error, not a timeout.
     req_timeout = next(a for a in containers(objects)["extender"]["args"] if a.startswith("--request-timeout="))
     assert duration_seconds(ext["httpTimeout"]) > duration_seconds(req_timeout.split("=", 1)[1])
@@ -507,7 +511,8 @@ def test_standalone_notes_print_matching_extenders_stanza(chart, case):
     ext_values = values.get("extender", {})
     check_extenders_stanza(notes_extenders(chart, values), port=8888,
                            prefix=ext_values.get("pathPrefix", ""),
-                           host=f"{R.RELEASE}.{R.NAMESPACE}.svc", tls=expects_tls(values))
+                           host=f"{R.RELEASE}.{R.NAMESPACE}.svc", tls=expects_tls(values),
+                           ranking=ranking_of(values))
 
 
 def test_fragmentation_strategy_reaches_the_binary_and_asks_for_every_pod(chart):
@@ -730,6 +735,7 @@ BAD_VALUES = [
     {"extender": {"extraArgs": ["serve"]}},
     {"extender": {"typo": True}},
     {"extenderConfig": {"weight": 0}},
+    {"extenderConfig": {"ranking": "score"}},
     {"extenderConfig": {"httpTimeout": 30}},
     {"extenderConfig": {"managedResources": [{"name": "gpu", "ignoredByScheduler": True}]}},
     {"extenderConfig": {"managedResources": [{"name": "kubernetes.io/tpu", "ignoredByScheduler": True}]}},
@@ -1120,6 +1126,24 @@ def test_inconsistent_webhook_values_fail_the_render(chart, bad, message):
     with pytest.raises(Exception) as err:
         R.render(bad, chart=chart)
     assert message in str(err.value)
+
+
+def ranking_of(values: dict | None) -> str:
+    return ((values or {}).get("extenderConfig") or {}).get("ranking", "filter")
+
+
+@pytest.mark.parametrize("ranking", ["filter", "prioritize"])
+@pytest.mark.parametrize("mode", ["scheduler", "standalone"])
+def test_ranking_sets_the_binary_and_the_stanza_together(chart, ranking, mode):
+    values = {"mode": mode, "extenderConfig": {"ranking": ranking}}
+    objects = objs(chart, values)
+    args = containers(objects)["extender"]["args"]
+    # The binary's default is prioritize: the chart names filter only (so a binary from before
+    # the flag runs the prioritize stanza).
+    assert [a for a in args if a.startswith("--ranking")] == (["--ranking=filter"] if ranking == "filter" else [])
+    stanza = scheduler_config(objects)["extenders"] if mode == "scheduler" else notes_extenders(chart, values)
+    host = "127.0.0.1" if mode == "scheduler" else f"{R.RELEASE}.{R.NAMESPACE}.svc"
+    check_extenders_stanza(stanza, port=8888, prefix="", host=host, ranking=ranking)
 
 
 @pytest.mark.parametrize("mode", ["ignored", "koord-manager", "extender"])

@@ -18,11 +18,14 @@ package e2e
 // whose "<name> <percentage>" matches; DNE_E2E_BENCH_PERF=<dir> records `perf` profiles of the
 // extender, kube-scheduler and this process (etcd, kube-apiserver and the TCP forwarder every
 // client goes through) for each case; DNE_E2E_BINARY=<path> runs another extender binary, for
-// a before/after in one session). Never asserts a speed.
+// a before/after in one session; DNE_E2E_BENCH_RANKING=filter|prioritize sets the chart's
+// extenderConfig.ranking for (b) and (c), prioritize for a binary from before the flag).
+// Never asserts a speed.
 
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -96,9 +99,30 @@ func intsFromEnv(key string, def []int) []int {
 	return out
 }
 
+// benchValues are the chart values of the (b) and (c) cases: the defaults, or with
+// DNE_E2E_BENCH_RANKING=prioritize|filter the chart's extenderConfig.ranking (prioritize runs a
+// binary from before the flag: the chart then passes no --ranking).
+func benchValues(routeAll bool) string {
+	cfg := map[string]any{}
+	if r := os.Getenv("DNE_E2E_BENCH_RANKING"); r != "" {
+		cfg["ranking"] = r
+	}
+	if routeAll {
+		cfg["routeAllPods"] = true
+	}
+	if len(cfg) == 0 {
+		return ""
+	}
+	raw, err := json.Marshal(map[string]any{"extenderConfig": cfg})
+	if err != nil {
+		panic(err)
+	}
+	return string(raw)
+}
+
 func runThroughputAt(t *testing.T, nodes, pods int) []benchResult {
-	cp := startControlPlane(t, planOptions{})
-	routeAll, err := loadRenderedChart(routeAllPods)
+	cp := startControlPlane(t, planOptions{chartValues: benchValues(false)})
+	routeAll, err := loadRenderedChart(benchValues(true))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ mod nominated;
 mod numa;
 mod outage;
 mod partitions;
+mod ranking;
 mod readiness;
 mod requeue;
 mod scale;

@@ -131,10 +131,13 @@ Extender config (kubescheduler.config.k8s.io/v1); nodeCacheCapable keeps request
 extenders:
   - urlPrefix: {{ include "dne.urlPrefix" . | quote }}
     filterVerb: filter
+    {{- /* ranking=filter: filter's answer carries the ranking; no scores to weigh. */}}
+    {{- if eq .Values.extenderConfig.ranking "prioritize" }}
     prioritizeVerb: prioritize
+    weight: {{ int64 .Values.extenderConfig.weight }}
+    {{- end }}
     preemptVerb: preempt
     bindVerb: bind
-    weight: {{ int64 .Values.extenderConfig.weight }}
     {{- if include "dne.tls" . }}
     enableHTTPS: true
     tlsConfig:
@@ -219,6 +222,7 @@ kube-scheduler's preemption can propose victims for a pod asking for a share). A
 {{- if $e.requeue.enabled }}{{ $args = append $args (printf "--requeue-interval=%s" $e.requeue.interval) }}{{ end }}
 {{- $args = append $args (printf "--dra-ownership=%t" $e.dra.ownership) }}
 {{- $args = append $args (printf "--gpu-share-totals=%s" $e.gpuShareTotals) }}
+{{- if eq .Values.extenderConfig.ranking "filter" }}{{ $args = append $args "--ranking=filter" }}{{ end }}
 {{- if $e.dra.ownership }}{{ $args = append $args (printf "--dra-handover-grace=%s" $e.dra.handoverGrace) }}{{ end }}
 {{- if $e.dra.allowExtendedResources }}{{ $args = append $args "--allow-dra-extended-resources" }}{{ end }}
 {{- $args = append $args (printf "--dra-cpu-drivers=%s" (join "," $e.dra.cpuDrivers)) }}
