@@ -11,7 +11,8 @@
 //! The `numa` group runs first and needs no cluster: `place` and `fast_feasible` for one
 //! cpuset pod on one node (2 and 8 NUMA nodes, including the 255-subset worst case), the
 //! summary build, and `fast_feasible` over 5,000 summaries. Run only it with
-//! `PLACEMENT_NUMA_ONLY=1 cargo bench --bench placement -- numa`.
+//! `PLACEMENT_NUMA_ONLY=1 cargo bench --bench placement -- numa`. The `pod_decode` group (also
+//! before the cluster) decodes one watch event's pod with and without its managed fields.
 //!
 //! `PLACEMENT_DRA=1` adds DRA beside the cluster: a ResourceSlice per node and 10 claims per
 //! node, one holding a GPU (the read path with DRA objects present).
@@ -437,6 +438,41 @@ fn lsr_pod(cpus: i64) -> PodCpuRequest {
 /// `numa/...`: one pod on one node. The 8-NUMA "all subsets" cases hold 12 of 16 CPUs on every
 /// NUMA node, so an 8-CPU pod fits no single NUMA node and no preferred hint exists: all 255
 /// subsets are enumerated before BestEffort settles on a pair and Restricted rejects.
+/// A bound GPU pod as a watch event carries it: the annotations bind writes, and the managed
+/// fields of its creator (the spec tree) and of the binding.
+const WATCHED_POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bench-00042","namespace":"bench","uid":"5f0c1d9e-6a8b-4c4e-9a51-0d2f3b4c5d6e","resourceVersion":"123456","creationTimestamp":"2026-12-07T01:00:00Z","labels":{"app":"bench"},"annotations":{"scheduling.koordinator.sh/device-allocated":"{\"gpu\":[{\"minor\":3,\"resources\":{\"koordinator.sh/gpu-core\":\"50\",\"koordinator.sh/gpu-memory\":\"40Gi\",\"koordinator.sh/gpu-memory-ratio\":\"50\"}}]}"},"managedFields":[{"manager":"e2e.test","operation":"Update","apiVersion":"v1","time":"2026-12-07T01:00:00Z","fieldsType":"FieldsV1","fieldsV1":{"f:metadata":{"f:labels":{".":{},"f:app":{}}},"f:spec":{"f:containers":{"k:{\"name\":\"main\"}":{".":{},"f:image":{},"f:imagePullPolicy":{},"f:name":{},"f:resources":{".":{},"f:limits":{".":{},"f:cpu":{},"f:koordinator.sh/gpu-memory-ratio":{},"f:memory":{}},"f:requests":{".":{},"f:cpu":{},"f:koordinator.sh/gpu-memory-ratio":{},"f:memory":{}}},"f:terminationMessagePath":{},"f:terminationMessagePolicy":{}}},"f:dnsPolicy":{},"f:enableServiceLinks":{},"f:restartPolicy":{},"f:schedulerName":{},"f:securityContext":{},"f:terminationGracePeriodSeconds":{}}}},{"manager":"device-numa-extender","operation":"Update","apiVersion":"v1","subresource":"binding","time":"2026-12-07T01:00:01Z","fieldsType":"FieldsV1","fieldsV1":{"f:metadata":{"f:annotations":{".":{},"f:scheduling.koordinator.sh/device-allocated":{}}}}}]},"spec":{"containers":[{"name":"main","image":"app:1","resources":{"limits":{"cpu":"1","koordinator.sh/gpu-memory-ratio":"50","memory":"1Gi"},"requests":{"cpu":"1","koordinator.sh/gpu-memory-ratio":"50","memory":"1Gi"}},"terminationMessagePath":"/dev/termination-log","terminationMessagePolicy":"File","imagePullPolicy":"IfNotPresent"}],"restartPolicy":"Always","terminationGracePeriodSeconds":30,"dnsPolicy":"ClusterFirst","schedulerName":"device-numa-scheduler","nodeName":"node-00042","securityContext":{},"enableServiceLinks":true,"priority":0},"status":{"phase":"Pending","conditions":[{"type":"PodScheduled","status":"True","lastProbeTime":null,"lastTransitionTime":"2026-12-07T01:00:01Z"}],"qosClass":"Burstable"}}"#;
+
+/// The same slim pod with `metadata` decoded as k8s-openapi's `ObjectMeta` decodes it (what
+/// `Pod` did before `model::pod::lean_meta`): the baseline of the `pod_decode` group.
+#[derive(serde::Deserialize)]
+struct PodWithFullMeta {
+    #[serde(default)]
+    #[allow(dead_code)]
+    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    #[serde(default)]
+    #[allow(dead_code)]
+    spec: device_numa_extender::model::pod::PodSpec,
+    #[serde(default)]
+    #[allow(dead_code)]
+    status: device_numa_extender::model::pod::PodStatus,
+}
+
+/// Decoding one watch event's pod: the service's `Pod` (managed fields skipped) against the
+/// same type with the full `ObjectMeta`, in one run.
+fn pod_decode_benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pod_decode");
+    g.throughput(Throughput::Bytes(WATCHED_POD.len() as u64));
+    g.bench_function("lean_meta", |b| {
+        b.iter(|| black_box(serde_json::from_str::<Pod>(black_box(WATCHED_POD)).unwrap()))
+    });
+    g.bench_function("full_meta", |b| {
+        b.iter(|| {
+            black_box(serde_json::from_str::<PodWithFullMeta>(black_box(WATCHED_POD)).unwrap())
+        })
+    });
+    g.finish();
+}
+
 fn numa_benches(c: &mut Criterion) {
     let scoring = CpuScoring::default();
     let mut g = c.benchmark_group("numa");
@@ -614,6 +650,7 @@ fn main() {
     let quick = args.iter().any(|a| a == "--test" || a == "--list");
     let mut c = Criterion::default().configure_from_args();
     numa_benches(&mut c);
+    pod_decode_benches(&mut c);
     // PLACEMENT_NUMA_ONLY=1 stops after the pure NUMA group (no 5,000-node cluster to build).
     if std::env::var("PLACEMENT_NUMA_ONLY").is_ok_and(|v| v == "1") {
         c.final_summary();

@@ -11,7 +11,7 @@ pub type ResourceList = BTreeMap<String, String>;
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Pod {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lean_meta::deserialize")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: PodSpec,
@@ -133,6 +133,41 @@ pub struct ContainerExtendedResourceRequest {
 mod tests {
     use super::*;
 
+    /// A watch event's pod as the API server sends it: every metadata field set, and the
+    /// managed fields of two managers.
+    const FULL_METADATA: &str = r#"{"metadata":{
+        "name":"p","generateName":"p-","namespace":"ml","uid":"u1","resourceVersion":"42",
+        "generation":3,"selfLink":"/api/v1/namespaces/ml/pods/p",
+        "creationTimestamp":"2026-12-07T01:00:00Z","deletionTimestamp":"2026-12-07T02:00:00Z",
+        "deletionGracePeriodSeconds":30,"labels":{"app":"a"},"annotations":{"k":"v"},
+        "finalizers":["f"],
+        "ownerReferences":[{"apiVersion":"batch/v1","kind":"Job","name":"j","uid":"ju","controller":true}],
+        "managedFields":[
+          {"manager":"kubectl","operation":"Update","apiVersion":"v1","time":"2026-12-07T01:00:00Z",
+           "fieldsType":"FieldsV1","fieldsV1":{"f:spec":{"f:containers":{"k:{\"name\":\"main\"}":{".":{},"f:image":{}}}}}},
+          {"manager":"kube-scheduler","operation":"Update","apiVersion":"v1","subresource":"status",
+           "fieldsType":"FieldsV1","fieldsV1":{"f:status":{"f:conditions":{}}}}
+        ]},"spec":{"containers":[]}}"#;
+
+    #[test]
+    fn metadata_decodes_as_object_meta_does_but_without_managed_fields() {
+        let pod: Pod = serde_json::from_str(FULL_METADATA).unwrap();
+        // The reference is k8s-openapi's own decoder of the same object.
+        let full: serde_json::Value = serde_json::from_str(FULL_METADATA).unwrap();
+        let mut reference: ObjectMeta = serde_json::from_value(full["metadata"].clone()).unwrap();
+        assert_eq!(reference.managed_fields.as_ref().map(Vec::len), Some(2));
+        reference.managed_fields = None;
+        assert_eq!(pod.metadata, reference);
+        // Absent and null metadata: the default, as before.
+        for json in [r#"{"spec":{}}"#, r#"{"metadata":null}"#] {
+            let pod: Pod = serde_json::from_str(json).unwrap();
+            assert_eq!(pod.metadata, ObjectMeta::default());
+        }
+        // A malformed field is still an error, naming it.
+        let bad = serde_json::from_str::<Pod>(r#"{"metadata":{"generation":"three"}}"#);
+        assert!(bad.is_err_and(|e| e.to_string().contains("invalid type")));
+    }
+
     #[test]
     fn lower_cased_multi_word_keys_decode_like_go() {
         let pod: Pod = serde_json::from_str(
@@ -185,6 +220,58 @@ static_resource!(
     plural = "pods",
     scope = kube::core::NamespaceResourceScope
 );
+
+/// A pod's `metadata` without its `managedFields`: the API server sends them with every watch
+/// event and list item (one entry per field manager, each a tree of the fields it owns), no
+/// decision reads them, and decoding them into `ManagedFieldsEntry` values allocates for every
+/// node of those trees. Every other field decodes as `ObjectMeta` itself decodes it.
+pub mod lean_meta {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+    use serde::{Deserialize, Deserializer};
+
+    /// `ObjectMeta`'s fields but `managedFields`, which serde then skips without building it.
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Lean {
+        annotations: Option<BTreeMap<String, String>>,
+        creation_timestamp: Option<Time>,
+        deletion_grace_period_seconds: Option<i64>,
+        deletion_timestamp: Option<Time>,
+        finalizers: Option<Vec<String>>,
+        generate_name: Option<String>,
+        generation: Option<i64>,
+        labels: Option<BTreeMap<String, String>>,
+        name: Option<String>,
+        namespace: Option<String>,
+        owner_references: Option<Vec<OwnerReference>>,
+        resource_version: Option<String>,
+        self_link: Option<String>,
+        uid: Option<String>,
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+        let m = Option::<Lean>::deserialize(d)?;
+        Ok(m.map_or_else(ObjectMeta::default, |m| ObjectMeta {
+            annotations: m.annotations,
+            creation_timestamp: m.creation_timestamp,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            deletion_timestamp: m.deletion_timestamp,
+            finalizers: m.finalizers,
+            generate_name: m.generate_name,
+            generation: m.generation,
+            labels: m.labels,
+            managed_fields: None,
+            name: m.name,
+            namespace: m.namespace,
+            owner_references: m.owner_references,
+            resource_version: m.resource_version,
+            self_link: m.self_link,
+            uid: m.uid,
+        }))
+    }
+}
 
 /// Quantities in hand-written YAML are often bare numbers (`nvidia.com/gpu: 1`); the API
 /// server always sends strings. Accept both so a cluster file reads like `kubectl` output.
