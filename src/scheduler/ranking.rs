@@ -23,8 +23,10 @@
 //!   they may break our tie differently. kube-scheduler varies that set every cycle itself
 //!   (`percentageOfNodesToScore`, its rotating start index); the property tests below show the
 //!   choice is the same whenever the normalizing plugins are flat, and always one of our best.
-//! - Exact ties on the total break by kube-scheduler's own order (`Randomizer` 0 for every host,
-//!   as in a profile without extenders), not by its random draw for listed hosts.
+//! - Exact ties on the total break at random, as before or better: for an extender without a
+//!   `prioritizeVerb`, `HTTPExtender.Prioritize` lists every host with score 0, so kube-scheduler
+//!   draws its `Randomizer` for each (the relative prioritize answer leaves the most common
+//!   score out, and those hosts tie in the heap's order).
 //! - With a weight that does not dominate, prioritize lets in-tree scores pick a host we rank
 //!   lower; filter never does: our ranking always comes first (the chart's stated intent).
 //! - A filtering extender chained after this one sees only our best hosts.
