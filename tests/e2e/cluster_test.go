@@ -351,7 +351,8 @@ func (cp *controlPlane) startScheduler(urlPrefix string) {
 }
 
 // startSchedulerWithConfig starts kube-scheduler with the chart's configuration after edit.
-func (cp *controlPlane) startSchedulerWithConfig(chart *renderedChart, urlPrefix string, edit func(string) (string, error)) *childProc {
+// extraArgs follow the chart's (the throughput bench's metrics port).
+func (cp *controlPlane) startSchedulerWithConfig(chart *renderedChart, urlPrefix string, edit func(string) (string, error), extraArgs ...string) *childProc {
 	t := cp.t
 	cfg, err := chart.schedulerConfigFor(cp.adminKubeconfig, urlPrefix)
 	if err == nil && edit != nil {
@@ -365,7 +366,9 @@ func (cp *controlPlane) startSchedulerWithConfig(chart *renderedChart, urlPrefix
 		t.Fatal(err)
 	}
 	// --secure-port=0: no health endpoint (and no port to collide); the test watches the pods.
-	cmd := exec.Command(schedulerBinary, "--config="+file, "--secure-port=0", "--v=2")
+	// A later --secure-port in extraArgs wins.
+	args := append([]string{"--config=" + file, "--secure-port=0", "--v=2"}, extraArgs...)
+	cmd := exec.Command(schedulerBinary, args...)
 	s := startChild(t, "kube-scheduler", cmd, strings.TrimSuffix(file, ".yaml")+".log", 40)
 	cp.sched = s
 	return s

@@ -19,7 +19,12 @@ package e2e
 // extender, kube-scheduler and this process (etcd, kube-apiserver and the TCP forwarder every
 // client goes through) for each case; DNE_E2E_BINARY=<path> runs another extender binary, for
 // a before/after in one session; DNE_E2E_BENCH_RANKING=filter|prioritize sets the chart's
-// extenderConfig.ranking for (b) and (c), prioritize for a binary from before the flag).
+// extenderConfig.ranking for (b) and (c), prioritize for a binary from before the flag;
+// DNE_E2E_BENCH_NULL=1 adds the "(n) null extender" cases beside (b) and (c): the same stanza
+// pointed at a server that passes every candidate and binds with a bare Binding, the
+// protocol's own cost).
+// Each case also logs the API server's requests and watch events per pod (apitraffic_test.go)
+// and kube-scheduler's cycle means from its own metrics (schedmetrics_test.go).
 // Never asserts a speed.
 
 import (
@@ -52,6 +57,7 @@ type benchCase struct {
 	podSet    string // "gpu" or "cpuset"
 	extender  bool
 	routeAll  bool
+	null      bool   // the null extender (nullextender_test.go) instead of the extender
 	pctOfNode string // "default" or "100"
 }
 
@@ -68,6 +74,7 @@ type benchResult struct {
 	controlPlaneCPU float64
 	loadBefore      string // /proc/loadavg's 1-minute figure when the case started
 	latencies       string
+	apiTraffic      string // requests and watch events per pod the API server served (apitraffic_test.go)
 }
 
 func TestThroughput(t *testing.T) {
@@ -139,10 +146,15 @@ func runThroughputAt(t *testing.T, nodes, pods int) []benchResult {
 		for _, c := range []benchCase{
 			{name: "(a) stock, GPU pods", podSet: "gpu"},
 			{name: "(b) chart, GPU pods", podSet: "gpu", extender: true},
+			{name: "(n) null extender, GPU pods", podSet: "gpu", extender: true, null: true},
 			{name: "(a) stock, cpuset pods", podSet: "cpuset"},
 			{name: "(c) chart routeAllPods, cpuset pods", podSet: "cpuset", extender: true, routeAll: true},
+			{name: "(n) null extender routeAllPods, cpuset pods", podSet: "cpuset", extender: true, routeAll: true, null: true},
 		} {
 			c.pctOfNode = pct
+			if c.null && os.Getenv("DNE_E2E_BENCH_NULL") != "1" {
+				continue
+			}
 			if only := os.Getenv("DNE_E2E_BENCH_CASES"); only != "" && !regexp.MustCompile(only).MatchString(c.name+" "+pct) {
 				continue
 			}
@@ -209,9 +221,19 @@ func benchPod(c benchCase, i int, schedulerName string) *corev1.Pod {
 
 func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart, c benchCase, n int) benchResult {
 	t := cp.t
-	sched := cp.startSchedulerWithConfig(chart, ext.urlPrefix(), func(cfg string) (string, error) {
+	metricsArgs, metricsPort, err := schedulerMetricsArgs(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	urlPrefix := ext.urlPrefix()
+	if c.null {
+		null := cp.startNullExtender()
+		defer null.stop()
+		urlPrefix = null.url
+	}
+	sched := cp.startSchedulerWithConfig(chart, urlPrefix, func(cfg string) (string, error) {
 		return editConfigForCase(cfg, c)
-	})
+	}, metricsArgs...)
 	defer func() {
 		cp.stopScheduler()
 		cp.deleteAllPods()
@@ -255,6 +277,8 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	load := loadAverage()
 	extCPU0, schedCPU0, cpCPU0 := procCPUSeconds(ext.pid()), procCPUSeconds(sched.pid()), procCPUSeconds(os.Getpid())
 	metrics0 := ext.metrics()
+	api0 := cp.apiServerMetrics()
+	sched0 := schedulerMetrics(metricsPort)
 	start := time.Now()
 	go createPodsConcurrently(cp, c, n, schedulerName(chart))
 	var samples []float64
@@ -278,15 +302,20 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	cpCPU := procCPUSeconds(os.Getpid()) - cpCPU0
 	t.Logf("%s: resident at the end: extender %s, kube-scheduler %s", c.name, residentMiB(ext.pid()), residentMiB(sched.pid()))
 	lat := verbLatencies(metrics0, ext.metrics())
+	traffic := apiTrafficPerPod(api0, cp.apiServerMetrics(), n)
+	t.Logf("%s: API server traffic per pod: %s", c.name, traffic)
+	t.Logf("%s: kube-scheduler's cycle (means): %s", c.name, schedulerCycle(sched0, schedulerMetrics(metricsPort)))
 	if !c.extender {
 		lat = "extender not called"
+	} else if c.null {
+		lat = "null extender (this process)"
 	}
 	return benchResult{
 		benchCase: c, pods: n, wall: wall,
 		avg: float64(n) / wall.Seconds(), p50: median(samples),
 		extenderCPU: extCPU * 1000 / float64(n), schedCPU: schedCPU * 1000 / float64(n),
 		controlPlaneCPU: cpCPU * 1000 / float64(n), loadBefore: load,
-		latencies: lat,
+		latencies: lat, apiTraffic: traffic,
 	}
 }
 

@@ -1,0 +1,133 @@
+package e2e
+
+// kube-scheduler's own view of a throughput case: the mean of its scheduling-cycle histograms
+// (scheduling_attempt_duration_seconds for scheduled pods, scheduling_algorithm_duration_seconds,
+// and framework_extension_point_duration_seconds per extension point) over the case, read from
+// its /metrics before and after. The algorithm's mean minus its plugins' is what the extenders
+// and host selection took in the serial part of each cycle. A diagnostic, never asserted.
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// schedulerMetricsArgs serve kube-scheduler's /metrics on a free loopback port without
+// authorization (anonymous is allowed by its delegated authentication); the port to scrape.
+func schedulerMetricsArgs(dir string) ([]string, int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, 0, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	return []string{
+		fmt.Sprintf("--secure-port=%d", port),
+		"--bind-address=127.0.0.1",
+		"--cert-dir=" + dir,
+		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+	}, port, nil
+}
+
+// schedulerMetrics is kube-scheduler's /metrics text, "" when it cannot be read (the
+// diagnostic is then left out). Retries while the port comes up.
+func schedulerMetrics(port int) string {
+	client := &http.Client{
+		Timeout:   10 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, // self-signed, loopback
+	}
+	defer client.CloseIdleConnections()
+	for attempt := 0; attempt < 50; attempt++ {
+		resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d/metrics", port))
+		if err == nil {
+			body, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if rerr == nil && resp.StatusCode == http.StatusOK {
+				return string(body)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return ""
+}
+
+var schedHistLine = regexp.MustCompile(`^scheduler_(scheduling_attempt_duration_seconds|scheduling_algorithm_duration_seconds|framework_extension_point_duration_seconds)_(sum|count)(?:\{([^}]*)\})? (\S+)$`)
+
+// schedulerHistograms sums each histogram's _sum and _count by a short key: "attempt" (scheduled
+// pods only), "algorithm", and each extension point's name (successful runs only).
+func schedulerHistograms(text string) map[string][2]float64 {
+	out := map[string][2]float64{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := schedHistLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		labels := map[string]string{}
+		for _, l := range apiLabel.FindAllStringSubmatch(m[3], -1) {
+			labels[l[1]] = l[2]
+		}
+		var key string
+		switch m[1] {
+		case "scheduling_attempt_duration_seconds":
+			if labels["result"] != "scheduled" {
+				continue
+			}
+			key = "attempt"
+		case "scheduling_algorithm_duration_seconds":
+			key = "algorithm"
+		default:
+			if labels["status"] != "Success" {
+				continue
+			}
+			key = labels["extension_point"]
+		}
+		v, err := strconv.ParseFloat(m[4], 64)
+		if err != nil {
+			continue
+		}
+		cur := out[key]
+		if m[2] == "sum" {
+			cur[0] += v
+		} else {
+			cur[1] += v
+		}
+		out[key] = cur
+	}
+	return out
+}
+
+// schedulerCycle is the mean of each histogram over the case, in ms: "attempt 4.1 ms, algorithm
+// 3.2 ms (PreFilter 0.05, Filter 0.01 per node, PreScore ..., Score ...), Bind ...".
+func schedulerCycle(before, after string) string {
+	if before == "" || after == "" {
+		return "not measured"
+	}
+	b, a := schedulerHistograms(before), schedulerHistograms(after)
+	mean := func(key string) (float64, bool) {
+		n := a[key][1] - b[key][1]
+		if n <= 0 {
+			return 0, false
+		}
+		return (a[key][0] - b[key][0]) / n * 1000, true
+	}
+	var parts []string
+	for _, key := range []string{"attempt", "algorithm", "PreFilter", "Filter", "PreScore", "Score", "Reserve", "Permit", "PreBind", "Bind"} {
+		if ms, ok := mean(key); ok {
+			label := key
+			if key == "Filter" {
+				label = "Filter (per node)"
+			}
+			parts = append(parts, fmt.Sprintf("%s %.3f ms", label, ms))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
