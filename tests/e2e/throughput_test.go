@@ -225,11 +225,11 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	if err != nil {
 		t.Fatal(err)
 	}
-	urlPrefix := ext.urlPrefix()
+	urlPrefix, extPid := ext.urlPrefix(), ext.pid()
 	if c.null {
 		null := cp.startNullExtender()
 		defer null.stop()
-		urlPrefix = null.url
+		urlPrefix, extPid = null.url, null.proc.pid()
 	}
 	sched := cp.startSchedulerWithConfig(chart, urlPrefix, func(cfg string) (string, error) {
 		return editConfigForCase(cfg, c)
@@ -272,10 +272,10 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	}
 	base := atomic.LoadInt64(&bound)
 
-	stopProfiles := startProfiles(cp, c, map[string]int{"extender": ext.pid(), "kube-scheduler": sched.pid(), "control-plane": os.Getpid()})
+	stopProfiles := startProfiles(cp, c, map[string]int{"extender": extPid, "kube-scheduler": sched.pid(), "control-plane": os.Getpid()})
 	defer stopProfiles()
 	load := loadAverage()
-	extCPU0, schedCPU0, cpCPU0 := procCPUSeconds(ext.pid()), procCPUSeconds(sched.pid()), procCPUSeconds(os.Getpid())
+	extCPU0, schedCPU0, cpCPU0 := procCPUSeconds(extPid), procCPUSeconds(sched.pid()), procCPUSeconds(os.Getpid())
 	metrics0 := ext.metrics()
 	api0 := cp.apiServerMetrics()
 	sched0 := schedulerMetrics(metricsPort)
@@ -298,7 +298,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	// From the first creation to the informer seeing the last pod bound.
 	wall := time.Unix(0, atomic.LoadInt64(&lastBoundAt)).Sub(start)
 	stopProfiles()
-	extCPU, schedCPU := procCPUSeconds(ext.pid())-extCPU0, procCPUSeconds(sched.pid())-schedCPU0
+	extCPU, schedCPU := procCPUSeconds(extPid)-extCPU0, procCPUSeconds(sched.pid())-schedCPU0
 	cpCPU := procCPUSeconds(os.Getpid()) - cpCPU0
 	t.Logf("%s: resident at the end: extender %s, kube-scheduler %s", c.name, residentMiB(ext.pid()), residentMiB(sched.pid()))
 	lat := verbLatencies(metrics0, ext.metrics())
@@ -308,7 +308,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	if !c.extender {
 		lat = "extender not called"
 	} else if c.null {
-		lat = "null extender (this process)"
+		lat = "null extender"
 	}
 	return benchResult{
 		benchCase: c, pods: n, wall: wall,
