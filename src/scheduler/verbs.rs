@@ -213,7 +213,9 @@ pub fn filter<'a>(state: &Scheduler, mut args: ExtenderArgsRef<'a>) -> ExtenderF
         && let Some(scores) = needs.as_ref().ok().and_then(|n| scores(state, &passing, n))
     {
         let removed = super::ranking::retain_best(&mut passing, &scores);
-        state.metrics.filter_ranked_out.inc_by(removed as u64);
+        if removed > 0 {
+            state.metrics.filter_ranked_out.inc_by(removed as u64);
+        }
     }
     record_filter(state, result, &tally);
     // The bind of this scheduling cycle decides on this copy (`bind::sent`); only a pod that

@@ -456,13 +456,26 @@ fn bind_error_class(e: &str) -> &'static str {
 }
 
 /// One scheduling cycle as kube-scheduler runs it against an extender (names mode).
-async fn cycle(http: Http, pod: Value, nodes: Vec<String>) -> (Cycle, String) {
+/// One pod's filter, prioritize and bind. The node is the best scored (ties to the first
+/// name), or `prefer` when it passes filter.
+async fn cycle(
+    http: Http,
+    pod: Value,
+    nodes: Vec<String>,
+    prefer: Option<&'static str>,
+) -> (Cycle, String) {
     let mut chosen = String::new();
-    let c = cycle_inner(http, pod, nodes, &mut chosen).await;
+    let c = cycle_inner(http, pod, nodes, prefer, &mut chosen).await;
     (c, chosen)
 }
 
-async fn cycle_inner(http: Http, pod: Value, nodes: Vec<String>, chosen: &mut String) -> Cycle {
+async fn cycle_inner(
+    http: Http,
+    pod: Value,
+    nodes: Vec<String>,
+    prefer: Option<&'static str>,
+    chosen: &mut String,
+) -> Cycle {
     let args = json!({"Pod": pod, "Nodes": null, "NodeNames": nodes});
     let f = match http.try_post("/filter", &args).await {
         Ok((200, f)) => f,
@@ -488,16 +501,19 @@ async fn cycle_inner(http: Http, pod: Value, nodes: Vec<String>, chosen: &mut St
             .collect(),
         _ => BTreeMap::new(),
     };
-    let best = passing
-        .iter()
-        .max_by_key(|n| {
-            (
-                scores.get(*n).copied().unwrap_or(0),
-                std::cmp::Reverse(n.to_string()),
-            )
-        })
-        .cloned()
-        .unwrap_or_default();
+    let best = match prefer.filter(|p| passing.iter().any(|n| n == p)) {
+        Some(p) => p.to_string(),
+        None => passing
+            .iter()
+            .max_by_key(|n| {
+                (
+                    scores.get(*n).copied().unwrap_or(0),
+                    std::cmp::Reverse(n.to_string()),
+                )
+            })
+            .cloned()
+            .unwrap_or_default(),
+    };
     chosen.clone_from(&best);
     let bind = service::binding_args(&pod, &best);
     match http.try_post("/bind", &bind).await {
@@ -1456,6 +1472,11 @@ impl Driver {
         }
         let http = self.replicas[leader].http.clone();
         let nodes = self.nodes();
+        // Ties go to the first name, so the NUMA-policy node wins only when it scores best; a
+        // run whose draws never made it so judged no NUMA-bound allocation and failed its
+        // coverage minimum by chance. Until the checker has judged one, the NUMA-policy node
+        // is taken whenever it passes filter (the bind there decides as anywhere else).
+        let prefer = (self.checker.numa_allocations_seen == 0).then_some(NUMA_POLICY_NODE);
         let mut tasks = Vec::new();
         for name in &chosen {
             let Some(pod) = self.fake.get(Kind::Pod, NS, name) else {
@@ -1467,7 +1488,10 @@ impl Driver {
                 .or_default()
                 .push(forbidden.clone());
             self.pod_names.insert(uid.clone(), name.clone());
-            tasks.push((uid, tokio::spawn(cycle(http.clone(), pod, nodes.clone()))));
+            tasks.push((
+                uid,
+                tokio::spawn(cycle(http.clone(), pod, nodes.clone(), prefer)),
+            ));
         }
         // Now and then another scheduler binds one of these pods while the extender is
         // deciding for it (issue 22): a Binding that carries no allocation, refused (409) when

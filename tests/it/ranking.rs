@@ -14,6 +14,16 @@ fn names(filter: &Value) -> Vec<String> {
     serde_json::from_value(filter["NodeNames"].clone()).unwrap_or_default()
 }
 
+/// What kube-scheduler adds to each candidate's total from `env`'s prioritize answer.
+async fn prioritize(env: &Env, pod: &Value, candidates: &[&str]) -> Vec<(String, i64)> {
+    let (status, answer) = env
+        .http
+        .post("/prioritize", &service::extender_args(pod, candidates))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    scores_as_added(&answer, candidates)
+}
+
 /// A GPU pod holding `shares` (minor, gpu-memory-ratio) on `node`.
 fn holder(name: &str, node: &str, shares: &[(i32, u32)]) -> Value {
     let entries: Vec<Value> = shares
@@ -90,12 +100,7 @@ async fn filter_ranking_passes_exactly_the_nodes_prioritize_ranks_best() {
         let all = by_prioritize.filter(pod, &candidates).await;
         let fitting = names(&all);
         let fitting_refs: Vec<&str> = fitting.iter().map(String::as_str).collect();
-        let (status, answer) = by_prioritize
-            .http
-            .post("/prioritize", &service::extender_args(pod, &fitting_refs))
-            .await;
-        assert_eq!(status, 200, "{answer}");
-        let added = scores_as_added(&answer, &fitting_refs);
+        let added = prioritize(&by_prioritize, pod, &fitting_refs).await;
         let best = added.iter().map(|(_, s)| *s).max();
         let expected: Vec<String> = added
             .iter()
@@ -132,13 +137,8 @@ async fn filter_ranking_passes_exactly_the_nodes_prioritize_ranks_best() {
     let pod = &pods[0];
     let ranked = names(&by_filter.filter(pod, &candidates).await);
     let ranked_refs: Vec<&str> = ranked.iter().map(String::as_str).collect();
-    let (status, answer) = by_filter
-        .http
-        .post("/prioritize", &service::extender_args(pod, &ranked_refs))
-        .await;
-    assert_eq!(status, 200, "{answer}");
-    let added = scores_as_added(&answer, &ranked_refs);
-    assert!(added.iter().all(|(_, s)| *s == added[0].1), "{answer}");
+    let added = prioritize(&by_filter, pod, &ranked_refs).await;
+    assert!(added.iter().all(|(_, s)| *s == added[0].1), "{added:?}");
 
     by_filter.svc.shutdown().await.unwrap();
     by_prioritize.svc.shutdown().await.unwrap();
