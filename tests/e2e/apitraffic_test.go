@@ -1,24 +1,16 @@
 package e2e
 
 // What the API server served during a throughput case, per pod: requests by verb and
-// resource (apiserver_request_total) and watch events by kind with their encoded bytes
+// resource (apiserver_request_total) and watch events by resource with their encoded bytes
 // (apiserver_watch_events_total, apiserver_watch_events_sizes_sum), read from the in-process
 // kube-apiserver's /metrics before and after the case. The bench prints the difference so a
 // before/after shows which requests or events an extender change added or took away. Never
 // asserted: a diagnostic of the throughput bench.
 
 import (
-	"bufio"
 	"fmt"
-	"regexp"
 	"sort"
-	"strconv"
 	"strings"
-)
-
-var (
-	apiMetricLine = regexp.MustCompile(`^(apiserver_request_total|apiserver_watch_events_total|apiserver_watch_events_sizes_sum)\{([^}]*)\} (\S+)$`)
-	apiLabel      = regexp.MustCompile(`(\w+)="([^"]*)"`)
 )
 
 // apiServerMetrics is the in-process kube-apiserver's /metrics text ("" when unreadable: the
@@ -33,37 +25,26 @@ func (cp *controlPlane) apiServerMetrics() string {
 }
 
 // apiTraffic sums the three series by a short key: "<VERB> <resource>[/<subresource>]" for
-// requests (every code), "watch events <kind>" and "watch bytes <kind>".
+// requests (every code), "watch events <resource>" and "watch bytes <resource>".
 func apiTraffic(text string) map[string]float64 {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		m := apiMetricLine.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
-		}
-		labels := map[string]string{}
-		for _, l := range apiLabel.FindAllStringSubmatch(m[2], -1) {
-			labels[l[1]] = l[2]
-		}
-		v, err := strconv.ParseFloat(m[3], 64)
-		if err != nil {
-			continue
-		}
+	wanted := func(name string) bool {
+		return name == "apiserver_request_total" || name == "apiserver_watch_events_total" || name == "apiserver_watch_events_sizes_sum"
+	}
+	for _, m := range promSamples(text, wanted) {
 		var key string
-		switch m[1] {
+		switch m.name {
 		case "apiserver_request_total":
-			key = labels["verb"] + " " + labels["resource"]
-			if s := labels["subresource"]; s != "" {
+			key = m.labels["verb"] + " " + m.labels["resource"]
+			if s := m.labels["subresource"]; s != "" {
 				key += "/" + s
 			}
 		case "apiserver_watch_events_total":
-			key = "watch events " + labels["kind"]
+			key = "watch events " + m.labels["resource"]
 		case "apiserver_watch_events_sizes_sum":
-			key = "watch bytes " + labels["kind"]
+			key = "watch bytes " + m.labels["resource"]
 		}
-		out[key] += v
+		out[key] += m.value
 	}
 	return out
 }

@@ -7,14 +7,11 @@ package e2e
 // and host selection took in the serial part of each cycle. A diagnostic, never asserted.
 
 import (
-	"bufio"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -58,47 +55,44 @@ func schedulerMetrics(port int) string {
 	return ""
 }
 
-var schedHistLine = regexp.MustCompile(`^scheduler_(scheduling_attempt_duration_seconds|scheduling_algorithm_duration_seconds|framework_extension_point_duration_seconds)_(sum|count)(?:\{([^}]*)\})? (\S+)$`)
-
 // schedulerHistograms sums each histogram's _sum and _count by a short key: "attempt" (scheduled
 // pods only), "algorithm", and each extension point's name (successful runs only).
 func schedulerHistograms(text string) map[string][2]float64 {
+	const prefix = "scheduler_"
+	histograms := []string{"scheduling_attempt_duration_seconds", "scheduling_algorithm_duration_seconds", "framework_extension_point_duration_seconds"}
+	split := func(name string) (histogram, part string) {
+		for _, h := range histograms {
+			for _, p := range []string{"_sum", "_count"} {
+				if name == prefix+h+p {
+					return h, p
+				}
+			}
+		}
+		return "", ""
+	}
 	out := map[string][2]float64{}
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		m := schedHistLine.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
-		}
-		labels := map[string]string{}
-		for _, l := range apiLabel.FindAllStringSubmatch(m[3], -1) {
-			labels[l[1]] = l[2]
-		}
+	for _, m := range promSamples(text, func(name string) bool { h, _ := split(name); return h != "" }) {
+		histogram, part := split(m.name)
 		var key string
-		switch m[1] {
+		switch histogram {
 		case "scheduling_attempt_duration_seconds":
-			if labels["result"] != "scheduled" {
+			if m.labels["result"] != "scheduled" {
 				continue
 			}
 			key = "attempt"
 		case "scheduling_algorithm_duration_seconds":
 			key = "algorithm"
 		default:
-			if labels["status"] != "Success" {
+			if m.labels["status"] != "Success" {
 				continue
 			}
-			key = labels["extension_point"]
-		}
-		v, err := strconv.ParseFloat(m[4], 64)
-		if err != nil {
-			continue
+			key = m.labels["extension_point"]
 		}
 		cur := out[key]
-		if m[2] == "sum" {
-			cur[0] += v
+		if part == "_sum" {
+			cur[0] += m.value
 		} else {
-			cur[1] += v
+			cur[1] += m.value
 		}
 		out[key] = cur
 	}
