@@ -34,8 +34,9 @@ func buildScheduler() error {
 	return nil
 }
 
-// TestMain (unless it is the null extender's process) sends the in-process kube-apiserver's and kube-scheduler's klog output to a file
-// (DNE_E2E_LOG, default a temp file named at start) instead of the test's output.
+// TestMain sends the in-process kube-apiserver's and kube-scheduler's klog output to a file
+// (DNE_E2E_LOG, default a temp file named at start) instead of the test's output, unless the
+// process is the throughput bench's null extender.
 func TestMain(m *testing.M) {
 	// Re-executed as the throughput bench's null extender (nullextender_test.go).
 	if addr := os.Getenv(nullExtenderListenEnv); addr != "" {

@@ -48,8 +48,28 @@ scheduler_framework_extension_point_duration_seconds_sum{extension_point="Filter
 scheduler_framework_extension_point_duration_seconds_count{extension_point="Filter",profile="p",status="Error"} 1
 `
 	got = schedulerCycle(sched0, sched1)
-	want = "attempt 10.000 ms, algorithm 5.000 ms, Filter (per node) 2.000 ms"
+	want = "attempt 10.000 ms, algorithm 5.000 ms, Filter 2.000 ms"
 	if got != want {
 		t.Errorf("schedulerCycle:\n got %q\nwant %q", got, want)
+	}
+
+	ext0 := `dne_http_request_duration_seconds_bucket{outcome="ok",verb="filter",le="0.001"} 10
+dne_http_request_duration_seconds_bucket{outcome="ok",verb="filter",le="0.0025"} 10
+dne_http_request_duration_seconds_bucket{outcome="ok",verb="filter",le="+Inf"} 10
+dne_http_request_duration_seconds_sum{outcome="ok",verb="filter"} 0.005
+dne_http_request_duration_seconds_count{outcome="ok",verb="filter"} 10
+`
+	ext1 := `dne_http_request_duration_seconds_bucket{outcome="ok",verb="filter",le="0.001"} 100
+dne_http_request_duration_seconds_bucket{outcome="ok",verb="filter",le="0.0025"} 110
+dne_http_request_duration_seconds_bucket{outcome="ok",verb="filter",le="+Inf"} 110
+dne_http_request_duration_seconds_sum{outcome="ok",verb="filter"} 0.105
+dne_http_request_duration_seconds_count{outcome="ok",verb="filter"} 110
+dne_http_request_duration_seconds_sum{outcome="error",verb="bind"} 9
+dne_http_request_duration_seconds_count{outcome="error",verb="bind"} 3
+`
+	got = verbLatencies(ext0, ext1)
+	want = "filter n=100 mean=1.00ms p99<=2.5ms"
+	if got != want {
+		t.Errorf("verbLatencies:\n got %q\nwant %q", got, want)
 	}
 }

@@ -28,7 +28,6 @@ package e2e
 // Never asserts a speed.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -74,7 +73,6 @@ type benchResult struct {
 	controlPlaneCPU float64
 	loadBefore      string // /proc/loadavg's 1-minute figure when the case started
 	latencies       string
-	apiTraffic      string // requests and watch events per pod the API server served (apitraffic_test.go)
 }
 
 func TestThroughput(t *testing.T) {
@@ -221,7 +219,7 @@ func benchPod(c benchCase, i int, schedulerName string) *corev1.Pod {
 
 func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart, c benchCase, n int) benchResult {
 	t := cp.t
-	metricsArgs, metricsPort, err := schedulerMetricsArgs(t.TempDir())
+	metricsArgs, metricsAddr, err := schedulerMetricsArgs(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +276,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	extCPU0, schedCPU0, cpCPU0 := procCPUSeconds(extPid), procCPUSeconds(sched.pid()), procCPUSeconds(os.Getpid())
 	metrics0 := ext.metrics()
 	api0 := cp.apiServerMetrics()
-	sched0 := schedulerMetrics(metricsPort)
+	sched0 := schedulerMetrics(metricsAddr)
 	start := time.Now()
 	go createPodsConcurrently(cp, c, n, schedulerName(chart))
 	var samples []float64
@@ -304,7 +302,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 	lat := verbLatencies(metrics0, ext.metrics())
 	traffic := apiTrafficPerPod(api0, cp.apiServerMetrics(), n)
 	t.Logf("%s: API server traffic per pod: %s", c.name, traffic)
-	t.Logf("%s: kube-scheduler's cycle (means): %s", c.name, schedulerCycle(sched0, schedulerMetrics(metricsPort)))
+	t.Logf("%s: kube-scheduler's cycle (means): %s", c.name, schedulerCycle(sched0, schedulerMetrics(metricsAddr)))
 	if !c.extender {
 		lat = "extender not called"
 	} else if c.null {
@@ -315,7 +313,7 @@ func runThroughputCase(cp *controlPlane, ext *extenderProc, chart *renderedChart
 		avg: float64(n) / wall.Seconds(), p50: median(samples),
 		extenderCPU: extCPU * 1000 / float64(n), schedCPU: schedCPU * 1000 / float64(n),
 		controlPlaneCPU: cpCPU * 1000 / float64(n), loadBefore: load,
-		latencies: lat, apiTraffic: traffic,
+		latencies: lat,
 	}
 }
 
@@ -416,8 +414,6 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-var sampleLine = regexp.MustCompile(`^dne_http_request_duration_seconds_(sum|count|bucket)\{([^}]*)\} (\S+)$`)
-
 // verbLatencies summarises the extender's own request-duration histogram over the run: per verb,
 // count, mean and the bucket bound under which 99% fell.
 func verbLatencies(before, after string) string {
@@ -425,30 +421,27 @@ func verbLatencies(before, after string) string {
 		sum, count float64
 		buckets    map[float64]float64
 	}
+	const family = "dne_http_request_duration_seconds"
 	parse := func(text string) map[string]*hist {
 		out := map[string]*hist{}
-		sc := bufio.NewScanner(strings.NewReader(text))
-		for sc.Scan() {
-			m := sampleLine.FindStringSubmatch(sc.Text())
-			if m == nil || !strings.Contains(m[2], `outcome="ok"`) {
+		samples := promSamples(text, func(name string) bool { return strings.HasPrefix(name, family+"_") })
+		for _, m := range samples {
+			if m.labels["outcome"] != "ok" {
 				continue
 			}
-			verb := regexp.MustCompile(`verb="([^"]*)"`).FindStringSubmatch(m[2])[1]
-			h := out[verb]
+			h := out[m.labels["verb"]]
 			if h == nil {
 				h = &hist{buckets: map[float64]float64{}}
-				out[verb] = h
+				out[m.labels["verb"]] = h
 			}
-			v, _ := strconv.ParseFloat(m[3], 64)
-			switch m[1] {
+			switch strings.TrimPrefix(m.name, family+"_") {
 			case "sum":
-				h.sum += v
+				h.sum += m.value
 			case "count":
-				h.count += v
+				h.count += m.value
 			case "bucket":
-				le := regexp.MustCompile(`le="([^"]*)"`).FindStringSubmatch(m[2])[1]
-				bound, _ := strconv.ParseFloat(le, 64)
-				h.buckets[bound] += v
+				bound, _ := strconv.ParseFloat(m.labels["le"], 64)
+				h.buckets[bound] += m.value
 			}
 		}
 		return out
