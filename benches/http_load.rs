@@ -231,7 +231,7 @@ async fn run() {
             let args = || decode::<ExtenderArgsRef>(body).expect("body");
             canned.prioritize.insert(
                 key.clone(),
-                Arc::new(relative::relative_to_most_common(verbs::prioritize(
+                Arc::new(relative::relative_to_lowest(verbs::prioritize(
                     &svc.state.scheduler,
                     args(),
                 ))),

@@ -202,7 +202,7 @@ pub async fn prioritize(State(state): State<AppState>, headers: HeaderMap, body:
         |s, args: ExtenderArgsRef| {
             // kube-scheduler ranks the short answer exactly as the full one (see `relative`).
             let scores = verbs::prioritize(&s.scheduler, args);
-            (relative::relative_to_most_common(scores), Outcome::Ok)
+            (relative::relative_to_lowest(scores), Outcome::Ok)
         },
     )
 }

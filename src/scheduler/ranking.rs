@@ -25,7 +25,7 @@
 //!   choice is the same whenever the normalizing plugins are flat, and always one of our best.
 //! - Exact ties on the total break at random, as before or better: for an extender without a
 //!   `prioritizeVerb`, `HTTPExtender.Prioritize` lists every host with score 0, so kube-scheduler
-//!   draws its `Randomizer` for each (the relative prioritize answer leaves the most common
+//!   draws its `Randomizer` for each (the relative prioritize answer leaves the lowest
 //!   score out, and those hosts tie in the heap's order).
 //! - With a weight that does not dominate, prioritize lets in-tree scores pick a host we rank
 //!   lower; filter never does: our ranking always comes first (the chart's stated intent).
@@ -141,7 +141,7 @@ mod tests {
     }
 
     /// Prioritize mode: every fitting node passes; the answer is prioritize's, relative (what
-    /// the HTTP handler sends, `relative::relative_to_most_common`).
+    /// the HTTP handler sends, `relative::relative_to_lowest`).
     fn prioritize_mode(ours: &[i64], plugins: &[Plugin], weight: i64) -> BTreeSet<usize> {
         use std::borrow::Cow;
         let feasible: Vec<usize> = (0..ours.len()).collect();
@@ -154,7 +154,7 @@ mod tests {
                 score: *s,
             })
             .collect();
-        let answer: Vec<(usize, i64)> = super::super::relative::relative_to_most_common(full)
+        let answer: Vec<(usize, i64)> = super::super::relative::relative_to_lowest(full)
             .into_iter()
             .map(|h| (h.host.parse().unwrap(), h.score))
             .collect();

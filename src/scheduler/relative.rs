@@ -1,14 +1,22 @@
-//! What prioritize sends: the scores relative to the most common one, and only the hosts
-//! whose score differs from it.
+//! What prioritize sends: the scores less the lowest one, and only the hosts whose score is
+//! above it. Every score sent stays inside the extender API's documented range,
+//! 0..=`MaxExtenderPriority` (10).
 //!
 //! kube-scheduler v1.37 (`schedule_one.go`, `prioritizeNodes`) adds `score × weight × 10` to
-//! the total of each host the extender lists and nothing to a host it leaves out; it never
-//! checks the range. Subtracting one constant from every host's score therefore changes no
-//! difference between two totals: the ranking and the sets of tied nodes are the same. So the
-//! answer subtracts the most common score and leaves out every host that had it: on a large
-//! cluster most nodes score alike (empty nodes under either strategy), and kube-scheduler then
-//! encodes, sends and decodes a few entries instead of one per candidate. Scores below the
-//! most common one become negative, which kube-scheduler adds like any other.
+//! the total of each host the extender lists and nothing to a host it leaves out. Subtracting
+//! one constant from every host's score therefore changes no difference between two totals:
+//! the ranking and the sets of tied nodes are the same. So the answer subtracts the lowest
+//! score and leaves out every host that had it: on a large cluster most nodes score alike
+//! (under most-allocated and fragmentation scoring the empty nodes, which score lowest), and
+//! kube-scheduler then encodes, sends and decodes a few entries instead of one per candidate.
+//!
+//! Why the lowest and not the most common score (the encoding before trust IV): subtracting
+//! the most common one sent negative scores whenever some host scored below it (13 of 14
+//! answers in a seeded differential). v1.37 happens not to check the range; nothing promises a
+//! later release, or another caller of the extender API, will not. Subtracting the lowest
+//! keeps every answer in 0..=10 and keeps the compression for the common case; where the
+//! common score is the highest (least-allocated scoring on an empty cluster) the answer lists
+//! every host that scores above the lowest, as the plain encoding would.
 //!
 //! Ties: kube-scheduler breaks a tie on the total by a random number it draws only for the
 //! hosts an extender listed (`Randomizer`; 0 for the rest, the stock scheduler's order when no
@@ -23,42 +31,32 @@
 //! Must not decide anything: it re-encodes prioritize's answer (`verbs::prioritize`, which
 //! `simulate` and the tests read in full).
 
-use std::collections::BTreeMap;
-
 use crate::model::wire::HostPriority;
 
-/// The most common score (the lowest of those equally common: the answer then stays
-/// non-negative whenever the lowest score is among them). `None` for no hosts.
-fn most_common(scores: impl Iterator<Item = i64>) -> Option<i64> {
-    // Prioritize's scores are 0..=10: counted in an array, anything else in a map.
-    let mut in_range = [0usize; 11];
-    let mut others: BTreeMap<i64, usize> = BTreeMap::new();
-    for s in scores {
-        match usize::try_from(s).ok().filter(|i| *i < in_range.len()) {
-            Some(i) => in_range[i] += 1,
-            None => *others.entry(s).or_default() += 1,
-        }
-    }
-    let counted = (0i64..).zip(in_range).filter(|&(_, n)| n > 0);
-    let mut all: Vec<(i64, usize)> = counted.chain(others).collect();
-    all.sort_unstable_by_key(|&(score, _)| score);
-    // Ascending scores: `max_by_key` keeps the last of equal counts, so compare reversed.
-    all.into_iter()
-        .rev()
-        .max_by_key(|&(_, n)| n)
-        .map(|(score, _)| score)
-}
+/// The extender API's highest score (`extenderv1.MaxExtenderPriority`).
+pub const MAX_EXTENDER_PRIORITY: i64 = 10;
 
-/// The answer kube-scheduler reads the same way as `scores`: each host whose score differs
-/// from the most common one, with that score subtracted, in the order given.
-pub fn relative_to_most_common(mut scores: Vec<HostPriority<'_>>) -> Vec<HostPriority<'_>> {
-    let Some(common) = most_common(scores.iter().map(|h| h.score)) else {
+/// The answer kube-scheduler reads the same way as `scores`: each host whose score is above
+/// the lowest one, with the lowest subtracted, in the order given. Scores are first held to
+/// 0..=[`MAX_EXTENDER_PRIORITY`] (prioritize's own are; a score outside would be a bug, and
+/// must still not leave the documented range on the wire).
+pub fn relative_to_lowest(mut scores: Vec<HostPriority<'_>>) -> Vec<HostPriority<'_>> {
+    for h in &mut scores {
+        debug_assert!(
+            (0..=MAX_EXTENDER_PRIORITY).contains(&h.score),
+            "prioritize scored {} outside 0..=10: {}",
+            h.host,
+            h.score
+        );
+        h.score = h.score.clamp(0, MAX_EXTENDER_PRIORITY);
+    }
+    let Some(lowest) = scores.iter().map(|h| h.score).min() else {
         return scores;
     };
     // In place: when most scores differ (CPU-scored pods), the list is barely shorter, and a
     // second list of thousands of hosts would cost more than the pass itself.
     scores.retain_mut(|h| {
-        h.score -= common;
+        h.score -= lowest;
         h.score != 0
     });
     scores
@@ -109,7 +107,7 @@ mod tests {
                 score: *s,
             })
             .collect();
-        relative_to_most_common(hosts)
+        relative_to_lowest(hosts)
             .into_iter()
             .map(|h| (h.host.into_owned(), h.score))
             .collect()
@@ -122,14 +120,14 @@ mod tests {
         (names, full)
     }
 
-    /// Nodes with an in-tree total (the v1.37 default plugins' at most 1,500) and our score, mostly
-    /// 0..=10 (what prioritize answers), sometimes outside it (the function must not care).
+    /// Nodes with an in-tree total (the v1.37 default plugins' at most 1,500) and our score,
+    /// 0..=10 (what prioritize answers).
     fn cluster() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
         (1usize..60).prop_flat_map(|n| {
             (
                 prop::collection::vec(0i64..=1500, n),
                 // Few distinct values, as a real cluster has: many repeats.
-                prop::collection::vec(prop_oneof![Just(0i64), Just(10), 0i64..=10, -20i64..=30], n),
+                prop::collection::vec(prop_oneof![Just(0i64), Just(10), 0i64..=10], n),
             )
         })
     }
@@ -149,20 +147,19 @@ mod tests {
             for (b, a) in before.iter().zip(&after) {
                 prop_assert_eq!(a.0 - b.0, shift);
             }
-            // Only hosts that were asked about, each at most once, none at the common score.
+            // Only hosts that were asked about, each at most once, every score inside the
+            // extender API's range 1..=10 (0 is what leaving a host out means).
             prop_assert!(short.len() <= full.len());
-            prop_assert!(short.iter().all(|(h, s)| *s != 0 && names.contains(h)));
-            // The hosts left out all had one score, and it was the most common one.
+            prop_assert!(short.iter().all(|(h, s)| (1..=10).contains(s) && names.contains(h)));
+            // The hosts left out all had one score, and it was the lowest.
+            let lowest = *ours.iter().min().unwrap();
             let left_out: Vec<i64> = full
                 .iter()
                 .filter(|(h, _)| !short.iter().any(|(s, _)| s == h))
                 .map(|(_, s)| *s)
                 .collect();
-            if let Some(first) = left_out.first() {
-                prop_assert!(left_out.iter().all(|s| s == first));
-                let count = |v: i64| ours.iter().filter(|s| **s == v).count();
-                prop_assert!(ours.iter().all(|s| count(*s) <= count(*first)));
-            }
+            prop_assert!(!left_out.is_empty());
+            prop_assert!(left_out.iter().all(|s| *s == lowest));
         }
 
         /// Ties on the total: within a tie, the hosts with one extender score are all listed or
@@ -196,7 +193,7 @@ mod tests {
     }
 
     #[test]
-    fn the_most_common_score_is_left_out_and_the_rest_shifted() {
+    fn the_lowest_score_is_left_out_and_the_rest_shifted() {
         let full = |v: &[i64]| -> Vec<(String, i64)> {
             v.iter()
                 .enumerate()
@@ -208,14 +205,21 @@ mod tests {
             answer(&full(&[0, 10, 0, 4, 0])),
             vec![("n1".into(), 10), ("n3".into(), 4)]
         );
-        // Least-allocated: the empty nodes score 10 and are the common case.
-        assert_eq!(answer(&full(&[10, 10, 6, 10])), vec![("n2".into(), -4)]);
-        // Equally common: the lower one goes (the answer stays non-negative).
-        assert_eq!(answer(&full(&[10, 0])), vec![("n0".into(), 10)]);
-        // Out of the usual range (counted apart), and ties across both: the lowest goes.
+        // Least-allocated: the empty nodes score 10 and are the common case; the lowest still
+        // goes, and nothing is sent below 0 (the most common encoding sent n2 at -4).
         assert_eq!(
-            answer(&full(&[-3, 12, 12, -3, 5])),
-            vec![("n1".into(), 15), ("n2".into(), 15), ("n4".into(), 8)]
+            answer(&full(&[10, 10, 6, 10])),
+            vec![("n0".into(), 4), ("n1".into(), 4), ("n3".into(), 4)]
+        );
+        // The case the trust IV review caught: most hosts at 3, one at 1 (sent as -2 before).
+        assert_eq!(
+            answer(&full(&[3, 3, 1, 3, 9])),
+            vec![
+                ("n0".into(), 2),
+                ("n1".into(), 2),
+                ("n3".into(), 2),
+                ("n4".into(), 8)
+            ]
         );
         // All alike: nothing to say.
         assert!(answer(&full(&[7, 7, 7])).is_empty());

@@ -209,14 +209,14 @@ async fn binary_serves_the_example_cluster_file_and_answers_the_example_requests
                 }
             }
             "prioritize" => {
-                // Relative to the most common score, which is left out: differences of the
-                // 0..=10 scale, and no listed host at the common score.
+                // Relative to the lowest score, which is left out: every listed score inside
+                // the extender API's 1..=10, and no listed host at the lowest score.
                 assert!(!candidates.is_empty(), "{name}: names mode");
                 let added = crate::support::service::scores_as_added(&r, &candidates);
                 let (lo, hi) = added.iter().fold((i64::MAX, i64::MIN), |(lo, hi), (_, s)| {
                     (lo.min(*s), hi.max(*s))
                 });
-                assert!(hi - lo <= 10 && (-10..=10).contains(&lo), "{name}: {r}");
+                assert!(hi - lo <= 10 && lo == 0 && hi <= 10, "{name}: {r}");
                 assert!(added.iter().any(|(_, s)| *s == 0), "{name}: {r}");
                 assert!(
                     r.as_array().unwrap().iter().all(|s| s["Score"] != 0),

@@ -98,7 +98,7 @@ async fn outage_keeps_filter_answering_fails_bind_cleanly_and_recovers_without_r
     assert_eq!(f["NodeNames"], json!(["n1"]), "{f}");
     let (status, scores) = a.post("/prioritize", &args).await;
     assert_eq!(status, 200, "{scores}");
-    // One candidate: it holds the most common score, so the answer lists nothing.
+    // One candidate: it holds the lowest score, so the answer lists nothing.
     assert_eq!(scores, json!([]), "{scores}");
     // Bind needs the API server: a clean Error, nothing held, nothing written.
     let (status, r) = a.post("/bind", &service::binding_args(&p, "n1")).await;

@@ -30,7 +30,7 @@ async fn bootstrap_then_filter_prioritize_bind() {
     let (_, scores) = http
         .post("/prioritize", &service::extender_args(&pending, &["n1"]))
         .await;
-    // One candidate: its score is the most common one, which the answer leaves out.
+    // One candidate: its score is the lowest one, which the answer leaves out.
     assert_eq!(scores, json!([]));
     let (status, bound) = http
         .post("/bind", &service::binding_args(&pending, "n1"))

@@ -106,8 +106,8 @@ async fn golden_round(suffix: &str) {
     assert_eq!(keys(&r["FailedNodes"]), ["gpu-a2"], "{r}");
     assert_eq!(keys(&r["FailedAndUnresolvableNodes"]), ["cpu-07"], "{r}");
 
-    // Prioritize, both modes: a bare array of {Host, Score}, only the hosts whose score differs
-    // from the most common one, shifted by it (of two, the lower is left out).
+    // Prioritize, both modes: a bare array of {Host, Score}, only the hosts whose score is
+    // above the lowest one, shifted by it, every score inside the API's 0..=10.
     for mode in ["prioritize-names", "prioritize-nodes"] {
         let r = post_fixture(&http, "/prioritize", &name(mode)).await;
         let list = r.as_array().unwrap_or_else(|| panic!("{mode}: {r}"));

@@ -403,8 +403,8 @@ pub fn pending(name: &str, requests: Value) -> Value {
 
 /// What kube-scheduler adds to each candidate's total from a prioritize answer, divided by
 /// its `weight × 10`: the listed score, or 0 for a host the answer leaves out (v1.37
-/// `prioritizeNodes`). The answer lists only hosts whose score differs from the most common
-/// one, so tests compare candidates through this, never by the answer's length. Panics on a
+/// `prioritizeNodes`). The answer lists only hosts whose score is above the lowest one, so
+/// tests compare candidates through this, never by the answer's length. Panics on a
 /// listed host that was not a candidate, or one listed twice.
 pub fn scores_as_added(answer: &Value, candidates: &[&str]) -> Vec<(String, i64)> {
     let listed = answer
