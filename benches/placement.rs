@@ -160,6 +160,7 @@ fn state(nodes: usize) -> Scheduler {
         metrics: metrics.clone(),
         allow_dra_extended: false,
         dra_ownership: None,
+        taint_rule_version: Default::default(),
     };
     sync::run_file(&ctx, file);
     assert!(readiness.is_ready(), "{:?}", readiness.not_ready_reason());

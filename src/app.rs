@@ -202,6 +202,7 @@ impl Service {
             metrics: metrics.clone(),
             allow_dra_extended: args.allow_dra_extended_resources,
             dra_ownership: args.dra_ownership.then_some(args.dra_handover_grace),
+            taint_rule_version: Default::default(),
         };
         let shutdown = CancellationToken::new();
         let scoring = args.scoring.config()?;
@@ -286,6 +287,7 @@ impl Service {
                             Arc::new(crate::scheduler::dra_owner::KubeTaintRuleApi::new(
                                 client.clone(),
                                 args.request_timeout,
+                                ctx.taint_rule_version.clone(),
                             )),
                             std::time::Duration::from_secs(1),
                             metrics.clone(),

@@ -92,6 +92,10 @@ pub struct MetricSet {
     pub dra_taint_rule_writes: IntCounterVec,
     /// The extender's DeviceTaintRules in the cache (DRA pools it owns or is taking).
     pub dra_taint_rules: IntGauge,
+    /// Rules under the extender's names edited out of its form (reported, never recreated).
+    pub dra_defaced_rules: IntGauge,
+    /// DRA pools whose rule write failed and waits out its backoff.
+    pub dra_taint_rule_backoff_pools: IntGauge,
     pub share_totals_writes: IntCounterVec,
     pub preempt_candidates: IntCounterVec,
     pub share_totals_mismatched_nodes: IntGauge,
@@ -364,6 +368,14 @@ impl MetricSet {
                 "dra_taint_rules",
                 "The extender's DeviceTaintRules in its cache: DRA driver pools it owns or is taking over."
             )),
+            dra_defaced_rules: reg!(IntGauge::new(
+                "dra_defaced_rules",
+                "DeviceTaintRules under the extender's names that were edited out of its form (managed-by label, taint or selector): their pools' devices are not handed out until the rule is deleted; never recreated over."
+            )),
+            dra_taint_rule_backoff_pools: reg!(IntGauge::new(
+                "dra_taint_rule_backoff_pools",
+                "DRA pools whose DeviceTaintRule write failed and that wait out a backoff (the tick, doubled per failure in a row, at most 30 s) before the next attempt."
+            )),
             preempt_candidates: reg!(IntCounterVec::new(
                 Opts::new(
                     "preempt_candidates_total",
@@ -497,7 +509,12 @@ impl Metrics {
         }
         self.malformed_annotations
             .with_label_values(&["device-allocated"]);
-        for problem in ["malformed", "device_named_twice", "device_without_identity"] {
+        for problem in [
+            "malformed",
+            "device_named_twice",
+            "device_without_identity",
+            "device_without_node",
+        ] {
             self.dra_problems.with_label_values(&[problem]);
         }
         for state in ["allocated", "unresolved"] {

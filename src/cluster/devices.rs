@@ -64,8 +64,19 @@ pub struct DeviceLedger {
     /// The slots a DRA slice also publishes whose pool is not the extender's now (no rule of
     /// its in effect, or the node handed to DRA): not free for the extender either.
     dra_unowned: BTreeMap<(DeviceType, i32), DevicePool>,
-    /// The pools the `Device` entries join to, with the joined slots.
-    dra_pools: BTreeMap<DevicePool, Vec<(DeviceType, i32)>>,
+    /// The pools the `Device` entries join to, with the joined slots: published now (`true`),
+    /// or only remembered after their slices went (`false`, `NodeDraHoldings::former`).
+    dra_pools: BTreeMap<DevicePool, (bool, Vec<(DeviceType, i32)>)>,
+}
+
+/// One DRA pool a node's `Device` entries join to ([`DeviceLedger::joined_pools`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinedPool {
+    pub pool: DevicePool,
+    /// A slice publishes it now (else it is only remembered, `NodeDraHoldings::former`).
+    pub published: bool,
+    /// An annotation holds one of its joined devices.
+    pub in_use: bool,
 }
 
 fn apply(used: &mut UsedMap, allocs: &DeviceAllocations, add: bool) {
@@ -139,7 +150,7 @@ impl DeviceLedger {
         let Some(devices) = &self.devices else {
             return;
         };
-        if self.dra.held.is_empty() && self.dra.published.is_empty() {
+        if self.dra.held.is_empty() && self.dra.published.is_empty() && self.dra.former.is_empty() {
             return;
         }
         for t in devices.types() {
@@ -155,32 +166,43 @@ impl DeviceLedger {
                             .or_default()
                             .extend(claims.iter().cloned());
                     }
-                    if let Some(pool) = self.dra.published.get(&id) {
-                        self.dra_pools
-                            .entry(pool.clone())
-                            .or_default()
-                            .push((t.clone(), slot.minor));
+                    // Every pool that publishes it: one GPU may be in a GPU driver's pool and a
+                    // VFIO driver's, and each pool needs the extender's rule.
+                    for pool in self.dra.published.get(&id).into_iter().flatten() {
+                        let (published, slots) = self.dra_pools.entry(pool.clone()).or_default();
+                        *published = true;
+                        slots.push((t.clone(), slot.minor));
                         if self.dra.enforced && !self.dra.owned.contains(pool) {
                             self.dra_unowned
-                                .insert((t.clone(), slot.minor), pool.clone());
+                                .entry((t.clone(), slot.minor))
+                                .or_insert_with(|| pool.clone());
                         }
+                    }
+                    for pool in self.dra.former.get(&id).into_iter().flatten() {
+                        let (_, slots) = self.dra_pools.entry(pool.clone()).or_default();
+                        slots.push((t.clone(), slot.minor));
                     }
                 }
             }
         }
     }
 
-    /// The DRA pools this node's `Device` entries join to, with whether an annotation holds
-    /// one of the joined devices (see `ClusterState::dra_ownership_plan`).
-    pub fn joined_pools(&self) -> impl Iterator<Item = (DevicePool, bool)> + '_ {
-        self.dra_pools.iter().map(|(p, slots)| {
+    /// The DRA pools this node's `Device` entries join to, with whether a slice publishes
+    /// them now (not only remembered) and whether an annotation holds one of the joined
+    /// devices (see `ClusterState::dra_ownership_plan`).
+    pub fn joined_pools(&self) -> impl Iterator<Item = JoinedPool> + '_ {
+        self.dra_pools.iter().map(|(p, (published, slots))| {
             let in_use = slots.iter().any(|(t, m)| {
                 self.used
                     .get(t)
                     .and_then(|u| u.get(m))
                     .is_some_and(|r| !r.is_empty())
             });
-            (p.clone(), in_use)
+            JoinedPool {
+                pool: p.clone(),
+                published: *published,
+                in_use,
+            }
         })
     }
 
@@ -906,10 +928,14 @@ mod tests {
         let nic_bus = DeviceIdentity::pci_bus_id("3d:00.0").unwrap();
         ledger.set_dra(NodeDraHoldings {
             held: [(nic_bus.clone(), claim.clone())].into(),
-            published: [(nic_bus, pool.clone()), (gpu_bus, pool.clone())].into(),
+            published: [
+                (nic_bus, [pool.clone()].into()),
+                (gpu_bus.clone(), [pool.clone()].into()),
+            ]
+            .into(),
             owned: [pool.clone()].into(),
             enforced: true,
-            cpu_drivers: Default::default(),
+            ..Default::default()
         });
         let free = ledger.free(&[]);
         assert!(
@@ -932,7 +958,53 @@ mod tests {
         assert_free_amounts_are_free(&ledger);
         assert_eq!(
             ledger.joined_pools().collect::<Vec<_>>(),
-            vec![(pool, false)]
+            vec![JoinedPool {
+                pool: pool.clone(),
+                published: true,
+                in_use: false
+            }]
         );
+
+        // Trust IV §2: the same GPU in a second driver's pool (a VFIO driver). Owning the
+        // first pool is not enough: the second must carry the rule too, and until it is the
+        // extender's the GPU is not free.
+        let vfio = DevicePool {
+            driver: Arc::from("vfio.example.com"),
+            pool: Arc::from("p"),
+        };
+        let mut holdings = ledger.dra().clone();
+        holdings.owned = [pool.clone()].into();
+        holdings
+            .published
+            .get_mut(&gpu_bus)
+            .unwrap()
+            .insert(vfio.clone());
+        ledger.set_dra(holdings.clone());
+        assert!(ledger.free(&[])[&DeviceType::Gpu][&0].is_empty());
+        let pools: Vec<DevicePool> = ledger.joined_pools().map(|j| j.pool).collect();
+        assert_eq!(
+            pools,
+            vec![pool.clone(), vfio.clone()],
+            "both pools want a rule"
+        );
+        holdings.owned.insert(vfio.clone());
+        ledger.set_dra(holdings.clone());
+        assert!(!ledger.free(&[])[&DeviceType::Gpu][&0].is_empty());
+
+        // Trust IV §3: the slices are gone (a kubelet restart), the pools remembered: the
+        // GPU is the extender's (no slice for DRA to allocate from), and both pools stay
+        // joined so their rules stay while a pod of ours holds the GPU.
+        let mut holdings = NodeDraHoldings {
+            enforced: true,
+            ..Default::default()
+        };
+        holdings
+            .former
+            .insert(gpu_bus, [pool.clone(), vfio.clone()].into());
+        ledger.set_dra(holdings);
+        assert!(!ledger.free(&[])[&DeviceType::Gpu][&0].is_empty());
+        let joined: Vec<JoinedPool> = ledger.joined_pools().collect();
+        assert_eq!(joined.len(), 2);
+        assert!(joined.iter().all(|j| !j.published && !j.in_use));
     }
 }

@@ -12,10 +12,18 @@
 //!   capacity is never less than the whole for the extender: conservative);
 //! - a device the claims hold stays known after its slice is gone (a driver restarting
 //!   republishes its slices): it is held until no claim holds it;
-//! - a device two slices list (a bad slice, or two drivers naming one device alike) is held
-//!   under every identity and on every node any of them states;
-//! - slices that are no node's (network-attached devices) cannot be a koordinator `Device`
-//!   entry and are not joined.
+//! - a device whose slices are gone while its pool carries the extender's rule is remembered
+//!   (`NodeDraHoldings::former`): kubelet wipes a node's slices at every kubelet start and
+//!   30 s after a driver deregisters, and the rule must stay while a pod of ours holds the
+//!   device, whatever the slices do; it is forgotten when the rule goes;
+//! - a device two slices list (a bad slice, or two drivers or pools naming one device, a GPU
+//!   driver and a VFIO driver say) is held under every identity and on every node any of them
+//!   states, and published under every pool that lists it;
+//! - a device's node is the slice's `nodeName`, or, with `perDeviceNodeSelection`, the
+//!   device's own `nodeName`; a device reachable through a node selector or from all nodes
+//!   (network-attached, or a selector the extender does not evaluate) is on [`ANY_NODE`]: it
+//!   is joined by its UUID wherever a `Device` entry states it (a PCI address names a place
+//!   on some node, not one device, so it is not joined there).
 //!
 //! Pure data: no locks, no I/O, no placement. `ClusterState` serializes the calls and
 //! applies the answers to the nodes.
@@ -31,6 +39,10 @@ use crate::model::dra::{
     ResourceClaim, ResourceSlice,
 };
 use crate::model::resource_names::ResourceNameSet;
+
+/// The node of a listing reachable through a node selector or from all nodes: joined by its
+/// UUID on every node (a node name never contains `*`).
+pub const ANY_NODE: &str = "*";
 
 /// A device as a claim's allocation names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -67,8 +79,13 @@ impl Serialize for DevicePool {
 pub struct NodeDraHoldings {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub held: BTreeMap<DeviceIdentity, BTreeSet<Arc<str>>>,
+    /// Every pool that publishes the device (one device may be in several drivers' pools).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub published: BTreeMap<DeviceIdentity, DevicePool>,
+    pub published: BTreeMap<DeviceIdentity, BTreeSet<DevicePool>>,
+    /// Devices once published here whose slices are gone while their pool carries the
+    /// extender's rule: not DRA's now, but the rule must stay while a pod of ours holds one.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub former: BTreeMap<DeviceIdentity, BTreeSet<DevicePool>>,
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     pub owned: BTreeSet<DevicePool>,
     /// Ownership is enforced (DeviceTaintRules served, `--dra-ownership`): a published device
@@ -81,9 +98,15 @@ pub struct NodeDraHoldings {
 
 impl NodeDraHoldings {
     pub fn is_empty(&self) -> bool {
-        self.held.is_empty() && self.published.is_empty() && self.cpu_drivers.is_empty()
+        self.held.is_empty()
+            && self.published.is_empty()
+            && self.former.is_empty()
+            && self.cpu_drivers.is_empty()
     }
 }
+
+/// The name of every rule the extender writes starts so (`scheduler::dra_owner::rule_for`).
+pub const RULE_NAME_PREFIX: &str = "dne-owned-";
 
 /// One of the extender's DeviceTaintRules, as recorded.
 #[derive(Clone, Debug, PartialEq)]
@@ -142,12 +165,22 @@ pub struct DraProblem {
     pub detail: String,
 }
 
-/// One slice as recorded: its node and what each of its devices is.
+/// One slice as recorded: its node (slice-level `nodeName`) and what each of its devices is.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SliceRecord {
     pub driver: Arc<str>,
     pub node: Option<Arc<str>>,
-    pub devices: Vec<(DeviceRef, Vec<DeviceIdentity>)>,
+    pub devices: Vec<SliceDeviceRecord>,
+}
+
+/// One device of a slice: how claims name it, the node it is on ([`ANY_NODE`] for one a node
+/// selector or `allNodes` reaches; `None`: no node at all, never joined) and what physical
+/// device it is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SliceDeviceRecord {
+    pub r: DeviceRef,
+    pub node: Option<Arc<str>>,
+    pub ids: Vec<DeviceIdentity>,
 }
 
 impl SliceRecord {
@@ -162,11 +195,20 @@ impl SliceRecord {
             detail,
         };
         let driver: Arc<str> = Arc::from(spec.driver.as_str());
-        let node = spec
+        let node: Option<Arc<str>> = spec
             .node_name
             .as_deref()
             .filter(|n| !n.is_empty())
             .map(Arc::from);
+        let per_device = spec.per_device_node_selection == Some(true);
+        let any: Arc<str> = Arc::from(ANY_NODE);
+        let slice_node = match &node {
+            Some(n) => Some(Arc::clone(n)),
+            None if spec.node_selector.is_some() || spec.all_nodes == Some(true) => {
+                Some(Arc::clone(&any))
+            }
+            None => None,
+        };
         if spec.driver.is_empty() || spec.pool.name.is_empty() {
             problems.push(problem(
                 "malformed",
@@ -189,22 +231,46 @@ impl SliceRecord {
                 ));
                 continue;
             }
-            let ids = DeviceIdentity::of_slice_device(d);
-            if ids.is_empty() && node.is_some() {
+            let device_node = if per_device {
+                match d.node_name.as_deref().filter(|n| !n.is_empty()) {
+                    Some(n) => Some(Arc::from(n)),
+                    None if d.node_selector.is_some() || d.all_nodes == Some(true) => {
+                        Some(Arc::clone(&any))
+                    }
+                    None => {
+                        problems.push(problem(
+                            "device_without_node",
+                            format!(
+                                "device {} names no node, node selector or allNodes under perDeviceNodeSelection",
+                                d.name
+                            ),
+                        ));
+                        None
+                    }
+                }
+            } else {
+                slice_node.clone()
+            };
+            let mut ids = DeviceIdentity::of_slice_device(d);
+            let anywhere = device_node.as_deref() == Some(ANY_NODE);
+            if anywhere {
+                ids.retain(DeviceIdentity::is_global);
+            } else if ids.is_empty() && device_node.is_some() {
                 // Not an error of the slice: it is simply not a device a `Device` entry can be.
                 problems.push(problem(
                     "device_without_identity",
                     format!("device {} states no uuid or pciBusID", d.name),
                 ));
             }
-            devices.push((
-                DeviceRef {
+            devices.push(SliceDeviceRecord {
+                r: DeviceRef {
                     driver: Arc::clone(&driver),
                     pool: Arc::clone(&pool),
                     device: Arc::from(d.name.as_str()),
                 },
+                node: device_node,
                 ids,
-            ));
+            });
         }
         (
             SliceRecord {
@@ -233,6 +299,11 @@ impl ClaimRecord {
             .iter()
             .flat_map(|a| &a.devices.results)
         {
+            if r.admin_access == Some(true) {
+                // kube-scheduler's allocator does not count it as allocated: another claim
+                // may be given the device, and so may a pod of ours.
+                continue;
+            }
             if r.driver.is_empty() || r.pool.is_empty() || r.device.is_empty() {
                 problems.push(DraProblem {
                     object: format!(
@@ -281,9 +352,18 @@ impl RefEntry {
         }
     }
 
+    /// A device no slice lists and no claim holds, kept while its pool carries the
+    /// extender's rule (see the module header).
+    fn tombstone(&self) -> Option<&(Arc<str>, Vec<DeviceIdentity>)> {
+        self.last
+            .as_ref()
+            .filter(|_| self.listings.is_empty() && self.holders.is_empty())
+    }
+
     fn nodes(&self) -> BTreeSet<Arc<str>> {
         self.effective()
             .into_iter()
+            .chain(self.tombstone())
             .map(|(n, _)| n.clone())
             .collect()
     }
@@ -306,6 +386,9 @@ pub struct DraIndex {
     pool_nodes: HashMap<DevicePool, BTreeMap<Arc<str>, usize>>,
     /// The extender's DeviceTaintRules by name.
     rules: HashMap<Arc<str>, RuleRecord>,
+    /// Rules under one of the extender's names that are not the extender's by form any more
+    /// (someone edited the label, taint or selector): reconciled by name, never recreated.
+    defaced: BTreeSet<Arc<str>>,
     /// The same by pool: when each of its rules was created (one, unless copied by hand).
     rule_times: HashMap<DevicePool, BTreeMap<Arc<str>, SystemTime>>,
     /// Nodes handed to DRA (`DEVICE_OWNER_LABEL: dra`).
@@ -335,6 +418,11 @@ impl DraIndex {
         change: impl FnOnce(&mut RefEntry),
         affected: &mut BTreeSet<Arc<str>>,
     ) {
+        let pool = DevicePool {
+            driver: Arc::clone(&r.driver),
+            pool: Arc::clone(&r.pool),
+        };
+        let ruled = self.rule_times.contains_key(&pool);
         let entry = self.refs.entry(r.clone()).or_default();
         let unresolved = |e: &RefEntry| {
             if e.effective().is_empty() {
@@ -346,16 +434,16 @@ impl DraIndex {
         self.unresolved -= unresolved(entry);
         let before = entry.nodes();
         change(entry);
+        if !ruled && entry.tombstone().is_some() {
+            // No rule of ours on its pool: nothing to remember it for.
+            entry.last = None;
+        }
         let after = entry.nodes();
         self.unresolved += unresolved(entry);
-        let gone = entry.listings.is_empty() && entry.holders.is_empty();
+        let gone = entry.listings.is_empty() && entry.holders.is_empty() && entry.last.is_none();
         if gone {
             self.refs.remove(r);
         }
-        let pool = DevicePool {
-            driver: Arc::clone(&r.driver),
-            pool: Arc::clone(&r.pool),
-        };
         for n in before.difference(&after) {
             if let Some(set) = self.by_node.get_mut(n) {
                 set.remove(r);
@@ -394,10 +482,10 @@ impl DraIndex {
         let mut affected = BTreeSet::new();
         if let Some(old) = self.slices.remove(&name) {
             self.count_cpu_slice(&old, false, &mut affected);
-            for (r, _) in &old.devices {
+            for d in &old.devices {
                 let slice = Arc::clone(&name);
                 self.touch(
-                    r,
+                    &d.r,
                     |e| {
                         if let Some(listing) = e.listings.remove(&slice) {
                             e.last = Some(listing);
@@ -409,18 +497,17 @@ impl DraIndex {
         }
         if let Some(new) = slice {
             self.count_cpu_slice(&new, true, &mut affected);
-            if let Some(node) = &new.node {
-                for (r, ids) in &new.devices {
-                    let listing = (Arc::clone(node), ids.clone());
-                    let slice = Arc::clone(&name);
-                    self.touch(
-                        r,
-                        |e| {
-                            e.listings.insert(slice, listing);
-                        },
-                        &mut affected,
-                    );
-                }
+            for d in &new.devices {
+                let Some(node) = &d.node else { continue };
+                let listing = (Arc::clone(node), d.ids.clone());
+                let slice = Arc::clone(&name);
+                self.touch(
+                    &d.r,
+                    |e| {
+                        e.listings.insert(slice, listing);
+                    },
+                    &mut affected,
+                );
             }
             self.slices.insert(name, new);
         }
@@ -551,7 +638,41 @@ impl DraIndex {
                 .or_default()
                 .insert(Arc::from(name), r.created);
         }
-        old.iter().flat_map(|r| self.nodes_of(&r.pool)).collect()
+        let mut affected: BTreeSet<Arc<str>> =
+            old.iter().flat_map(|r| self.nodes_of(&r.pool)).collect();
+        for r in &old {
+            if !self.rule_times.contains_key(&r.pool) {
+                self.forget_tombstones(&r.pool, &mut affected);
+            }
+        }
+        affected
+    }
+
+    /// The pool lost its last rule of ours: its remembered devices are forgotten.
+    fn forget_tombstones(&mut self, pool: &DevicePool, affected: &mut BTreeSet<Arc<str>>) {
+        let refs: Vec<DeviceRef> = self
+            .nodes_of(pool)
+            .iter()
+            .filter_map(|n| self.by_node.get(n))
+            .flatten()
+            .filter(|r| r.driver == pool.driver && r.pool == pool.pool)
+            .filter(|r| self.refs.get(*r).is_some_and(|e| e.tombstone().is_some()))
+            .cloned()
+            .collect();
+        for r in refs {
+            self.touch(&r, |e| e.last = None, affected);
+        }
+    }
+
+    /// Whether some listing is on [`ANY_NODE`] (every node's holdings may then change with
+    /// its `Device` object).
+    pub fn has_any_node_listings(&self) -> bool {
+        self.by_node.contains_key(ANY_NODE)
+    }
+
+    /// Whether the index holds anything for `node` of its own (not counting [`ANY_NODE`]).
+    pub fn knows_node(&self, node: &str) -> bool {
+        self.by_node.contains_key(node) || self.cpu_slices.contains_key(node)
     }
 
     fn nodes_of(&self, pool: &DevicePool) -> Vec<Arc<str>> {
@@ -573,6 +694,21 @@ impl DraIndex {
         } else {
             BTreeSet::new()
         }
+    }
+
+    /// Records whether the rule named `name` is one of the extender's names edited out of
+    /// the extender's form ([`RULE_NAME_PREFIX`]).
+    pub fn set_defaced(&mut self, name: &str, defaced: bool) {
+        if defaced {
+            self.defaced.insert(Arc::from(name));
+        } else {
+            self.defaced.remove(name);
+        }
+    }
+
+    /// The edited rules under the extender's names.
+    pub fn defaced(&self) -> BTreeSet<Arc<str>> {
+        self.defaced.clone()
     }
 
     /// The extender's rules by pool (name), for the reconciler.
@@ -615,7 +751,9 @@ impl DraIndex {
                     .is_some_and(|created| *created + grace <= now)
             })
         };
-        for r in self.by_node.get(node).into_iter().flatten() {
+        let anywhere = self.by_node.get(ANY_NODE).filter(|_| node != ANY_NODE);
+        let here = |n: &str| n == node || n == ANY_NODE;
+        for r in self.by_node.get(node).into_iter().chain(anywhere).flatten() {
             let Some(entry) = self.refs.get(r) else {
                 continue;
             };
@@ -626,12 +764,25 @@ impl DraIndex {
             if in_effect(&pool) {
                 out.owned.insert(pool.clone());
             }
+            if let Some((n, ids)) = entry.tombstone()
+                && here(n)
+            {
+                for id in ids {
+                    out.former
+                        .entry(id.clone())
+                        .or_default()
+                        .insert(pool.clone());
+                }
+            }
             for (n, ids) in entry.effective() {
-                if &**n != node {
+                if !here(n) {
                     continue;
                 }
                 for id in ids {
-                    out.published.insert(id.clone(), pool.clone());
+                    out.published
+                        .entry(id.clone())
+                        .or_default()
+                        .insert(pool.clone());
                     if !entry.holders.is_empty() {
                         out.held
                             .entry(id.clone())

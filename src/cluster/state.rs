@@ -29,6 +29,8 @@ pub struct DraOwnershipPlan {
     pub wanted: std::collections::BTreeSet<DevicePool>,
     pub in_use: std::collections::BTreeSet<DevicePool>,
     pub rules: BTreeMap<DevicePool, Arc<str>>,
+    /// Rules under the extender's names edited out of its form (never created over).
+    pub defaced: std::collections::BTreeSet<Arc<str>>,
 }
 
 /// What a bind assumes on a node ([`ClusterState::assume`]): its allocations and what the
@@ -351,6 +353,15 @@ impl ClusterState {
             s.devices.set_devices_shared(devices);
             s.devices.overcommitted()
         });
+        {
+            // A device a node selector reaches is joined wherever a `Device` states it: a node
+            // whose entry did not exist when that slice came learns of it now. Checked after
+            // the write, so a slice applied meanwhile is seen by one side or the other.
+            let dra = self.dra.lock();
+            if dra.has_any_node_listings() {
+                let _ = self.write_dra(&dra, std::collections::BTreeSet::from([Arc::from(name)]));
+            }
+        }
         if removed {
             self.gc(name);
         }
@@ -419,6 +430,12 @@ impl ClusterState {
         self.write_dra(&dra, affected)
     }
 
+    /// Records whether the DeviceTaintRule `name` is one of the extender's names edited out of
+    /// its form (see `scheduler::dra_owner`).
+    pub fn set_defaced_taint_rule(&self, name: &str, defaced: bool) {
+        self.dra.lock().set_defaced(name, defaced);
+    }
+
     /// Enforces device ownership against DRA (`Some(grace)`: DeviceTaintRules are served and
     /// `--dra-ownership` is on) or not.
     pub fn set_dra_ownership(&self, ownership: Option<std::time::Duration>) {
@@ -441,10 +458,14 @@ impl ClusterState {
     /// annotation holds one of its joined devices (its rule must stay), and the extender's
     /// rules by pool.
     pub fn dra_ownership_plan(&self) -> DraOwnershipPlan {
-        let rules = self.dra.lock().rules_by_pool();
+        let (rules, defaced) = {
+            let dra = self.dra.lock();
+            (dra.rules_by_pool(), dra.defaced())
+        };
         let entries: Vec<Arc<NodeEntry>> = self.nodes.read().values().cloned().collect();
         let mut plan = DraOwnershipPlan {
             rules,
+            defaced,
             ..Default::default()
         };
         for entry in entries {
@@ -454,19 +475,27 @@ impl ClusterState {
                 .as_ref()
                 .and_then(|n| n.labels.get(crate::model::dra::DEVICE_OWNER_LABEL))
                 .is_some_and(|v| v == "dra");
-            for (pool, in_use) in state.devices.joined_pools() {
-                if !to_dra {
-                    plan.wanted.insert(pool.clone());
+            for joined in state.devices.joined_pools() {
+                // A pool only remembered (its slices gone) is wanted while a pod of ours holds
+                // one of its devices: the rule must outlive a kubelet-style slice wipe.
+                if !to_dra && (joined.published || joined.in_use) {
+                    plan.wanted.insert(joined.pool.clone());
                 }
-                if in_use {
-                    plan.in_use.insert(pool);
+                if joined.in_use {
+                    plan.in_use.insert(joined.pool);
                 }
             }
             // Without its Device object a node's recorded holdings cannot be joined: while
-            // any remain, every pool published there keeps its rule.
+            // any remain, every pool published (or remembered) there keeps its rule.
             if state.devices.devices().is_none() && !state.devices.is_empty() {
-                plan.in_use
-                    .extend(state.devices.dra().published.values().cloned());
+                let dra = state.devices.dra();
+                plan.in_use.extend(
+                    dra.published
+                        .values()
+                        .chain(dra.former.values())
+                        .flatten()
+                        .cloned(),
+                );
             }
         }
         plan
@@ -484,11 +513,16 @@ impl ClusterState {
     ) -> Vec<(String, Overcommitted)> {
         let names = dra.extended_names();
         let mut conflicts = Vec::new();
+        let mut affected = affected;
+        if affected.remove(super::dra::ANY_NODE) {
+            // A device a node selector reaches: every node's `Device` may state it.
+            affected.extend(self.nodes.read().keys().cloned());
+        }
         for n in affected {
-            let holdings = dra.holdings(&n, std::time::SystemTime::now());
-            if holdings.is_empty() && self.node(&n).is_none() {
+            if !dra.knows_node(&n) && self.node(&n).is_none() {
                 continue;
             }
+            let holdings = dra.holdings(&n, std::time::SystemTime::now());
             let over = self.with_node(&n, |s| {
                 s.dra_extended = names;
                 s.cpus

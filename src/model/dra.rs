@@ -38,10 +38,18 @@ pub struct ResourceSliceSpec {
     /// Set when every device of the slice is local to one node (the common case: GPUs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    /// Network-attached devices (`nodeSelector`, `allNodes`, per-device node selection) are
-    /// no node's: they cannot be a koordinator `Device` entry, which is per node.
+    /// Devices reachable from the nodes a selector picks (network-attached devices). Only its
+    /// presence is read: such a device is joined by its UUID wherever a `Device` entry states
+    /// it (`cluster::dra`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub all_nodes: Option<bool>,
+    /// Each device names its own node (`devices[].nodeName`, `nodeSelector` or `allNodes`);
+    /// the slice-level fields are unset (partitionable devices, KEP-4815, on by default since
+    /// Kubernetes 1.36).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_device_node_selection: Option<bool>,
     #[serde(default)]
     pub devices: Vec<SliceDevice>,
 }
@@ -52,13 +60,21 @@ pub struct ResourcePool {
     pub name: String,
 }
 
-/// One device of a slice: its name in the pool and its attributes.
+/// One device of a slice: its name in the pool, its attributes, and (with the slice's
+/// `perDeviceNodeSelection`) which node or nodes it is on.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SliceDevice {
     #[serde(default)]
     pub name: String,
     #[serde(default)]
     pub attributes: BTreeMap<String, DeviceAttribute>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_nodes: Option<bool>,
 }
 
 /// One attribute value: exactly one of these is set on a valid slice.
@@ -108,6 +124,7 @@ pub struct DeviceAllocationResult {
 /// `consumedCapacity` (consumable capacity, KEP-5075) are not read: a shared device is counted
 /// as wholly held, which is never less than what the claim holds.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DeviceRequestAllocationResult {
     #[serde(default)]
     pub driver: String,
@@ -115,6 +132,11 @@ pub struct DeviceRequestAllocationResult {
     pub pool: String,
     #[serde(default)]
     pub device: String,
+    /// Administrative access (monitoring, diagnostics; GA in 1.36, only in namespaces labelled
+    /// `resource.kubernetes.io/admin-access`): kube-scheduler's allocator does not count such
+    /// a device as allocated (`allocateddevices.go`), so neither does the extender.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_access: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -191,14 +213,58 @@ pub const MANAGED_BY: &str = "device-numa-extender";
 /// else (or none) leaves them the extender's.
 pub const DEVICE_OWNER_LABEL: &str = "device-numa-extender.io/device-owner";
 
-static_resource!(
-    DeviceTaintRule,
-    kind = "DeviceTaintRule",
-    group = "resource.k8s.io",
-    version = "v1",
-    plural = "devicetaintrules",
-    scope = kube::core::ClusterResourceScope
-);
+/// The versions DeviceTaintRule is served at, newest first: `v1` from Kubernetes 1.37,
+/// `v1beta2` in 1.36 (gate `DRADeviceTaints`, on), `v1alpha3` from 1.33 (gate off). The fields
+/// the extender reads and writes have one shape in all three.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TaintRuleVersion {
+    #[default]
+    V1,
+    V1beta2,
+    V1alpha3,
+}
+
+impl TaintRuleVersion {
+    pub const ALL: [TaintRuleVersion; 3] = [
+        TaintRuleVersion::V1,
+        TaintRuleVersion::V1beta2,
+        TaintRuleVersion::V1alpha3,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintRuleVersion::V1 => "v1",
+            TaintRuleVersion::V1beta2 => "v1beta2",
+            TaintRuleVersion::V1alpha3 => "v1alpha3",
+        }
+    }
+    pub fn api_version(self) -> String {
+        format!("resource.k8s.io/{}", self.as_str())
+    }
+}
+
+impl kube::Resource for DeviceTaintRule {
+    type DynamicType = TaintRuleVersion;
+    type Scope = kube::core::ClusterResourceScope;
+
+    fn kind(_: &TaintRuleVersion) -> std::borrow::Cow<'_, str> {
+        "DeviceTaintRule".into()
+    }
+    fn group(_: &TaintRuleVersion) -> std::borrow::Cow<'_, str> {
+        "resource.k8s.io".into()
+    }
+    fn version(v: &TaintRuleVersion) -> std::borrow::Cow<'_, str> {
+        v.as_str().into()
+    }
+    fn plural(_: &TaintRuleVersion) -> std::borrow::Cow<'_, str> {
+        "devicetaintrules".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
 
 static_resource!(
     ResourceSlice,
@@ -283,6 +349,12 @@ impl DeviceIdentity {
         (domain <= 0xffff && device < 32 && function < 8).then(|| {
             DeviceIdentity::PciBusId(format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}"))
         })
+    }
+
+    /// Whether this identity names one device cluster-wide (a UUID) rather than a place on
+    /// some node (a PCI address: every node has a `0000:3b:00.0`).
+    pub fn is_global(&self) -> bool {
+        matches!(self, DeviceIdentity::Uuid(_))
     }
 
     /// The identities a slice device states. Attribute names are matched by their last path

@@ -41,13 +41,17 @@ impl Loaded {
 
     /// The offline tools report a DeviceClass that maps a managed name to DRA (metrics, log)
     /// but decide anyway: they show what the service would, which the flag makes ready.
-    pub fn context(&self) -> SyncContext {
+    /// `dra_ownership` as `serve` would enforce it on the same source (trust IV §11: a node
+    /// handed to DRA, or a pool whose rule is not in effect, refuses in `inspect` as in
+    /// `filter`).
+    pub fn context(&self, dra_ownership: Option<std::time::Duration>) -> SyncContext {
         SyncContext {
             cluster: self.cluster.clone(),
             readiness: self.readiness.clone(),
             metrics: self.metrics.clone(),
             allow_dra_extended: true,
-            dra_ownership: None,
+            dra_ownership,
+            taint_rule_version: Default::default(),
         }
     }
 
@@ -68,14 +72,17 @@ impl Loaded {
 /// A parsed cluster file replayed through the service's file sync.
 pub fn load_cluster_file(file: ClusterFile) -> Loaded {
     let loaded = Loaded::new();
-    sync::run_file(&loaded.context(), file);
+    // `serve --cluster-file` enforces no ownership either (no rule can be written there).
+    sync::run_file(&loaded.context(None), file);
     loaded
 }
 
 /// One list of every kind through the service's watchers and handlers (no watch).
 pub async fn load_kube(client: &kube::Client) -> Result<Loaded, OpsError> {
     let loaded = Loaded::new();
-    sync::list_kube_once(&loaded.context(), client, &Default::default())
+    // `serve`'s defaults: `--dra-ownership` on, `--dra-handover-grace 30s`.
+    let ownership = Some(std::time::Duration::from_secs(30));
+    sync::list_kube_once(&loaded.context(ownership), client, &Default::default())
         .await
         .map_err(OpsError::List)?;
     Ok(loaded)

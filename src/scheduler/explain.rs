@@ -44,15 +44,27 @@ pub fn explain(node: Option<&NodeState>, needs: &PodNeeds, reason: &FitReason) -
             let (Some(node), Some(gpu)) = (node, gpu) else {
                 return plain();
             };
+            // Where DRA is the cause, the reason says so (trust IV §11: it read as a plain
+            // shortage, which an operator resolves by freeing cards, not by the DRA setup).
+            let dra = dra_note(node);
             match gpu_shortfall(node.device_ledger(), gpu) {
                 Some(Shortfall {
                     detail: d,
                     met_permille,
                 }) => Explained {
-                    text: detail(d),
+                    text: detail(match dra {
+                        Some(note) => format!("{d}; {note}"),
+                        None => d,
+                    }),
                     met_permille: Some(met_permille),
                 },
-                None => plain(),
+                None => match dra {
+                    Some(note) => Explained {
+                        text: detail(note),
+                        met_permille: None,
+                    },
+                    None => plain(),
+                },
             }
         }
         // GPUs and CPUs on one NUMA node: enough whole cards in all, too few on one.
@@ -97,6 +109,40 @@ pub fn explain(node: Option<&NodeState>, needs: &PodNeeds, reason: &FitReason) -
         },
         _ => plain(),
     }
+}
+
+/// The node's GPUs that are not free because of DRA, in words: held by a claim, or published by
+/// a DRA driver in a pool that is not the extender's now (its DeviceTaintRule missing or not in
+/// effect for the hand-over grace, the node handed to DRA, or no DeviceTaintRule served).
+/// Small counts of the node's own cards: identical nodes still fold into one line.
+fn dra_note(node: &NodeState) -> Option<String> {
+    let ledger = node.device_ledger();
+    let gpu = |(t, _): &&(DeviceType, i32)| *t == DeviceType::Gpu;
+    let claimed = ledger.dra_blocked().keys().filter(gpu).count();
+    let unowned = ledger
+        .dra_unowned()
+        .keys()
+        .filter(gpu)
+        .filter(|k| !ledger.dra_blocked().contains_key(*k))
+        .count();
+    let gpus = |n: usize| {
+        if n == 1 {
+            "1 gpu".to_string()
+        } else {
+            format!("{n} gpus")
+        }
+    };
+    let mut parts = Vec::new();
+    if claimed > 0 {
+        parts.push(format!("{} held by DRA claims", gpus(claimed)));
+    }
+    if unowned > 0 {
+        parts.push(format!(
+            "{} published by a DRA driver and not the extender's (no DeviceTaintRule of the extender in effect on their pool, or the node handed to DRA)",
+            gpus(unowned)
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
 /// The pod's CPU request as it wrote it: `8`, `2.5`.

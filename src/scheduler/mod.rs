@@ -20,7 +20,10 @@
 //!   only the best-scoring nodes;
 //! - [`bind`]: the one place an allocation is committed, in named phases;
 //! - [`write_back`]: the koordinator annotations a CPU placement is written as;
-//! - [`requeue`]: the pods filter rejected everywhere and the signal that retries them.
+//! - [`requeue`]: the pods filter rejected everywhere and the signal that retries them;
+//! - the leader's background writers, level-triggered from the caches: [`dra_owner`] (the
+//!   DeviceTaintRules that keep DRA off the devices the extender owns) and [`share_totals`]
+//!   (the GPU share totals on Nodes), each failing key held back by [`backoff`].
 //!
 //! Must never speak HTTP (the wire types it takes are plain data from `model::wire`) or import
 //! `extender`, `ops` or `app`.
@@ -28,6 +31,7 @@
 mod aligned_memo;
 #[cfg(test)]
 mod amplified_tests;
+pub mod backoff;
 pub mod bind;
 mod config;
 mod decide;

@@ -10,7 +10,7 @@ use super::kind::Kind;
 use super::readiness::Readiness;
 use super::store::{Decoded, Handler, Invalid};
 use crate::cluster::ClusterState;
-use crate::cluster::dra::{ClaimRecord, DraProblem, RuleRecord, SliceRecord};
+use crate::cluster::dra::{ClaimRecord, DraProblem, RULE_NAME_PREFIX, RuleRecord, SliceRecord};
 use crate::metrics::Metrics;
 use crate::model::dra::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 
@@ -222,7 +222,19 @@ impl Handler for DeviceClassHandler {
     }
 }
 
-/// The extender's DeviceTaintRules (others are recorded as `None` and change nothing).
+/// What a DeviceTaintRule is to the extender.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RuleSeen {
+    /// One of its rules.
+    Ours(Arc<RuleRecord>),
+    /// Under one of its names, but edited out of its form (label, taint, selector).
+    Defaced,
+    /// Anyone else's: changes nothing.
+    Other,
+}
+
+/// The extender's DeviceTaintRules (others are recorded as [`RuleSeen::Other`] and change
+/// nothing; an edited one of its names as [`RuleSeen::Defaced`]).
 pub struct DeviceTaintRuleHandler {
     cluster: Arc<ClusterState>,
     metrics: Metrics,
@@ -236,34 +248,39 @@ impl DeviceTaintRuleHandler {
 
 impl Handler for DeviceTaintRuleHandler {
     type Object = DeviceTaintRule;
-    type Record = Option<Arc<RuleRecord>>;
+    type Record = RuleSeen;
     const KIND: Kind = Kind::DeviceTaintRules;
 
-    fn decode(&self, rule: &DeviceTaintRule) -> Result<Decoded<Option<Arc<RuleRecord>>>, Invalid> {
+    fn decode(&self, rule: &DeviceTaintRule) -> Result<Decoded<RuleSeen>, Invalid> {
         let (key, uid, resource_version) = identity(&rule.metadata, false)?;
+        let record = match RuleRecord::from_rule(rule) {
+            Some(r) => RuleSeen::Ours(Arc::new(r)),
+            None if key.starts_with(RULE_NAME_PREFIX) => RuleSeen::Defaced,
+            None => RuleSeen::Other,
+        };
         Ok(Decoded {
             key,
             uid,
             resource_version,
-            record: RuleRecord::from_rule(rule).map(Arc::new),
+            record,
         })
     }
-    fn apply(
-        &self,
-        key: &str,
-        old: Option<&Option<Arc<RuleRecord>>>,
-        new: &Option<Arc<RuleRecord>>,
-    ) {
-        if new.is_none() && old.is_none_or(Option::is_none) {
-            return;
-        }
-        let found = self
-            .cluster
-            .set_device_taint_rule(key, new.as_deref().cloned());
+    fn apply(&self, key: &str, old: Option<&RuleSeen>, new: &RuleSeen) {
+        let was_ours = matches!(old, Some(RuleSeen::Ours(_)));
+        self.cluster
+            .set_defaced_taint_rule(key, *new == RuleSeen::Defaced);
+        let found = match new {
+            RuleSeen::Ours(r) => self
+                .cluster
+                .set_device_taint_rule(key, Some(RuleRecord::clone(r))),
+            _ if was_ours => self.cluster.set_device_taint_rule(key, None),
+            _ => return,
+        };
         conflicts(&self.metrics, found);
     }
-    fn remove(&self, key: &str, old: &Option<Arc<RuleRecord>>) {
-        if old.is_none() {
+    fn remove(&self, key: &str, old: &RuleSeen) {
+        self.cluster.set_defaced_taint_rule(key, false);
+        if !matches!(old, RuleSeen::Ours(_)) {
             return;
         }
         tracing::info!(

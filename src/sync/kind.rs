@@ -95,7 +95,7 @@ impl Kind {
                 "counting what Kubernetes' own device allocator (DRA) holds (no DRA in this cluster)"
             }
             Kind::DeviceTaintRules => {
-                "keeping DRA off the devices the extender hands out (DRA holders are still counted)"
+                "handing out devices a DRA driver also publishes (with --dra-ownership they are refused: nothing keeps DRA off them)"
             }
             Kind::NominatedPods => "holding a preemptor's capacity while its victims go",
             Kind::PodDisruptionBudgets => {

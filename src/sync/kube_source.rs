@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::kind::{Kind, SyncEvent};
 use super::readiness::Requirement;
 use super::store::{Handler, KindSync};
+use crate::model::dra::TaintRuleVersion;
 use crate::model::nrt::NrtVersion;
 
 /// Field selector for the pods that hold resources: assigned and not terminal. It is the one
@@ -32,11 +33,13 @@ pub const NOMINATED_POD_SELECTOR: &str =
 
 pub const DEVICE_API_VERSION: &str = "scheduling.koordinator.sh/v1alpha1";
 
-/// What discovery decided: each kind's requirement, and which NRT version to watch.
+/// What discovery decided: each kind's requirement, and which NRT and DeviceTaintRule
+/// versions to watch.
 #[derive(Debug, Clone)]
 pub struct Discovered {
     pub requirements: BTreeMap<Kind, Requirement>,
     pub nrt_version: NrtVersion,
+    pub taint_rule_version: TaintRuleVersion,
 }
 
 async fn served(client: &Client, api_version: &str, plural: &str) -> Result<bool, kube::Error> {
@@ -136,7 +139,6 @@ pub async fn try_discover(
         (Kind::DeviceClasses, "deviceclasses"),
         (Kind::ResourceSlices, "resourceslices"),
         (Kind::ResourceClaims, "resourceclaims"),
-        (Kind::DeviceTaintRules, "devicetaintrules"),
     ] {
         let served = dra.contains(plural);
         requirements.insert(
@@ -149,9 +151,34 @@ pub async fn try_discover(
             ),
         );
     }
+    // DeviceTaintRule reached v1 a release after the other kinds: 1.34 and 1.35 serve it at
+    // v1alpha3 (gate off by default), 1.36 at v1beta2. Any served version is spoken; with none
+    // the extender still keeps off every device a DRA driver publishes (`cluster::dra`), and
+    // `/readyz` says so.
+    let mut taint_rule_version = TaintRuleVersion::V1;
+    let mut taint_rules = dra.contains("devicetaintrules");
+    for version in &TaintRuleVersion::ALL[1..] {
+        if taint_rules {
+            break;
+        }
+        if served(client, &version.api_version(), "devicetaintrules").await? {
+            taint_rules = true;
+            taint_rule_version = *version;
+        }
+    }
+    requirements.insert(
+        Kind::DeviceTaintRules,
+        requirement(
+            Kind::DeviceTaintRules,
+            taint_rules,
+            insisted,
+            "devicetaintrules.resource.k8s.io is not served at v1, v1beta2 or v1alpha3 (before 1.37 an alpha or off-by-default beta API: gate DRADeviceTaintRules)",
+        ),
+    );
     Ok(Discovered {
         requirements,
         nrt_version,
+        taint_rule_version,
     })
 }
 

@@ -56,9 +56,14 @@ pub struct SyncContext {
     pub metrics: Metrics,
     /// `--allow-dra-extended-resources` (see `sync::dra`).
     pub allow_dra_extended: bool,
-    /// `--dra-ownership` on: its hand-over grace (`--dra-handover-grace`); enforced once
-    /// DeviceTaintRules are served (see `scheduler::dra_owner`).
+    /// `--dra-ownership` on: its hand-over grace (`--dra-handover-grace`); enforced from
+    /// discovery on, DeviceTaintRules served or not (see `scheduler::dra_owner`): without
+    /// them no pool is ever the extender's, so a device a DRA driver publishes is never
+    /// handed out.
     pub dra_ownership: Option<Duration>,
+    /// The DeviceTaintRule version discovery found served (`scheduler::dra_owner` writes at
+    /// it).
+    pub taint_rule_version: Arc<parking_lot::RwLock<crate::model::dra::TaintRuleVersion>>,
 }
 
 impl SyncContext {
@@ -147,6 +152,9 @@ async fn run_kinds(
     for (kind, requirement) in &discovered.requirements {
         ctx.readiness.set_requirement(*kind, requirement.clone());
     }
+    // Enforced whether DeviceTaintRules are served or not: with no rule, no pool is the
+    // extender's (a cluster on 1.34-1.35 without the gate keeps its DRA devices DRA's).
+    ctx.cluster.set_dra_ownership(ctx.dra_ownership);
     let enabled = |k: Kind| matches!(discovered.requirements.get(&k), Some(Requirement::Required));
     let mut tasks = JoinSet::new();
     let mut watching = BTreeSet::new();
@@ -255,15 +263,15 @@ fn spawn_watcher(
             shutdown.clone(),
         )),
         Kind::DeviceTaintRules => {
-            // Enforced from the first list on: until it is applied the node's pools are not
-            // owned, and readiness waits for that list anyway.
-            ctx.cluster.set_dra_ownership(ctx.dra_ownership);
+            // Enforced from discovery on (`run_kinds`): until the first list is applied the
+            // node's pools are not owned, and readiness waits for that list anyway.
+            *ctx.taint_rule_version.write() = discovered.taint_rule_version;
             tasks.spawn(kube_source::run_watcher(
                 ctx.sync(DeviceTaintRuleHandler::new(
                     ctx.cluster.clone(),
                     ctx.metrics.clone(),
                 )),
-                Api::all(client.clone()),
+                Api::all_with(client.clone(), &discovered.taint_rule_version),
                 watcher::Config::default(),
                 mode,
                 shutdown.clone(),

@@ -70,6 +70,10 @@ type controlPlane struct {
 
 	sched    *childProc
 	extender *extenderProc
+
+	// apiserverFlags and schedulerArgs follow the harness's own (planOptions).
+	apiserverFlags []string
+	schedulerArgs  []string
 }
 
 type planOptions struct {
@@ -78,6 +82,11 @@ type planOptions struct {
 	lateCRDs []string
 	// chartValues are the chart values as JSON ("" = the chart's defaults).
 	chartValues string
+	// apiserverFlags are added to every kube-apiserver start (--runtime-config: a release
+	// that serves some kind at another version).
+	apiserverFlags []string
+	// schedulerArgs are added to every kube-scheduler start (--feature-gates).
+	schedulerArgs []string
 }
 
 // routeAllPods is the chart's routeAllPods: true, so cpuset-only pods reach the extender.
@@ -91,7 +100,8 @@ func startControlPlane(t *testing.T, opts planOptions) *controlPlane {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	cp := &controlPlane{t: t, ctx: ctx, dir: t.TempDir(), chart: chart, proxy: newAPIProxy(t)}
+	cp := &controlPlane{t: t, ctx: ctx, dir: t.TempDir(), chart: chart, proxy: newAPIProxy(t),
+		apiserverFlags: opts.apiserverFlags, schedulerArgs: opts.schedulerArgs}
 
 	cp.etcd = testserver.RunEtcd(t, nil).Client
 	cp.storage = storagebackend.NewDefaultConfig(path.Join(randomName(), "registry"), nil)
@@ -129,7 +139,8 @@ func (cp *controlPlane) startAPIServer() {
 	t := cp.t
 	opts := kubeapiservertesting.NewDefaultTestServerOptions()
 	opts.DisableInvariantChecks = true
-	server, err := kubeapiservertesting.StartTestServer(t, opts, apiserverFlags, cp.storage)
+	flags := append(append([]string{}, apiserverFlags...), cp.apiserverFlags...)
+	server, err := kubeapiservertesting.StartTestServer(t, opts, flags, cp.storage)
 	if err != nil {
 		t.Fatalf("kube-apiserver: %v", err)
 	}
@@ -367,7 +378,8 @@ func (cp *controlPlane) startSchedulerWithConfig(chart *renderedChart, urlPrefix
 	}
 	// --secure-port=0: no health endpoint (and no port to collide); the test watches the pods.
 	// A later --secure-port in extraArgs wins.
-	args := append([]string{"--config=" + file, "--secure-port=0", "--v=2"}, extraArgs...)
+	args := append([]string{"--config=" + file, "--secure-port=0", "--v=2"}, cp.schedulerArgs...)
+	args = append(args, extraArgs...)
 	cmd := exec.Command(schedulerBinary, args...)
 	s := startChild(t, "kube-scheduler", cmd, strings.TrimSuffix(file, ".yaml")+".log", 40)
 	cp.sched = s

@@ -17,6 +17,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand"
@@ -34,6 +35,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
@@ -41,6 +44,8 @@ import (
 const (
 	draDriver     = "gpu.e2e.example"
 	draClass      = "e2e-gpu"
+	vfioDriver    = "vfio.e2e.example"
+	vfioClass     = "e2e-vfio"
 	deviceOwner   = "device-numa-extender.io/device-owner"
 	draPodsPerRun = 300
 )
@@ -48,6 +53,12 @@ const (
 // publishSlice publishes node's GPUs as the test driver's pool `node`, named by the UUIDs the
 // node's Device object gives them.
 func (cp *controlPlane) publishSlice(node string, gpus int) {
+	cp.publishSliceOf(node, gpus, draDriver, false)
+}
+
+// publishSliceOf publishes node's GPUs as driver's pool `node`; perDevice names each device's
+// node on the device (`perDeviceNodeSelection`, partitionable devices) instead of the slice.
+func (cp *controlPlane) publishSliceOf(node string, gpus int, driver string, perDevice bool) {
 	var devices []resourceapi.Device
 	for i := 0; i < gpus; i++ {
 		uuid := fmt.Sprintf("GPU-%s-%d", node, i)
@@ -62,25 +73,45 @@ func (cp *controlPlane) publishSlice(node string, gpus int) {
 	}
 	nodeName := node
 	slice := &resourceapi.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: node + "-" + draDriver},
+		ObjectMeta: metav1.ObjectMeta{Name: node + "-" + driver},
 		Spec: resourceapi.ResourceSliceSpec{
-			Driver:   draDriver,
-			Pool:     resourceapi.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
-			NodeName: &nodeName,
-			Devices:  devices,
+			Driver:  driver,
+			Pool:    resourceapi.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
+			Devices: devices,
 		},
+	}
+	if perDevice {
+		yes := true
+		slice.Spec.PerDeviceNodeSelection = &yes
+		for i := range slice.Spec.Devices {
+			slice.Spec.Devices[i].NodeName = &nodeName
+		}
+	} else {
+		slice.Spec.NodeName = &nodeName
 	}
 	if _, err := cp.admin.ResourceV1().ResourceSlices().Create(cp.ctx, slice, metav1.CreateOptions{}); err != nil {
 		cp.t.Fatal(err)
 	}
 }
 
+// wipeSlices deletes node's slices of driver, as kubelet does at every kubelet start.
+func (cp *controlPlane) wipeSlice(node, driver string) {
+	err := cp.admin.ResourceV1().ResourceSlices().Delete(cp.ctx, node+"-"+driver, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		cp.t.Fatal(err)
+	}
+}
+
 func (cp *controlPlane) createDeviceClass(name, extendedResource string) {
+	cp.createDeviceClassOf(name, draDriver, extendedResource)
+}
+
+func (cp *controlPlane) createDeviceClassOf(name, driver, extendedResource string) {
 	class := &resourceapi.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: resourceapi.DeviceClassSpec{
 			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-				Expression: fmt.Sprintf("device.driver == %q", draDriver),
+				Expression: fmt.Sprintf("device.driver == %q", driver),
 			}}},
 		},
 	}
@@ -94,11 +125,16 @@ func (cp *controlPlane) createDeviceClass(name, extendedResource string) {
 
 // createClaimPod creates a claim for one GPU of the test driver and a pod using it.
 func (cp *controlPlane) createClaimPod(name string) {
+	cp.createClaimPodOf(name, draClass)
+}
+
+// createClaimPodOf creates a claim for one device of class and a pod using it.
+func (cp *controlPlane) createClaimPodOf(name, class string) {
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNamespace},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: draClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+				DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
 			}}},
 		}},
 	}
@@ -154,6 +190,9 @@ func (cp *controlPlane) draViolations(m machine) []string {
 			}
 			if s.Spec.NodeName != nil {
 				nodeOf[k] = *s.Spec.NodeName
+			}
+			if d.NodeName != nil {
+				nodeOf[k] = *d.NodeName
 			}
 		}
 	}
@@ -251,7 +290,15 @@ func (cp *controlPlane) draViolations(m machine) []string {
 		}
 	}
 	for uuid, u := range used {
-		if u > 100 {
+		// Claims alone beyond a GPU are DRA's own double allocation: one GPU published by two
+		// drivers' pools (a GPU driver and a VFIO driver) is two devices to kube-scheduler's
+		// allocator, on a node handed to DRA. The extender promises only that no pod of its
+		// holds a GPU beyond it, with claims or other pods.
+		annotated := false
+		for _, h := range holders[uuid] {
+			annotated = annotated || strings.HasPrefix(h, "pod ")
+		}
+		if u > 100 && annotated {
 			out = append(out, fmt.Sprintf("GPU %s: %d%% held (holders %v)", uuid, u, holders[uuid]))
 		}
 	}
@@ -277,30 +324,104 @@ func draSeeds() []int64 {
 
 func TestNoGPUIsHandedOutByBothTheExtenderAndDRA(t *testing.T) {
 	for _, seed := range draSeeds() {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { draChurn(t, seed) })
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { draChurn(t, seed, draOptions{}) })
 	}
 }
 
-func draChurn(t *testing.T, seed int64) {
+// TestEveryPublishedFormKeepsAGPUFromBothAllocators is trust IV §1-§3 through kube-scheduler's
+// own DRA allocator: the same churn with the GPUs published in the forms the join must read.
+// nodes[0] and nodes[2] in a slice-level pool and again in a second driver's pool (a VFIO
+// driver: one GPU, two pools, claims from both classes); nodes[1] and nodes[3] in slices with
+// perDeviceNodeSelection; nodes[3]'s slice wiped and republished before every wave, as kubelet
+// does at every start, while pods of ours hold its GPUs.
+func TestEveryPublishedFormKeepsAGPUFromBothAllocators(t *testing.T) {
+	for _, seed := range draSeeds() {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { draChurn(t, seed, draOptions{forms: true}) })
+	}
+}
+
+// TestWithoutDeviceTaintRulesNoPublishedGPUIsTheExtenders is trust IV §4: a cluster that serves
+// slices and claims at v1 but no DeviceTaintRule (1.34-1.36 by default: the rule API is alpha or
+// an off-by-default beta there), and a kube-scheduler that honours none. Nothing can keep DRA
+// off a published GPU, so the extender hands out none of them (it binds its pods on two nodes no
+// driver publishes), and no GPU is held twice.
+func TestWithoutDeviceTaintRulesNoPublishedGPUIsTheExtenders(t *testing.T) {
+	for _, seed := range draSeeds() {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { draChurn(t, seed, draOptions{noTaintRules: true}) })
+	}
+}
+
+// draOptions vary the churn.
+type draOptions struct {
+	// forms: the GPUs published in every form the join reads (see
+	// TestEveryPublishedFormKeepsAGPUFromBothAllocators).
+	forms bool
+	// noTaintRules: DeviceTaintRule not served, kube-scheduler honouring none; two more nodes
+	// that no driver publishes.
+	noTaintRules bool
+}
+
+// Serves DeviceTaintRule at no version, as 1.34-1.36 do by default.
+var withoutTaintRules = planOptions{
+	apiserverFlags: []string{"--runtime-config=resource.k8s.io/v1/devicetaintrules=false"},
+	schedulerArgs:  []string{"--feature-gates=DRADeviceTaintRules=false"},
+}
+
+func draChurn(t *testing.T, seed int64, opts draOptions) {
 	rng := rand.New(rand.NewSource(seed))
 	// A short hand-over grace keeps the node flips quick; 5 s is still far above what
 	// kube-scheduler needs here to write a claim it allocated in memory.
 	args := []string{"--dra-handover-grace=5s"}
 	// DNE_E2E_DRA_ARGS adds extender flags: `--dra-ownership=false` shows what ownership prevents.
 	args = append(args, strings.Fields(os.Getenv("DNE_E2E_DRA_ARGS"))...)
-	cp := startControlPlane(t, planOptions{})
+	plan := planOptions{}
+	if opts.noTaintRules {
+		plan = withoutTaintRules
+	}
+	cp := startControlPlane(t, plan)
 	ext := cp.startExtender("", args...)
 	cp.startScheduler(ext.urlPrefix())
 	m := gpuMachine
-	nodes := cp.addNodes("gpu", 4, m)
-	for _, n := range nodes {
-		cp.publishSlice(n, m.gpus)
+	count := 4
+	if opts.noTaintRules {
+		count = 6
+	}
+	nodes := cp.addNodes("gpu", count, m)
+	published := map[string]bool{}
+	for i, n := range nodes[:4] {
+		published[n] = true
+		switch {
+		case opts.forms && i%2 == 0:
+			cp.publishSlice(n, m.gpus)
+			cp.publishSliceOf(n, m.gpus, vfioDriver, false)
+		case opts.forms:
+			cp.publishSliceOf(n, m.gpus, draDriver, true)
+		default:
+			cp.publishSlice(n, m.gpus)
+		}
 	}
 	cp.createDeviceClass(draClass, "")
+	classes := []string{draClass}
+	if opts.forms {
+		cp.createDeviceClassOf(vfioClass, vfioDriver, "")
+		classes = append(classes, vfioClass)
+	}
 	// Two nodes are DRA's, two the extender's; half-way one of each changes hands.
 	cp.labelOwner(nodes[0], "dra")
 	cp.labelOwner(nodes[1], "dra")
 	ext.waitLeader()
+	if opts.noTaintRules {
+		// /readyz says why: the kind is disabled and names what that turns off.
+		var body map[string]any
+		if err := json.Unmarshal([]byte(ext.probeBody("/readyz?standby=ok")), &body); err != nil {
+			t.Fatal(err)
+		}
+		kind, _ := body["kinds"].(map[string]any)["devicetaintrules"].(map[string]any)
+		reason, _ := kind["reason"].(string)
+		if kind["requirement"] != "disabled" || !strings.Contains(reason, "not served") || !strings.Contains(reason, "refused") {
+			t.Fatalf("/readyz does not say DeviceTaintRules are off and what it costs: %v", kind)
+		}
+	}
 
 	var created, claimPods []string
 	live := map[string]bool{}
@@ -311,6 +432,14 @@ func draChurn(t *testing.T, seed int64) {
 		if v := cp.draViolations(m); len(v) > 0 {
 			t.Fatalf("%s: a GPU held beyond itself:\n  %s", when, strings.Join(v, "\n  "))
 		}
+		if opts.noTaintRules {
+			// No rule can keep DRA off a published GPU: none of them is the extender's.
+			for _, p := range cp.boundPods() {
+				if _, annotated := p.Annotations["scheduling.koordinator.sh/device-allocated"]; annotated && published[p.Spec.NodeName] {
+					t.Fatalf("%s: pod %s was given a GPU of %s, which a DRA driver publishes and no DeviceTaintRule can protect", when, p.Name, p.Spec.NodeName)
+				}
+			}
+		}
 		for _, p := range cp.boundPods() {
 			everBound[p.Name] = true
 		}
@@ -318,6 +447,14 @@ func draChurn(t *testing.T, seed int64) {
 	const waves = 10
 	perWave := draPodsPerRun / waves
 	for wave := 0; wave < waves; wave++ {
+		if opts.forms && wave > 0 {
+			// kubelet restarts on nodes[3]: its slice goes, and comes back when the driver
+			// registers again, while pods of ours hold its GPUs. The pause is the restart's
+			// (a shape, not an assertion); the wave's claims are created right after.
+			cp.wipeSlice(nodes[3], draDriver)
+			time.Sleep(2 * time.Second)
+			cp.publishSliceOf(nodes[3], m.gpus, draDriver, true)
+		}
 		var wg sync.WaitGroup
 		var names []string
 		for i := 0; i < perWave; i++ {
@@ -330,12 +467,13 @@ func draChurn(t *testing.T, seed int64) {
 				isClaimPod[name] = true
 				claimPods = append(claimPods, name)
 			}
+			class := classes[rng.Intn(len(classes))]
 			wg.Add(1)
 			go func(name string, kind int) {
 				defer wg.Done()
 				switch kind {
 				case 0:
-					cp.createClaimPod(name)
+					cp.createClaimPodOf(name, class)
 				case 1:
 					cp.createPod(podSpec{name: name, limits: map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}})
 				default:
@@ -559,4 +697,39 @@ func (e *extenderProc) waitLeader() {
 	if err != nil {
 		e.cp.t.Fatalf("extender never led: %v: %s", err, e.probeBody("/readyz"))
 	}
+}
+
+// TestDeviceTaintRulesServedAtV1beta2AreWrittenThere is trust IV §4's other half: a cluster that
+// serves DeviceTaintRule only at v1beta2 (1.36 with the beta API enabled). The extender finds it
+// there, writes its rule at v1beta2, reads it back through its watch, and owns the pool once the
+// grace has passed: a GPU pod binds. (kube-scheduler v1.37 reads rules at v1 only, so it runs
+// with the gate off here and this shows the extender's half, not DRA honouring the rule.)
+func TestDeviceTaintRulesServedAtV1beta2AreWrittenThere(t *testing.T) {
+	cp := startControlPlane(t, planOptions{
+		apiserverFlags: []string{"--runtime-config=resource.k8s.io/v1/devicetaintrules=false,resource.k8s.io/v1beta2=true"},
+		schedulerArgs:  []string{"--feature-gates=DRADeviceTaintRules=false"},
+	})
+	ext := cp.startExtender("", "--dra-handover-grace=2s")
+	cp.startScheduler(ext.urlPrefix())
+	m := gpuMachine
+	nodes := cp.addNodes("gpu", 1, m)
+	cp.publishSlice(nodes[0], m.gpus)
+	ext.waitLeader()
+	v1beta2 := schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1beta2", Resource: "devicetaintrules"}
+	var rules *unstructured.UnstructuredList
+	err := wait.PollUntilContextTimeout(cp.ctx, 200*time.Millisecond, hangGuard, true, func(ctx context.Context) (bool, error) {
+		var err error
+		rules, err = cp.dyn.Resource(v1beta2).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=device-numa-extender"})
+		return err == nil && len(rules.Items) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("no rule of the extender's at v1beta2: %v (%v)", err, rules)
+	}
+	pool, _, _ := unstructured.NestedString(rules.Items[0].Object, "spec", "deviceSelector", "pool")
+	if pool != nodes[0] {
+		t.Fatalf("the rule selects pool %q, want %q", pool, nodes[0])
+	}
+	cp.createPod(podSpec{name: "whole", limits: map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}})
+	cp.waitBound("whole")
+	cp.assertNoViolations()
 }

@@ -566,6 +566,148 @@ mod ownership {
     }
 }
 
+/// Trust IV §1 through the service: a slice with `perDeviceNodeSelection` names each GPU's node
+/// on the device. A claim allocated and reserved holds both GPUs of n1, so a one-GPU pod is
+/// refused there by filter and by bind (before, the join read only the slice-level `nodeName`
+/// and bound it to minor 0).
+#[tokio::test]
+async fn a_per_device_slice_is_joined_on_each_devices_node() {
+    let fake = FakeApiServer::new();
+    add_gpu_node(&fake, "n1", 2, &[]);
+    let mut s = slice("n1", &[0, 1]);
+    s["spec"].as_object_mut().unwrap().remove("nodeName");
+    s["spec"]["perDeviceNodeSelection"] = json!(true);
+    for d in s["spec"]["devices"].as_array_mut().unwrap() {
+        d["nodeName"] = json!("n1");
+    }
+    fake.create(Kind::ResourceSlice, s).unwrap();
+    let mut both = claim("both", "n1", 0);
+    both["status"]["allocation"]["devices"]["results"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-1"}));
+    both["status"]["reservedFor"] = json!([{"resource": "pods", "name": "trainer", "uid": "u"}]);
+    fake.create(Kind::ResourceClaim, both).unwrap();
+    let one = pending("one", whole_gpus(1));
+    fake.create(Kind::Pod, one.clone()).unwrap();
+    let env = Env::start(&fake, &[]).await;
+    ownership::wait_owned(&env, "n1", true).await;
+    let f = env.filter(&one, &["n1"]).await;
+    assert!(names(&f).is_empty(), "both GPUs are the claim's: {f}");
+    // Trust IV §11: the reason kube-scheduler shows names DRA as the cause.
+    let reason = f["FailedNodes"]["n1"].as_str().unwrap_or_default();
+    assert!(reason.contains("2 gpus held by DRA claims"), "{f}");
+    assert!(env.bind(&one, "n1").await.is_err());
+    assert_eq!(annotation_of(&fake, &one), None);
+    let ledger = env.ledger("n1").await;
+    for minor in ["0", "1"] {
+        assert_eq!(
+            ledger["types"]["gpu"][minor]["dra_claims"],
+            json!(["ml/both"]),
+            "{ledger}"
+        );
+    }
+    env.svc.shutdown().await.unwrap();
+}
+
+/// Trust IV §4 through the service: slices and claims served, DeviceTaintRule not (1.34-1.36
+/// by default). No rule can keep DRA off a GPU its driver publishes, so none of them is handed
+/// out (before: `/readyz` 200, the kind `disabled` without a word, and the GPU bound); a GPU no
+/// driver publishes still is; `/readyz` says what the missing kind costs.
+#[tokio::test]
+async fn without_device_taint_rules_a_published_gpu_is_never_handed_out() {
+    let fake = FakeApiServer::new();
+    fake.set_crd_served(Kind::DeviceTaintRule, false);
+    add_gpu_node(&fake, "n1", 1, &[]);
+    add_gpu_node(&fake, "n2", 1, &[]);
+    fake.create(Kind::ResourceSlice, slice("n1", &[0])).unwrap();
+    let one = pending("one", whole_gpus(1));
+    fake.create(Kind::Pod, one.clone()).unwrap();
+    let env = Env::start(&fake, &[]).await;
+    let (_, body) = env.http.get("/readyz").await;
+    let kind = &body["kinds"]["devicetaintrules"];
+    assert_eq!(kind["requirement"], "disabled", "{body}");
+    let reason = kind["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("v1beta2") && reason.contains("refused"),
+        "names the versions looked for and what it costs: {body}"
+    );
+    let f = env.filter(&one, &["n1", "n2"]).await;
+    assert_eq!(names(&f), vec!["n2".to_string()], "{f}");
+    let f = env.filter(&one, &["n1"]).await;
+    let reason = f["FailedNodes"]["n1"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("1 gpu published by a DRA driver and not the extender's"),
+        "the reason names DRA: {f}"
+    );
+    assert!(env.bind(&one, "n1").await.is_err());
+    assert_eq!(annotation_of(&fake, &one), None);
+    let ledger = env.ledger("n1").await;
+    assert_eq!(
+        ledger["types"]["gpu"]["0"]["dra_pool_not_owned"],
+        json!(format!("{DRIVER}/n1")),
+        "{ledger}"
+    );
+    env.bind(&one, "n2")
+        .await
+        .expect("no driver publishes n2's GPU");
+    env.svc.shutdown().await.unwrap();
+}
+
+/// Trust IV §11: `inspect --kubeconfig --pod` answers as `serve` does. On a node handed to DRA
+/// (`device-owner=dra`) whose GPU a DRA driver publishes, filter refuses the pod; `inspect`
+/// said "fits now on n1" before (it enforced no ownership), and now says it fits nowhere, with
+/// the reason naming DRA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_pod_refuses_where_filter_does_beside_dra() {
+    let fake = FakeApiServer::new();
+    add_gpu_node(&fake, "n1", 1, &[]);
+    fake.patch_merge(
+        Kind::Node,
+        "",
+        "n1",
+        json!({"metadata": {"labels": {"device-numa-extender.io/device-owner": "dra"}},
+               "status": {"allocatable": {"nvidia.com/gpu": "1"}, "capacity": {"nvidia.com/gpu": "1"}}}),
+    )
+    .unwrap();
+    fake.create(Kind::ResourceSlice, slice("n1", &[0])).unwrap();
+    let one = pending("one", whole_gpus(1));
+    fake.create(Kind::Pod, one.clone()).unwrap();
+    let served = fake.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    served.write_kubeconfig(&kubeconfig).unwrap();
+    let path = kubeconfig.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
+            .args(["inspect", "--kubeconfig"])
+            .arg(&path)
+            .args(["--pod", "ml/one", "-o", "json"])
+            .output()
+            .expect("run the binary")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let found: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(found["fits_on"], json!([]), "{found}");
+    let reasons = found["reasons"].to_string();
+    assert!(
+        reasons.contains("published by a DRA driver and not the extender's"),
+        "{found}"
+    );
+
+    // And the service refuses it likewise.
+    let env = Env::start(&fake, &[]).await;
+    let f = env.filter(&one, &["n1"]).await;
+    assert!(names(&f).is_empty(), "{f}");
+    env.svc.shutdown().await.unwrap();
+}
+
 /// `inspect` names the claim that holds a GPU, from a cluster file with DRA objects in it
 /// (through the same sync handlers as the service).
 #[test]

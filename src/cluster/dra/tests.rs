@@ -124,7 +124,7 @@ fn bad_slices_and_claims_are_reported_and_change_nothing_else() {
     );
     // The first listing of `a` stands; `b` is kept (a claim may still name it) with no identity.
     assert_eq!(s.devices.len(), 2);
-    assert_eq!(s.devices[0].1, vec![uuid("GPU-a")]);
+    assert_eq!(s.devices[0].ids, vec![uuid("GPU-a")]);
 
     let no_pool: ResourceSlice = serde_json::from_value(json!({
         "metadata": {"name": "np"}, "spec": {"driver": "d", "nodeName": "n", "devices": [{"name": "a"}]}
@@ -179,6 +179,158 @@ fn only_managed_names_mapped_by_a_class_count() {
     );
     assert!(index.set_class("gpus2", None));
     assert!(index.extended_names().is_empty());
+}
+
+/// Trust IV §1: a slice with `perDeviceNodeSelection` names each device's node itself; a
+/// claim holding both GPUs of n1 holds them on n1 (the join read only the slice-level
+/// `nodeName` before, and a one-GPU pod was bound to minor 0).
+#[test]
+fn per_device_node_selection_puts_each_device_on_its_own_node() {
+    let mut index = DraIndex::new([]);
+    let partitioned: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "per-device"},
+        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "fleet"}, "perDeviceNodeSelection": true,
+                 "devices": [
+            {"name": "gpu-0", "nodeName": "n1", "attributes": {"uuid": {"string": "GPU-a"}}},
+            {"name": "gpu-1", "nodeName": "n1", "attributes": {"uuid": {"string": "GPU-b"}}},
+            {"name": "gpu-2", "nodeName": "n2", "attributes": {"uuid": {"string": "GPU-c"},
+                "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"}}},
+            {"name": "lost", "attributes": {"uuid": {"string": "GPU-z"}}}
+        ]}
+    }))
+    .unwrap();
+    let (record, problems) = SliceRecord::from_slice(&partitioned);
+    assert_eq!(
+        problems.iter().map(|p| p.problem).collect::<Vec<_>>(),
+        vec!["device_without_node"]
+    );
+    assert_eq!(
+        index.set_slice("per-device", Some(record)),
+        BTreeSet::from([Arc::from("n1"), Arc::from("n2")])
+    );
+    let (c, _) = ClaimRecord::from_claim(&claim(&[
+        ("gpu.nvidia.com", "fleet", "gpu-0"),
+        ("gpu.nvidia.com", "fleet", "gpu-1"),
+    ]));
+    assert_eq!(
+        index.set_claim("ns/c", Some(c)),
+        BTreeSet::from([Arc::from("n1")])
+    );
+    let n1 = index.holdings("n1", SystemTime::now());
+    assert_eq!(
+        n1.held.keys().cloned().collect::<Vec<_>>(),
+        vec![uuid("GPU-a"), uuid("GPU-b")]
+    );
+    let n2 = index.holdings("n2", SystemTime::now());
+    assert!(n2.held.is_empty());
+    assert_eq!(n2.published.len(), 2, "uuid and bus ID of gpu-2: {n2:?}");
+}
+
+/// A device reachable through a node selector (or from all nodes) is joined by its UUID on
+/// whichever node states it; its PCI address names a place on every node and is not joined.
+#[test]
+fn a_device_a_selector_reaches_is_joined_by_uuid_on_any_node() {
+    let mut index = DraIndex::new([]);
+    let selected: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "sel"},
+        "spec": {"driver": "d", "pool": {"name": "p"},
+                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                     {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]},
+                 "devices": [{"name": "x", "attributes": {"uuid": {"string": "GPU-x"},
+                     "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"}}}]}
+    }))
+    .unwrap();
+    let (record, problems) = SliceRecord::from_slice(&selected);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(record.devices[0].ids, vec![uuid("GPU-x")]);
+    assert_eq!(
+        index.set_slice("sel", Some(record)),
+        BTreeSet::from([Arc::from(ANY_NODE)])
+    );
+    assert!(index.has_any_node_listings());
+    let (c, _) = ClaimRecord::from_claim(&claim(&[("d", "p", "x")]));
+    index.set_claim("ns/c", Some(c));
+    for node in ["n1", "n7"] {
+        let h = index.holdings(node, SystemTime::now());
+        assert_eq!(
+            h.held.keys().cloned().collect::<Vec<_>>(),
+            vec![uuid("GPU-x")]
+        );
+    }
+    assert!(
+        !index.knows_node("n7"),
+        "no node entry is made for a selector"
+    );
+    index.set_slice("sel", None);
+    index.set_claim("ns/c", None);
+    assert!(!index.has_any_node_listings());
+    assert!(index.holdings("n1", SystemTime::now()).is_empty());
+}
+
+/// Trust IV §3: kubelet wipes a node's slices at every start. While the pool carries the
+/// extender's rule the device is remembered (`former`), so the rule is not deleted under a pod
+/// of ours; once the rule goes, nothing is remembered; a pool without a rule keeps nothing.
+#[test]
+fn a_wiped_slice_is_remembered_while_its_pool_carries_the_rule() {
+    let mut index = DraIndex::new([]);
+    index.set_ownership(Some(std::time::Duration::ZERO));
+    let pool = DevicePool {
+        driver: Arc::from("gpu.nvidia.com"),
+        pool: Arc::from("n1"),
+    };
+    let rule = RuleRecord {
+        pool: pool.clone(),
+        created: SystemTime::UNIX_EPOCH,
+    };
+    index.set_rule("r", Some(rule));
+    let (s, _) =
+        SliceRecord::from_slice(&slice("n1", "gpu.nvidia.com", "n1", &[("gpu-0", "GPU-a")]));
+    index.set_slice("s1", Some(s.clone()));
+    let h = index.holdings("n1", SystemTime::now());
+    assert!(h.owned.contains(&pool) && h.former.is_empty());
+
+    assert_eq!(
+        index.set_slice("s1", None),
+        BTreeSet::from([Arc::from("n1")])
+    );
+    let h = index.holdings("n1", SystemTime::now());
+    assert!(h.published.is_empty());
+    assert_eq!(h.former[&uuid("GPU-a")], BTreeSet::from([pool.clone()]));
+    assert!(index.knows_node("n1"));
+
+    // Republished: published again, not remembered.
+    index.set_slice("s1", Some(s.clone()));
+    let h = index.holdings("n1", SystemTime::now());
+    assert!(h.former.is_empty() && h.published.len() == 1);
+
+    // Wiped again, then the rule goes: forgotten.
+    index.set_slice("s1", None);
+    assert_eq!(index.set_rule("r", None), BTreeSet::from([Arc::from("n1")]));
+    assert!(index.holdings("n1", SystemTime::now()).is_empty());
+    assert!(!index.knows_node("n1"));
+
+    // No rule: a wiped slice leaves nothing behind.
+    index.set_slice("s1", Some(s));
+    index.set_slice("s1", None);
+    assert!(index.holdings("n1", SystemTime::now()).is_empty());
+}
+
+/// Trust IV §5: a device allocated with `adminAccess` is not counted as allocated by
+/// kube-scheduler's allocator (another claim may be given it), so it holds nothing here.
+#[test]
+fn an_admin_access_result_holds_nothing() {
+    let admin: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "mon", "namespace": "ops"},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "r", "driver": "d", "pool": "p", "device": "a", "adminAccess": true},
+            {"request": "r", "driver": "d", "pool": "p", "device": "b", "adminAccess": false}
+        ]}}}
+    }))
+    .unwrap();
+    let (c, problems) = ClaimRecord::from_claim(&admin);
+    assert!(problems.is_empty());
+    assert_eq!(c.devices.len(), 1);
+    assert_eq!(&*c.devices[0].device, "b");
 }
 
 // ---- property test against the objects ----
