@@ -805,7 +805,7 @@ fn preempt_costs(state: &Scheduler) {
     println!("\n== issue 38: share totals pass and preempt's victim search, {NODES} nodes ==");
     println!("{}", common::machine());
     let mut passes: Vec<Duration> = (0..20)
-        .map(|_| timed(|| share_totals::plan(&state.cluster)))
+        .map(|_| timed(|| share_totals::plan(&state.cluster, &Default::default())))
         .collect();
     let p = summarize(&mut passes);
     println!(

@@ -180,6 +180,7 @@ impl Service {
             .map_err(ServeError::Limits)?;
         let metrics = Metrics::new();
         let cluster = Arc::new(ClusterState::new());
+        cluster.set_deviceless_untrusted(args.gpu_share_totals.deviceless_untrusted());
         cluster.configure_dra(
             args.dra_cpu_drivers
                 .iter()

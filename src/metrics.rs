@@ -96,6 +96,8 @@ pub struct MetricSet {
     pub dra_defaced_rules: IntGauge,
     /// DRA pools whose rule write failed and waits out its backoff.
     pub dra_taint_rule_backoff_pools: IntGauge,
+    /// Nodes whose share-totals write failed and waits out its backoff.
+    pub share_totals_backoff_nodes: IntGauge,
     pub share_totals_writes: IntCounterVec,
     pub preempt_candidates: IntCounterVec,
     pub share_totals_mismatched_nodes: IntGauge,
@@ -375,6 +377,10 @@ impl MetricSet {
             dra_taint_rule_backoff_pools: reg!(IntGauge::new(
                 "dra_taint_rule_backoff_pools",
                 "DRA pools whose DeviceTaintRule write failed and that wait out a backoff (the tick, doubled per failure in a row, at most 30 s) before the next attempt."
+            )),
+            share_totals_backoff_nodes: reg!(IntGauge::new(
+                "share_totals_backoff_nodes",
+                "Nodes whose GPU share totals write failed and that wait out a backoff (the tick, doubled per failure in a row, at most 30 s) before the next attempt."
             )),
             preempt_candidates: reg!(IntCounterVec::new(
                 Opts::new(

@@ -1174,6 +1174,7 @@ pub(super) mod tests {
             cpu_amplification: Default::default(),
             numa_amplification: Default::default(),
             advertised: Default::default(),
+            deviceless_advertised: Default::default(),
         };
         assert_eq!(c.cpu_constraining_nodes(), 0);
         c.set_topology("n1", Some(nrt(2, 4, &[])));

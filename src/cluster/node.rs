@@ -135,7 +135,7 @@ impl NodeState {
             None => (
                 DeviceFacts::Missing {
                     held: !self.devices.is_empty(),
-                    advertised: self.node.as_ref().map(|n| n.advertised),
+                    advertised: self.node.as_ref().map(|n| n.deviceless_advertised),
                 },
                 Vec::new(),
                 Default::default(),

@@ -40,6 +40,12 @@ pub struct NodeRecord {
     /// plugins serve here when the node has no `Device` object.
     #[serde(skip)]
     pub advertised: ResourceNameSet,
+    /// What the Device-less rule (`placement::device::deviceless`) takes from `advertised` as
+    /// a device plugin's: all of it, less the names the caches were told come from `Device`
+    /// objects (`ClusterState::set_deviceless_untrusted`: the GPU share totals, when
+    /// koord-manager or the extender writes them, are never a device plugin's).
+    #[serde(skip)]
+    pub deviceless_advertised: ResourceNameSet,
 }
 
 impl NodeRecord {
@@ -50,18 +56,20 @@ impl NodeRecord {
             .as_ref()
             .and_then(|a| a.get(RESOURCE_AMPLIFICATION_RATIO))
             .map(|r| koord_cpu::parse_amplification_ratios(r));
+        let advertised = ResourceNameSet::of(
+            node.status
+                .allocatable
+                .iter()
+                .flatten()
+                .filter(|(_, q)| Quantity::parse(q).is_ok_and(|q| q.milli() > 0))
+                .map(|(name, _)| name.as_str()),
+        );
         NodeRecord {
             uid: node.metadata.uid.clone().unwrap_or_default(),
             labels: node.labels(),
             allocatable: node.status.allocatable.clone().unwrap_or_default(),
-            advertised: ResourceNameSet::of(
-                node.status
-                    .allocatable
-                    .iter()
-                    .flatten()
-                    .filter(|(_, q)| Quantity::parse(q).is_ok_and(|q| q.milli() > 0))
-                    .map(|(name, _)| name.as_str()),
-            ),
+            advertised,
+            deviceless_advertised: advertised,
             cpu_amplification: CpuAmplificationRatio::from_parsed(parsed.as_ref()),
             numa_amplification: match &parsed {
                 Some(Ok(r)) => NumaAmplification {

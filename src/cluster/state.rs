@@ -70,6 +70,9 @@ pub struct ClusterState {
     dra: parking_lot::Mutex<DraIndex>,
     /// `DraIndex::extended_names` as bits, for nodes created after a class arrived.
     dra_extended: std::sync::atomic::AtomicU32,
+    /// Names a Node advertises that the Device-less rule never takes for a device plugin's
+    /// (bits; [`Self::set_deviceless_untrusted`]).
+    deviceless_untrusted: std::sync::atomic::AtomicU32,
     /// Pending pods kube-scheduler nominated to a node (see [`super::nominated`]).
     nominations: super::nominated::Nominations,
     /// PodDisruptionBudgets, for preemption's violation count (see [`super::budgets`]).
@@ -261,7 +264,33 @@ impl ClusterState {
         }
     }
 
+    /// Names whose totals on a Node come from its `Device` object (the GPU share totals, when
+    /// `--gpu-share-totals` is `koord-manager` or `extender`): on a node without one they are
+    /// stale (the Device deleted, the totals not yet taken back, or the take-back refused)
+    /// and never a device plugin's, so the Device-less rule does not serve them (trust IV §6:
+    /// a share pod was bound to a node with no GPU). Nodes already cached are judged anew.
+    pub fn set_deviceless_untrusted(&self, names: ResourceNameSet) {
+        self.deviceless_untrusted
+            .store(names.bits(), std::sync::atomic::Ordering::SeqCst);
+        let all: Vec<Arc<str>> = self.nodes.read().keys().cloned().collect();
+        for n in all {
+            self.with_node(&n, |s| {
+                if let Some(node) = &mut s.node {
+                    node.deviceless_advertised = node.advertised.without(names);
+                }
+            });
+        }
+    }
+
     pub fn set_node(&self, name: &str, node: Option<NodeRecord>) {
+        let untrusted = ResourceNameSet::from_bits(
+            self.deviceless_untrusted
+                .load(std::sync::atomic::Ordering::SeqCst),
+        );
+        let node = node.map(|mut n| {
+            n.deviceless_advertised = n.advertised.without(untrusted);
+            n
+        });
         let removed = node.is_none();
         {
             let to_dra = node

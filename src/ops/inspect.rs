@@ -239,6 +239,9 @@ async fn run_pod(args: &InspectArgs, key: &str) -> Result<String, OpsError> {
     let api = Arc::new(OfflinePodApi::new(pods.iter().cloned()));
     let mut state = loaded.into_scheduler(api, ScoringConfig::default());
     state.share_totals = args.gpu_share_totals;
+    state
+        .cluster
+        .set_deviceless_untrusted(args.gpu_share_totals.deviceless_untrusted());
     let found = pending::inspect_pod(&state, &pod, &pods);
     match args.output {
         InspectFormat::Json => {

@@ -251,6 +251,9 @@ pub async fn simulate_as(
     ));
     let mut state = load_cluster_file(file).into_scheduler(api.clone(), scoring);
     state.share_totals = share_totals;
+    state
+        .cluster
+        .set_deviceless_untrusted(share_totals.deviceless_untrusted());
     let before = cluster_report(&state.cluster, &[]).summary;
 
     let mut placements = Vec::new();

@@ -162,7 +162,7 @@ pub fn allocate_on(
             .device_ledger()
             .entries()
             .any(|(uid, _)| !ignore.contains(uid));
-        let advertised = node.node.as_ref().map(|n| n.advertised);
+        let advertised = node.node.as_ref().map(|n| n.deviceless_advertised);
         return deviceless_fit(held, advertised, req.asked).map(|()| None);
     }
     fit_with(node.device_ledger(), req, ignore, &scoring.device).map(Some)

@@ -23,9 +23,17 @@
 //! Rules:
 //! - a node's wanted total of a name is the sum of that resource over the healthy GPUs of its
 //!   `Device` object, as koord-manager computes it; a node without a `Device` object (or without
-//!   GPUs) wants none, and one that still advertises a positive total is written 0: otherwise the
-//!   Device-less rule (`placement::device::deviceless`) would take the stale names for a device
-//!   plugin's and serve share pods there without a GPU;
+//!   GPUs) wants none;
+//! - on a node without a `Device` object, the share names are never taken for a device
+//!   plugin's while koord-manager or the extender writes them
+//!   (`ClusterState::set_deviceless_untrusted`, [`ShareTotals::deviceless_untrusted`]): the
+//!   totals there are stale (trust IV §6: a share pod was bound to such a node, with no GPU,
+//!   right after its Device was deleted, with or without the take-back write failing);
+//! - totals are taken back (written 0) only on a node where this process wrote them: a
+//!   Device-less node's names are someone else's capacity otherwise (a device plugin's, which
+//!   kubelet restores; trust IV §8: the extender fought kubelet every pass). After a restart
+//!   stale totals the previous leader wrote stay on a Device-less node; kube-scheduler counts
+//!   them, the extender's filter refuses the node (not advertised by a device plugin);
 //! - a name some DeviceClass maps to DRA (KEP-5004) is never written: advertising it would take
 //!   the node away from DRA for that name;
 //! - totals are compared as quantities, never as text.
@@ -35,20 +43,24 @@
 //!   plans from the cache and patches the node
 //!   (`tests::totals_are_the_healthy_gpus_sums_and_only_differences_are_written`);
 //! - a patch fails or its answer is lost: counted (`dne_share_totals_writes_total{result}`),
-//!   and the next tick plans again from the cache, which the watch updates when a write did land
-//!   (`tests::a_failed_write_is_retried_and_counted`);
+//!   and the node waits out a per-node backoff (`scheduler::backoff`: the tick, doubled per
+//!   failure in a row, at most 30 s; `dne_share_totals_backoff_nodes`) before it is planned
+//!   again from the cache, which the watch updates when a write did land
+//!   (`tests::a_failed_write_is_retried_and_counted`, `tests::refused_writes_back_off_per_node`);
 //! - kubelet (or anyone) overwrites the totals: the Node event updates the cache and the next
 //!   tick writes them back (level-triggered; the same test as a failed write);
 //! - two replicas: only the synced leader writes; every replica checks and reports.
 //!
 //! This module decides only what Nodes should advertise; it never decides placement.
 
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use super::backoff::KeyedBackoff;
 use crate::cluster::{ClusterState, NodeState};
 use crate::metrics::Metrics;
 use crate::model::device::{DeviceType, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO};
@@ -74,6 +86,16 @@ impl ShareTotals {
     pub fn counted_by_scheduler(self) -> bool {
         self != ShareTotals::Ignored
     }
+
+    /// The names whose Node totals come from `Device` objects in this mode, which the
+    /// Device-less rule must never take for a device plugin's
+    /// (`ClusterState::set_deviceless_untrusted`): the share names, unless nobody writes them.
+    pub fn deviceless_untrusted(self) -> ResourceNameSet {
+        match self {
+            ShareTotals::Ignored => ResourceNameSet::default(),
+            _ => ResourceNameSet::of(SHARE_NAMES),
+        }
+    }
 }
 
 /// The share names whose node totals kube-scheduler counts when they are advertised.
@@ -91,6 +113,8 @@ pub struct Mismatch {
     pub node: String,
     /// The names to write and their wanted totals (0 for a name to take back).
     pub write: Writes,
+    /// The node has no `Device` object: the write takes back totals this process wrote.
+    pub take_back: bool,
 }
 
 /// What a node should advertise: the sums over the healthy GPUs of its `Device` object
@@ -113,10 +137,20 @@ pub fn wanted(node: &NodeState) -> Totals {
 /// The writes that make `node`'s advertised totals its GPUs' ([`wanted`]): a positive total
 /// must be advertised as it is; a zero one must not be advertised positive (absent is fine:
 /// kube-scheduler refuses a request for a name a node does not advertise). Names in `dra`
-/// (served through DRA) are left alone. `None` when nothing needs writing, or the Node object
-/// is not cached.
-pub fn mismatch(name: &str, node: &NodeState, dra: ResourceNameSet) -> Option<Mismatch> {
+/// (served through DRA) are left alone. A node without a `Device` object is written only when
+/// `wrote_here` (this process wrote its totals: they are the extender's to take back; anyone
+/// else's are left alone). `None` when nothing needs writing, or the Node object is not cached.
+pub fn mismatch(
+    name: &str,
+    node: &NodeState,
+    dra: ResourceNameSet,
+    wrote_here: bool,
+) -> Option<Mismatch> {
     let record = node.node.as_ref()?;
+    let take_back = node.device_ledger().devices().is_none();
+    if take_back && !wrote_here {
+        return None;
+    }
     let wanted = wanted(node);
     let write: Writes = SHARE_NAMES
         .iter()
@@ -139,11 +173,13 @@ pub fn mismatch(name: &str, node: &NodeState, dra: ResourceNameSet) -> Option<Mi
     (!write.is_empty()).then(|| Mismatch {
         node: name.to_string(),
         write,
+        take_back,
     })
 }
 
-/// Every cached node whose advertised totals differ from its GPUs', by node name.
-pub fn plan(cluster: &ClusterState) -> Vec<Mismatch> {
+/// Every cached node whose advertised totals differ from its GPUs', by node name; `wrote`:
+/// the nodes whose totals this process wrote (see [`mismatch`]).
+pub fn plan(cluster: &ClusterState, wrote: &HashSet<String>) -> Vec<Mismatch> {
     let mut names = cluster.node_names();
     names.sort_unstable();
     names
@@ -151,9 +187,26 @@ pub fn plan(cluster: &ClusterState) -> Vec<Mismatch> {
         .filter_map(|name| {
             let entry = cluster.node(name)?;
             let state = entry.read();
-            mismatch(name, &state, state.dra_extended)
+            mismatch(name, &state, state.dra_extended, wrote.contains(&**name))
         })
         .collect()
+}
+
+/// The writer's memory between passes: the nodes it wrote totals on (the only Device-less
+/// nodes it may take them back from) and the nodes backing off after failed writes.
+pub struct Writer {
+    wrote: HashSet<String>,
+    backoff: KeyedBackoff<String>,
+}
+
+impl Writer {
+    /// `tick`: how often [`run`] checks (the first wait after a failure).
+    pub fn new(tick: Duration) -> Self {
+        Writer {
+            wrote: HashSet::new(),
+            backoff: KeyedBackoff::new(tick),
+        }
+    }
 }
 
 /// The write behind [`reconcile`] (the Kubernetes client in `serve`; tests record the calls).
@@ -209,20 +262,30 @@ impl NodeStatusApi for KubeNodeStatusApi {
     }
 }
 
-/// One pass: the mismatched nodes now, and (when `api` is given: the extender writes, and this
-/// replica is the synced leader) a patch for each. Returns the nodes still mismatched after it
-/// (those whose write failed, or all of them without `api`).
+/// One pass at `now`: the mismatched nodes now, and (when `api` is given: the extender writes,
+/// and this replica is the synced leader) a patch for each that is not backing off. Returns the
+/// nodes still mismatched after it (those whose write failed or waits, or all of them without
+/// `api`).
 pub async fn reconcile(
     cluster: &ClusterState,
     api: Option<&dyn NodeStatusApi>,
     metrics: &Metrics,
+    writer: &mut Writer,
+    now: Instant,
 ) -> Vec<Mismatch> {
-    let planned = plan(cluster);
+    let planned = plan(cluster, &writer.wrote);
     let Some(api) = api else {
         return planned;
     };
+    writer
+        .backoff
+        .retain(|n| planned.iter().any(|m| &m.node == n));
     let mut left = Vec::new();
     for m in planned {
+        if !writer.backoff.ready(&m.node, now) {
+            left.push(m);
+            continue;
+        }
         let result = api.patch_totals(&m.node, &m.write).await;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         metrics
@@ -233,13 +296,23 @@ pub async fn reconcile(
             Ok(()) => {
                 let totals: Vec<String> = m.write.iter().map(|(n, q)| format!("{n}={q}")).collect();
                 tracing::info!(node = %m.node, totals = %totals.join(","), "GPU share totals written to the Node's status");
+                writer.backoff.succeeded(&m.node);
+                if m.take_back {
+                    writer.wrote.remove(&m.node);
+                } else {
+                    writer.wrote.insert(m.node.clone());
+                }
             }
             Err(error) => {
-                tracing::warn!(node = %m.node, %error, "writing the Node's GPU share totals failed; retried on the next tick");
+                let wait = writer.backoff.failed(m.node.clone(), now);
+                tracing::warn!(node = %m.node, %error, retry_in = ?wait, "writing the Node's GPU share totals failed; retried after a backoff");
                 left.push(m);
             }
         }
     }
+    metrics
+        .share_totals_backoff_nodes
+        .set(i64::try_from(writer.backoff.waiting(now)).unwrap_or(i64::MAX));
     left
 }
 
@@ -293,6 +366,7 @@ pub async fn run(
     // skipped (a pass reads every node under its lock) unless writes failed: they are retried.
     let mut last: Option<(u64, bool)> = None;
     let mut left: Vec<Mismatch> = Vec::new();
+    let mut state = Writer::new(interval);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -309,7 +383,7 @@ pub async fn run(
             continue;
         }
         last = Some(seen);
-        left = reconcile(&cluster, writer, &metrics).await;
+        left = reconcile(&cluster, writer, &metrics, &mut state, Instant::now()).await;
         metrics
             .share_totals_mismatched_nodes
             .set(i64::try_from(left.len()).unwrap_or(i64::MAX));
@@ -390,9 +464,11 @@ mod tests {
                         "koordinator.sh/gpu-memory-ratio": "200"}),
                     Some(&[true, false]),
                 ),
-                // No Device object, stale totals: taken back to 0, or the Device-less rule
-                // would take them for a device plugin's.
+                // No Device object, stale totals this process wrote: taken back to 0.
                 node_objects("gone", json!({"koordinator.sh/gpu-core": "800"}), None),
+                // No Device object, totals this process never wrote (a device plugin's):
+                // left alone (trust IV §8).
+                node_objects("plugin", json!({"koordinator.sh/gpu-core": "800"}), None),
                 // No Device object and nothing advertised (a CPU node): nothing to write.
                 node_objects("cpu", json!({}), None),
                 // Unparseable: written.
@@ -405,7 +481,7 @@ mod tests {
             ]
             .concat(),
         );
-        let plan = plan(&c);
+        let plan = plan(&c, &HashSet::from(["gone".to_string()]));
         let by_node = |n: &str| plan.iter().find(|m| m.node == n).map(|m| m.write.clone());
         assert_eq!(
             by_node("fresh"),
@@ -425,6 +501,8 @@ mod tests {
             ])
         );
         assert_eq!(by_node("gone"), Some(vec![(GPU_CORE, q("0"))]));
+        assert!(plan.iter().find(|m| m.node == "gone").unwrap().take_back);
+        assert_eq!(by_node("plugin"), None);
         assert_eq!(by_node("cpu"), None);
         assert_eq!(by_node("garbled"), Some(vec![(GPU_CORE, q("100"))]));
         assert_eq!(plan.len(), 4);
@@ -435,10 +513,10 @@ mod tests {
         let c = cluster(node_objects("n", json!({}), Some(&[true])));
         let entry = c.node("n").unwrap();
         let state = entry.read();
-        let all = mismatch("n", &state, ResourceNameSet::default()).unwrap();
+        let all = mismatch("n", &state, ResourceNameSet::default(), false).unwrap();
         assert_eq!(all.write.len(), 3);
         let dra = ResourceNameSet::of([GPU_MEMORY]);
-        let some = mismatch("n", &state, dra).unwrap();
+        let some = mismatch("n", &state, dra, false).unwrap();
         assert_eq!(
             some.write.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
             vec![GPU_CORE, GPU_MEMORY_RATIO]
@@ -492,7 +570,10 @@ mod tests {
             fail: Mutex::new(1),
             ..Default::default()
         };
-        let left = reconcile(&c, Some(&api), &metrics).await;
+        let mut w = Writer::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        let later = |s: u64| t0 + Duration::from_secs(s);
+        let left = reconcile(&c, Some(&api), &metrics, &mut w, t0).await;
         assert_eq!(left.len(), 1);
         assert_eq!(
             metrics
@@ -508,8 +589,13 @@ mod tests {
                 .next(),
             Some("1")
         );
-        let left = reconcile(&c, Some(&api), &metrics).await;
+        // Backing off: not written again within the tick.
+        let left = reconcile(&c, Some(&api), &metrics, &mut w, t0).await;
+        assert_eq!((left.len(), api.calls.lock().len()), (1, 1));
+        assert_eq!(metrics.share_totals_backoff_nodes.get(), 1);
+        let left = reconcile(&c, Some(&api), &metrics, &mut w, later(1)).await;
         assert!(left.is_empty());
+        assert_eq!(metrics.share_totals_backoff_nodes.get(), 0);
         assert_eq!(
             metrics.share_totals_writes.with_label_values(&["ok"]).get(),
             1
@@ -519,7 +605,11 @@ mod tests {
         let written = json!({"cpu": "64", "koordinator.sh/gpu-core": "200",
             "koordinator.sh/gpu-memory": "160Gi", "koordinator.sh/gpu-memory-ratio": "200"});
         set_allocatable(&c, "n", written);
-        assert!(reconcile(&c, Some(&api), &metrics).await.is_empty());
+        assert!(
+            reconcile(&c, Some(&api), &metrics, &mut w, later(2))
+                .await
+                .is_empty()
+        );
         assert_eq!(
             api.calls.lock().len(),
             2,
@@ -531,7 +621,7 @@ mod tests {
             "n",
             json!({"cpu": "64", "koordinator.sh/gpu-core": "0"}),
         );
-        reconcile(&c, Some(&api), &metrics).await;
+        reconcile(&c, Some(&api), &metrics, &mut w, later(3)).await;
         let calls = api.calls.lock();
         assert_eq!(calls.len(), 3);
         assert_eq!(calls[2].1.len(), 3);
@@ -549,7 +639,8 @@ mod tests {
             ]
             .concat(),
         );
-        let left = reconcile(&c, None, &Metrics::new()).await;
+        let mut w = Writer::new(Duration::from_secs(1));
+        let left = reconcile(&c, None, &Metrics::new(), &mut w, Instant::now()).await;
         assert_eq!(left.len(), 2);
         let w = warning(ShareTotals::KoordManager, &left).unwrap();
         assert!(
@@ -560,5 +651,92 @@ mod tests {
         assert!(w.contains("cannot preempt"), "{w}");
         assert!(!ShareTotals::Ignored.counted_by_scheduler());
         assert!(ShareTotals::KoordManager.counted_by_scheduler());
+    }
+
+    /// Trust IV §7: 40 nodes, every write refused (403). One patch per node per backoff, not
+    /// per tick: over two minutes of one-second ticks, 8 attempts per node (0, 1, 3, 7, 15,
+    /// 31, 61, 91 s), against 120 before.
+    #[tokio::test]
+    async fn refused_writes_back_off_per_node() {
+        let items: Vec<Value> = (0..40)
+            .flat_map(|i| node_objects(&format!("n{i:02}"), json!({}), Some(&[true])))
+            .collect();
+        let c = cluster(items);
+        let metrics = Metrics::new();
+        let api = Recorded {
+            fail: Mutex::new(usize::MAX),
+            ..Default::default()
+        };
+        let mut w = Writer::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        for s in 0..120 {
+            let left = reconcile(
+                &c,
+                Some(&api),
+                &metrics,
+                &mut w,
+                t0 + Duration::from_secs(s),
+            )
+            .await;
+            assert_eq!(left.len(), 40);
+        }
+        assert_eq!(api.calls.lock().len(), 40 * 8);
+        assert_eq!(metrics.share_totals_backoff_nodes.get(), 40);
+    }
+
+    /// Trust IV §6 and §8 end to end on the caches: with the extender writing totals, a node
+    /// whose Device object is deleted keeps its (stale) totals until the take-back lands, and
+    /// a share pod is never served there meanwhile; the take-back is written because this
+    /// process wrote the totals, and a Device-less node's device-plugin totals are never
+    /// written.
+    #[tokio::test]
+    async fn a_deleted_device_s_stale_totals_serve_no_share_pod() {
+        let c = cluster(
+            [
+                node_objects("n", json!({}), Some(&[true, true])),
+                node_objects(
+                    "plugin",
+                    json!({"koordinator.sh/gpu-memory-ratio": "100"}),
+                    None,
+                ),
+            ]
+            .concat(),
+        );
+        c.set_deviceless_untrusted(ShareTotals::Extender.deviceless_untrusted());
+        let metrics = Metrics::new();
+        let api = Recorded::default();
+        let mut w = Writer::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        reconcile(&c, Some(&api), &metrics, &mut w, t0).await;
+        set_allocatable(
+            &c,
+            "n",
+            json!({"koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory": "160Gi",
+                "koordinator.sh/gpu-memory-ratio": "200"}),
+        );
+        // The Device object goes; the Node still says 200.
+        c.set_devices("n", None);
+        let entry = c.node("n").unwrap();
+        let advertised = entry.read().node.as_ref().unwrap().deviceless_advertised;
+        assert!(
+            crate::placement::device::deviceless::deviceless_fit(
+                false,
+                Some(advertised),
+                ResourceNameSet::of([GPU_MEMORY_RATIO])
+            )
+            .is_err(),
+            "the Device-less rule does not take the extender's stale totals for a device plugin's"
+        );
+        drop(entry);
+        let left = reconcile(&c, Some(&api), &metrics, &mut w, t0).await;
+        assert!(left.is_empty());
+        let calls = api.calls.lock();
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls[1].0, "n");
+        assert!(calls[1].1.iter().all(|(_, q)| q.milli() == 0), "{calls:?}");
+        assert!(
+            calls.iter().all(|(n, _)| n != "plugin"),
+            "a device plugin's totals are never written: {calls:?}"
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! `--gpu-share-totals` against the fake API server: the leader writes each node's GPU share
-//! totals into the Node's status (and only there), follows a Device change, takes stale totals
-//! back on a node without a Device object, is granted every call it makes by the chart's
-//! table, and the default mode says in readiness that share pods cannot preempt.
+//! totals into the Node's status (and only there), follows a Device change, takes its own totals
+//! back when a Device object goes (and never writes a Device-less node's totals it did not
+//! write: a device plugin's), is granted every call it makes by the chart's table, and the
+//! default mode says in readiness that share pods cannot preempt.
 
 use std::time::Duration;
 
@@ -52,7 +53,8 @@ async fn the_extender_writes_share_totals_and_follows_the_devices() {
     service::add_gpu_node(&fake, "gpu", 8, &[7]);
     fake.create(Kind::NodeResourceTopology, service::nrt("gpu"))
         .unwrap();
-    // A node whose Device object is gone, left advertising a total.
+    // A node without a Device object advertising a total this process never wrote (a device
+    // plugin's, or a predecessor's): never written (trust IV §8), never trusted (§6).
     let mut stale = service::node("stale");
     stale["status"]["allocatable"]["koordinator.sh/gpu-core"] = json!("800");
     fake.create(Kind::Node, stale).unwrap();
@@ -86,10 +88,6 @@ async fn the_extender_writes_share_totals_and_follows_the_devices() {
         status_of(&fake, "gpu", "allocatable", "cpu").as_deref(),
         Some("64")
     );
-    eventually(TIMEOUT, "the stale total taken back", || {
-        status_of(&fake, "stale", "allocatable", "koordinator.sh/gpu-core").as_deref() == Some("0")
-    })
-    .await;
     assert_eq!(
         status_of(&fake, "cpu", "allocatable", "koordinator.sh/gpu-core"),
         None
@@ -119,6 +117,28 @@ async fn the_extender_writes_share_totals_and_follows_the_devices() {
         warnings(&ready).is_empty(),
         "every node advertises its totals: {ready}"
     );
+    // Three passes wrote the GPU node; none touched the Device-less node.
+    assert_eq!(
+        status_of(&fake, "stale", "allocatable", "koordinator.sh/gpu-core").as_deref(),
+        Some("800"),
+        "a Device-less node's totals the extender never wrote are left alone"
+    );
+    // And a share pod is never served there (the Device-less rule does not trust them).
+    let share = service::pending("share", json!({"koordinator.sh/gpu-memory-ratio": "50"}));
+    let (_, f) = http
+        .post("/filter", &service::extender_args(&share, &["stale"]))
+        .await;
+    assert!(
+        f["FailedAndUnresolvableNodes"]["stale"].is_string(),
+        "refused on a node with no Device object: {f}"
+    );
+
+    // The GPU node's Device object goes: the totals this process wrote are taken back.
+    fake.delete(Kind::Device, "", "gpu").unwrap();
+    eventually(TIMEOUT, "its own totals taken back", || {
+        status_of(&fake, "gpu", "allocatable", "koordinator.sh/gpu-core").as_deref() == Some("0")
+    })
+    .await;
 
     // Every call is granted by the chart's tables, and the status writes were made.
     let granted = |group: &str, resource: &str, verb: &str| {
