@@ -100,6 +100,15 @@ impl RoutingRule {
         let Some(why) = self.reason(pod) else {
             return Routing::NotManaged;
         };
+        // A preset node first, whatever scheduler the pod names: it reaches none, so no one
+        // allocates its devices, and a holder the ledger can only guess at (trust IV §10: it
+        // was admitted when it named another scheduler).
+        if let Some(node) = pod.spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+            return Routing::PresetNode {
+                node: node.to_string(),
+                why,
+            };
+        }
         let ours = match pod.spec.scheduler_name.as_deref() {
             None | Some("") | Some(DEFAULT_SCHEDULER) => false,
             Some(s) if s == self.scheduler_name => true,
@@ -110,12 +119,6 @@ impl RoutingRule {
                 };
             }
         };
-        if let Some(node) = pod.spec.node_name.as_deref().filter(|n| !n.is_empty()) {
-            return Routing::PresetNode {
-                node: node.to_string(),
-                why,
-            };
-        }
         let renames = renames(pod);
         if ours {
             Routing::AlreadyRouted { renames }
@@ -247,6 +250,27 @@ mod tests {
         );
     }
 
+    /// Trust IV §10: a managed pod that presets `spec.nodeName` is one to deny whatever
+    /// scheduler it names (it reaches none).
+    #[test]
+    fn a_preset_node_is_denied_whatever_scheduler_the_pod_names() {
+        let r = rule(false);
+        for scheduler in ["", "default-scheduler", "device-numa-scheduler", "volcano"] {
+            let p = pod(
+                serde_json::json!({"spec": {"schedulerName": scheduler, "nodeName": "gpu-1",
+                "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
+            );
+            assert_eq!(
+                r.route(&p),
+                Routing::PresetNode {
+                    node: "gpu-1".into(),
+                    why: "it asks for nvidia.com/gpu".into()
+                },
+                "{scheduler}"
+            );
+        }
+    }
+
     /// Issue 36 §3: a deprecated name routes a pod when its current name is managed, and the
     /// routed pod gets current names only (the current value wins where both are given).
     #[test]
@@ -325,10 +349,11 @@ mod tests {
         let plain =
             pod(serde_json::json!({"spec": {"nodeName": "n1", "containers": [{"name": "a"}]}}));
         assert_eq!(r.route(&plain), Routing::NotManaged);
+        // Trust IV §10: naming another scheduler does not make a preset node reach one.
         let other = pod(
             serde_json::json!({"spec": {"nodeName": "n1", "schedulerName": "volcano", "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
         );
-        assert!(matches!(r.route(&other), Routing::OtherScheduler { .. }));
+        assert!(matches!(r.route(&other), Routing::PresetNode { .. }));
     }
 
     #[test]

@@ -115,8 +115,10 @@ func TestWebhookRoutesDevicePodsAndFailsClosedForThemOnly(t *testing.T) {
 	}
 
 	// Issue 36 §4: a GPU pod that presets spec.nodeName, of the default scheduler or of the
-	// extender's, is refused with the reason; a plain pod that does is left alone.
-	for _, scheduler := range []string{"", sched} {
+	// extender's, is refused with the reason; a plain pod that does is left alone. Trust IV §10:
+	// so is one naming another scheduler (it reaches none either; before, the chart's CEL
+	// condition never sent it to the webhook).
+	for _, scheduler := range []string{"", sched, "volcano"} {
 		p := newPod(podSpec{name: "preset", scheduler: scheduler, limits: gpu})
 		p.Spec.NodeName = "gpu-0"
 		_, err := cp.admin.CoreV1().Pods(testNamespace).Create(cp.ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})

@@ -481,5 +481,6 @@ too: their deprecated resource names are renamed, and a preset spec.nodeName is 
 {{- if .Values.webhook.routeCpusetQos }}
 {{- $wants = printf "%s || (has(object.metadata.labels) && 'koordinator.sh/qosClass' in object.metadata.labels && object.metadata.labels['koordinator.sh/qosClass'] in ['LSE', 'LSR'])" $wants }}
 {{- end }}
-{{- printf "(!has(object.spec.schedulerName) || object.spec.schedulerName == '' || object.spec.schedulerName == 'default-scheduler' || object.spec.schedulerName == '%s') && (%s)" (include "dne.webhookSchedulerName" .) $wants }}
+{{- /* A preset spec.nodeName is sent whatever scheduler the pod names: the webhook denies it (it reaches no scheduler). */}}
+{{- printf "(!has(object.spec.schedulerName) || object.spec.schedulerName == '' || object.spec.schedulerName == 'default-scheduler' || object.spec.schedulerName == '%s' || (has(object.spec.nodeName) && object.spec.nodeName != '')) && (%s)" (include "dne.webhookSchedulerName" .) $wants }}
 {{- end }}
