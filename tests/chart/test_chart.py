@@ -997,10 +997,13 @@ def test_the_extender_may_change_only_its_own_annotation_on_nodes(chart, case):
     objects = objs(chart, values)
     requeue = values.get("extender", {}).get("requeue", {}).get("enabled", True)
     # The status policy (GPU share totals) is checked on its own, below this section.
+    # The status policy (GPU share totals) and the DeviceTaintRule policy are checked on their
+    # own, below this section.
+    others = ("-node-status-writes", "-dra-rule-writes", "-dra-claim-tolerations")
     policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
-                and not o["metadata"]["name"].endswith("-node-status-writes")]
+                and not o["metadata"]["name"].endswith(others)]
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"
-                and not o["metadata"]["name"].endswith("-node-status-writes")]
+                and not o["metadata"]["name"].endswith(others)]
     patches_nodes = any("patch" in r["verbs"] and "nodes" in r["resources"]
                         for o in objects if o["kind"] == "ClusterRole"
                         and o["metadata"]["name"].endswith("-extender") for r in o["rules"])
@@ -1023,8 +1026,76 @@ def test_the_extender_may_change_only_its_own_annotation_on_nodes(chart, case):
     assert cond["expression"] == f"request.userInfo.username == '{user}'"
     text = " ".join(v["expression"] for v in policy["spec"]["validations"])
     for field in ("object.spec", "object.metadata.labels", "object.metadata.finalizers",
+                  "object.metadata.ownerReferences",
                   "object.metadata.annotations", "'device-numa-extender.io/capacity-returned'"):
         assert field in text, field
+
+
+@pytest.mark.parametrize("values,exempt", [
+    ({}, None),
+    ({"extender": {"dra": {"tolerationExemptNamespaces": ["monitoring", "ops"]}}}, ["monitoring", "ops"]),
+    ({"extender": {"dra": {"denyTolerations": False}}}, "off"),
+    ({"extender": {"dra": {"ownership": False}}}, "off"),
+])
+def test_claims_tolerating_the_extenders_taint_are_denied_outside_the_exempt_namespaces(chart, values, exempt):
+    """Trust IV: a claim tolerating the extender's NoSchedule taint could be given an owned device
+    by DRA in memory; a ValidatingAdmissionPolicy denies such claims and claim templates (the real
+    API server evaluates it in tests/e2e)."""
+    objects = objs(chart, values)
+    name = f"{R.RELEASE}-dra-claim-tolerations"
+    policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == name]
+    if exempt == "off":
+        assert not policies
+        return
+    (policy,) = policies
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["resources"]) == {"resourceclaims", "resourceclaimtemplates"}
+    assert policy["spec"]["matchConstraints"]["matchPolicy"] == "Equivalent"
+    text = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    for needle in ("'device-numa-extender.io/owned'", "'Exists'", "'NoSchedule'", "firstAvailable",
+                   "object.spec.spec.devices"):
+        assert needle in text, needle
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", name)
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    selector = binding["spec"].get("matchResources", {}).get("namespaceSelector")
+    if exempt is None:
+        assert selector is None
+    else:
+        (expr,) = selector["matchExpressions"]
+        assert expr == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": exempt}
+
+
+@pytest.mark.parametrize("ownership", [True, False])
+def test_the_extender_may_write_only_its_own_device_taint_rules(chart, ownership):
+    """Trust IV: RBAC grants create/delete on devicetaintrules cluster-wide with DRA ownership;
+    the policy narrows them to the extender's own rules (named, labelled, NoSchedule with its key,
+    a whole pool, no owner reference). The real API server evaluates it in tests/e2e."""
+    values = {"extender": {"dra": {"ownership": ownership}}}
+    objects = objs(chart, values)
+    name = f"{R.RELEASE}-dra-rule-writes"
+    policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == name]
+    writes = any("create" in r["verbs"] and "devicetaintrules" in r["resources"]
+                 for o in objects if o["kind"] == "ClusterRole"
+                 and o["metadata"]["name"].endswith("-extender") for r in o["rules"])
+    assert writes == ownership
+    assert bool(policies) == ownership
+    if not policies:
+        return
+    (policy,) = policies
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["devicetaintrules"] and rule["apiGroups"] == ["resource.k8s.io"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"} and rule["apiVersions"] == ["*"]
+    sa = one(objects, "ServiceAccount")["metadata"]["name"]
+    (cond,) = policy["spec"]["matchConditions"]
+    assert cond["expression"] == f"request.userInfo.username == 'system:serviceaccount:{R.NAMESPACE}:{sa}'"
+    text = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    for needle in ("'NoSchedule'", "'device-numa-extender.io/owned'", "startsWith('dne-owned-')",
+                   "'device-numa-extender'", "ownerReferences", "deviceSelector.device"):
+        assert needle in text, needle
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", name)
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    off = objs(chart, {**values, "rbac": {"draRulePolicy": False}})
+    assert not [o for o in off if o["metadata"]["name"] == name]
 
 
 # --- the admission webhook (issue 25) -------------------------------------------------------------

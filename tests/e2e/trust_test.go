@@ -22,6 +22,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -275,9 +276,7 @@ func TestSharePodsAreNeverBoundToANodeThatDoesNotAdvertiseTheirDevice(t *testing
 // ValidatingAdmissionPolicy lets its ServiceAccount change its own annotation and nothing else.
 func TestTheExtenderMayChangeOnlyItsOwnAnnotationOnNodes(t *testing.T) {
 	cp := startControlPlane(t, planOptions{})
-	if len(cp.chart.Policies) != 1 || len(cp.chart.PolicyBindings) != 1 {
-		t.Fatalf("the chart rendered %d policies and %d bindings, want the node-write policy and its binding", len(cp.chart.Policies), len(cp.chart.PolicyBindings))
-	}
+	cp.chart.wantPolicies(t, "node-writes", "dra-rule-writes", "dra-claim-tolerations")
 	cp.addNodes("n", 1, cpuMachine)
 	ext := cp.extenderClient()
 	patch := func(body string) error {
@@ -317,9 +316,7 @@ func TestTheExtenderMayChangeOnlyItsOwnAnnotationOnNodes(t *testing.T) {
 // chart's second policy lets the extender change only the three GPU share totals there.
 func TestTheExtenderMayChangeOnlyShareTotalsInNodeStatus(t *testing.T) {
 	cp := startControlPlane(t, planOptions{chartValues: shareTotals})
-	if len(cp.chart.Policies) != 2 || len(cp.chart.PolicyBindings) != 2 {
-		t.Fatalf("the chart rendered %d policies and %d bindings, want the node-write and node-status policies", len(cp.chart.Policies), len(cp.chart.PolicyBindings))
-	}
+	cp.chart.wantPolicies(t, "node-writes", "node-status-writes", "dra-rule-writes", "dra-claim-tolerations")
 	cp.addNodes("n", 1, cpuMachine)
 	ext := cp.extenderClient()
 	patch := func(body string) error {
@@ -379,6 +376,162 @@ func (cp *controlPlane) extenderClient() *kubernetes.Clientset {
 // apiserver loads policies asynchronously, so a write admitted before the policy is active is
 // undone (as the admin) and tried again: the refusal is the ordering point "the policy is
 // active"; RBAC alone admits the write.
+// wantPolicies fails unless the chart rendered exactly these ValidatingAdmissionPolicies (by
+// name suffix), each with its binding.
+func (c *renderedChart) wantPolicies(t *testing.T, suffixes ...string) {
+	t.Helper()
+	var got []string
+	for _, p := range c.Policies {
+		got = append(got, p.Name)
+	}
+	if len(c.Policies) != len(suffixes) || len(c.PolicyBindings) != len(suffixes) {
+		t.Fatalf("the chart rendered policies %v and %d bindings, want %v", got, len(c.PolicyBindings), suffixes)
+	}
+	for _, suffix := range suffixes {
+		found := false
+		for _, name := range got {
+			found = found || strings.HasSuffix(name, "-"+suffix)
+		}
+		if !found {
+			t.Fatalf("the chart rendered policies %v, want one named *-%s", got, suffix)
+		}
+	}
+}
+
+// Trust IV (found by reading): RBAC grants the extender create/delete on devicetaintrules
+// cluster-wide; the chart's policy lets its ServiceAccount write only its own rules (named,
+// labelled, NoSchedule with its own key, a whole pool, no owner reference) and delete only those,
+// evaluated by the real API server.
+func TestTheExtenderMayWriteOnlyItsOwnDeviceTaintRules(t *testing.T) {
+	cp := startControlPlane(t, planOptions{})
+	ext := cp.extenderClient()
+	rules := ext.ResourceV1().DeviceTaintRules()
+	rule := func(name, effect string, labelled bool) *resourceapi.DeviceTaintRule {
+		r := &resourceapi.DeviceTaintRule{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.DeviceTaintRuleSpec{
+				DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr("gpu.e2e.example"), Pool: ptr("n-0")},
+				Taint:          resourceapi.DeviceTaint{Key: "device-numa-extender.io/owned", Value: "extender", Effect: resourceapi.DeviceTaintEffect(effect)},
+			},
+		}
+		if labelled {
+			r.Labels = map[string]string{"app.kubernetes.io/managed-by": "device-numa-extender"}
+		}
+		return r
+	}
+	create := func(r *resourceapi.DeviceTaintRule) error {
+		_, err := rules.Create(cp.ctx, r, metav1.CreateOptions{})
+		return err
+	}
+	refused := cp.refusedOncePolicyIsActive("a NoExecute rule", func() error { return create(rule("dne-owned-0000000000000001", "NoExecute", true)) }, func() {
+		_ = cp.admin.ResourceV1().DeviceTaintRules().Delete(cp.ctx, "dne-owned-0000000000000001", metav1.DeleteOptions{})
+	})
+	if !strings.Contains(refused.Error(), "never NoExecute") {
+		t.Fatalf("the NoExecute rule failed, but not by the policy: %v", refused)
+	}
+	for what, r := range map[string]*resourceapi.DeviceTaintRule{
+		"another name": rule("evil", "NoSchedule", true),
+		"no label":     rule("dne-owned-0000000000000002", "NoSchedule", false),
+		"another key": func() *resourceapi.DeviceTaintRule {
+			r := rule("dne-owned-0000000000000003", "NoSchedule", true)
+			r.Spec.Taint.Key = "evil"
+			return r
+		}(),
+		"one device": func() *resourceapi.DeviceTaintRule {
+			r := rule("dne-owned-0000000000000004", "NoSchedule", true)
+			r.Spec.DeviceSelector.Device = ptr("gpu-0")
+			return r
+		}(),
+		"an owner": func() *resourceapi.DeviceTaintRule {
+			r := rule("dne-owned-0000000000000005", "NoSchedule", true)
+			r.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: "n-0", UID: "u"}}
+			return r
+		}(),
+	} {
+		if err := create(r); err == nil || !strings.Contains(err.Error(), "may") {
+			t.Fatalf("%s: the extender's rule was not refused by the policy: %v", what, err)
+		}
+	}
+	// Another tool's rule: the extender may not delete it.
+	other := rule("someone-elses", "NoExecute", false)
+	other.Spec.Taint.Key = "example.com/maintenance"
+	if _, err := cp.admin.ResourceV1().DeviceTaintRules().Create(cp.ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rules.Delete(cp.ctx, "someone-elses", metav1.DeleteOptions{}); err == nil || !strings.Contains(err.Error(), "may delete only its own") {
+		t.Fatalf("the extender deleted another tool's rule, or was refused for another reason: %v", err)
+	}
+	// Its own rule, as it writes it: created and deleted.
+	if err := create(rule("dne-owned-00000000000000ff", "NoSchedule", true)); err != nil {
+		t.Fatalf("the extender's own rule was refused: %v", err)
+	}
+	if err := rules.Delete(cp.ctx, "dne-owned-00000000000000ff", metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting its own rule was refused: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Trust IV (found by reading): a ResourceClaim that tolerates the extender's taint could be
+// given an owned device by kube-scheduler's DRA allocator, in memory, before anyone can object.
+// The chart's policy denies such claims and claim templates at admission, evaluated by the real
+// API server (requests at v1beta2 converted for the check), except in the namespaces listed.
+func TestAClaimToleratingTheExtendersTaintIsDeniedOutsideTheExemptNamespaces(t *testing.T) {
+	cp := startControlPlane(t, planOptions{chartValues: `{"extender":{"dra":{"tolerationExemptNamespaces":["monitoring"]}}}`})
+	for _, ns := range []string{"monitoring"} {
+		if _, err := cp.admin.CoreV1().Namespaces().Create(cp.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	claim := func(ns string, tol *resourceapi.DeviceToleration) *resourceapi.ResourceClaim {
+		req := resourceapi.ExactDeviceRequest{DeviceClassName: "gpu", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
+		if tol != nil {
+			req.Tolerations = []resourceapi.DeviceToleration{*tol}
+		}
+		return &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "c-", Namespace: ns},
+			Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &req}}}},
+		}
+	}
+	create := func(c *resourceapi.ResourceClaim) error {
+		_, err := cp.admin.ResourceV1().ResourceClaims(c.Namespace).Create(cp.ctx, c, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	ours := &resourceapi.DeviceToleration{Key: "device-numa-extender.io/owned", Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	refused := cp.refusedOncePolicyIsActive("a claim tolerating the extender's taint", func() error { return create(claim(testNamespace, ours)) }, func() {})
+	if !strings.Contains(refused.Error(), "tolerates the device-numa-extender.io/owned taint") {
+		t.Fatalf("the tolerating claim failed, but not by the policy: %v", refused)
+	}
+	for what, tol := range map[string]*resourceapi.DeviceToleration{
+		"any key, Exists":       {Operator: resourceapi.DeviceTolerationOpExists},
+		"its key, every effect": {Key: "device-numa-extender.io/owned", Operator: resourceapi.DeviceTolerationOpEqual, Value: "extender"},
+		"any key, NoSchedule":   {Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule},
+	} {
+		if err := create(claim(testNamespace, tol)); err == nil || !strings.Contains(err.Error(), "tolerates") {
+			t.Fatalf("%s: a claim tolerating the extender's taint was admitted: %v", what, err)
+		}
+	}
+	// Another key, no toleration, or the exempt namespace: admitted.
+	for what, c := range map[string]*resourceapi.ResourceClaim{
+		"another key":          claim(testNamespace, &resourceapi.DeviceToleration{Key: "example.com/maintenance", Operator: resourceapi.DeviceTolerationOpExists}),
+		"NoExecute only":       claim(testNamespace, &resourceapi.DeviceToleration{Key: "device-numa-extender.io/owned", Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoExecute}),
+		"no toleration":        claim(testNamespace, nil),
+		"the exempt namespace": claim("monitoring", ours),
+	} {
+		if err := create(c); err != nil {
+			t.Fatalf("%s: refused: %v", what, err)
+		}
+	}
+	// A claim template that tolerates it: denied too.
+	tmpl := &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "tolerating", Namespace: testNamespace},
+		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: claim(testNamespace, ours).Spec},
+	}
+	if _, err := cp.admin.ResourceV1().ResourceClaimTemplates(testNamespace).Create(cp.ctx, tmpl, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil || !strings.Contains(err.Error(), "ResourceClaimTemplate tolerates") {
+		t.Fatalf("a claim template tolerating the extender's taint was admitted: %v", err)
+	}
+}
+
 func (cp *controlPlane) refusedOncePolicyIsActive(what string, write func() error, undo func()) error {
 	cp.t.Helper()
 	var refused error
