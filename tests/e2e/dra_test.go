@@ -245,6 +245,9 @@ func (cp *controlPlane) draViolations(m machine) []string {
 		}
 		allocated[c.Name] = true
 		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.AdminAccess != nil && *r.AdminAccess {
+				continue // not allocated, to kube-scheduler's allocator either
+			}
 			uuid, ok := uuidOf[[3]string{r.Driver, r.Pool, r.Device}]
 			if !ok {
 				out = append(out, fmt.Sprintf("claim %s holds %s/%s/%s, which no slice publishes", c.Name, r.Driver, r.Pool, r.Device))
@@ -732,4 +735,61 @@ func TestDeviceTaintRulesServedAtV1beta2AreWrittenThere(t *testing.T) {
 	cp.createPod(podSpec{name: "whole", limits: map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}})
 	cp.waitBound("whole")
 	cp.assertNoViolations()
+}
+
+// TestAnAdminAccessClaimHoldsNoGPU is trust IV §5 through kube-scheduler's own allocator: a
+// monitoring claim with adminAccess (in a namespace labelled for it, tolerating the extender's
+// taint, so exempt from the chart's claim policy) is allocated the GPU of an extender-owned
+// node. kube-scheduler does not count it as allocated; neither does the extender: a pod of ours
+// still gets the GPU (before, "insufficient gpu devices: no whole gpu free").
+func TestAnAdminAccessClaimHoldsNoGPU(t *testing.T) {
+	cp := startControlPlane(t, planOptions{chartValues: `{"extender":{"dra":{"tolerationExemptNamespaces":["monitoring"]}}}`})
+	ext := cp.startExtender("", "--dra-handover-grace=2s")
+	cp.startScheduler(ext.urlPrefix())
+	m := gpuMachine
+	m.gpus = 2
+	nodes := cp.addNodes("gpu", 1, m)
+	cp.publishSlice(nodes[0], m.gpus)
+	cp.createDeviceClass(draClass, "")
+	ext.waitLeader()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "monitoring", Labels: map[string]string{"resource.kubernetes.io/admin-access": "true"}}}
+	if _, err := cp.admin.CoreV1().Namespaces().Create(cp.ctx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	yes := true
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "watch", Namespace: "monitoring"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
+				DeviceClassName: draClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+				AdminAccess: &yes,
+				Tolerations: []resourceapi.DeviceToleration{{Key: "device-numa-extender.io/owned", Operator: resourceapi.DeviceTolerationOpExists}},
+			}}},
+		}},
+	}
+	if _, err := cp.admin.ResourceV1().ResourceClaims("monitoring").Create(cp.ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	watcher := cp.pod(podSpec{name: "watcher", limits: map[string]string{"cpu": "100m", "memory": "64Mi"}})
+	watcher.Namespace = "monitoring"
+	claimName := "watch"
+	watcher.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claimName}}
+	watcher.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	if _, err := cp.admin.CoreV1().Pods("monitoring").Create(cp.ctx, watcher, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The admin claim is allocated one of the node's two GPUs.
+	err := wait.PollUntilContextTimeout(cp.ctx, 200*time.Millisecond, hangGuard, true, func(ctx context.Context) (bool, error) {
+		c, err := cp.admin.ResourceV1().ResourceClaims("monitoring").Get(ctx, "watch", metav1.GetOptions{})
+		return err == nil && c.Status.Allocation != nil && len(c.Status.Allocation.Devices.Results) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("the admin claim was never allocated: %v", err)
+	}
+	// A pod of ours asking for both still gets them: the admin claim holds neither.
+	cp.createPod(podSpec{name: "whole", limits: map[string]string{"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "2"}})
+	bound := cp.waitBound("whole")
+	if _, ok := bound["whole"].Annotations["scheduling.koordinator.sh/device-allocated"]; !ok {
+		t.Fatalf("the pod was bound without a device allocation: %v", bound["whole"].Annotations)
+	}
 }
