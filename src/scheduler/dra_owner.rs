@@ -320,35 +320,8 @@ mod tests {
     /// seen there: the rule goes only once the pod cache is current.
     #[tokio::test]
     async fn no_rule_is_deleted_while_the_pod_cache_may_miss_a_binding() {
-        use crate::cluster::NodeRecord;
-        use crate::cluster::dra::{RuleRecord, SliceRecord};
-        let cluster = ClusterState::new();
-        let node: crate::model::node::Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n1", "uid": "u", "labels": {crate::model::dra::DEVICE_OWNER_LABEL: "dra"}}
-        }))
-        .unwrap();
-        cluster.set_node("n1", Some(NodeRecord::from_node(&node)));
-        let device: crate::model::device::Device = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n1"},
-            "spec": {"devices": [{"type": "gpu", "id": "GPU-a", "minor": 0, "health": true,
-                "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100",
-                              "koordinator.sh/gpu-memory": "80Gi"}}]}
-        }))
-        .unwrap();
-        let (devices, _) = crate::cluster::devices::NodeDevices::from_device(&device);
-        cluster.set_devices_shared("n1", Some(Arc::new(devices)));
-        let slice: crate::model::dra::ResourceSlice = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "s"},
-            "spec": {"driver": "d", "pool": {"name": "n1"}, "nodeName": "n1",
-                     "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-a"}}}]}
-        }))
-        .unwrap();
-        cluster.set_resource_slice("s", Some(SliceRecord::from_slice(&slice).0));
-        cluster.set_dra_ownership(Some(Duration::ZERO));
-        let pool = DevicePool {
-            driver: Arc::from("d"),
-            pool: Arc::from("n1"),
-        };
+        use crate::cluster::dra::RuleRecord;
+        let (cluster, pool, _) = one_gpu_pool(true);
         let rule = rule_for(&pool);
         let name = rule.metadata.name.clone().unwrap();
         cluster.set_device_taint_rule(&name, RuleRecord::from_rule(&rule));
@@ -374,37 +347,9 @@ mod tests {
     /// is it deleted. Before the fix the rule was deleted within a tick of the wipe.
     #[tokio::test]
     async fn a_slice_wipe_never_deletes_the_rule_under_a_pod_of_ours() {
-        use crate::cluster::NodeRecord;
-        use crate::cluster::dra::{RuleRecord, SliceRecord};
+        use crate::cluster::dra::RuleRecord;
         use crate::cluster::pod::PodRecord;
-        let cluster = ClusterState::new();
-        let node: crate::model::node::Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n1", "uid": "u"}
-        }))
-        .unwrap();
-        cluster.set_node("n1", Some(NodeRecord::from_node(&node)));
-        let device: crate::model::device::Device = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n1"},
-            "spec": {"devices": [{"type": "gpu", "id": "GPU-a", "minor": 0, "health": true,
-                "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100",
-                              "koordinator.sh/gpu-memory": "80Gi"}}]}
-        }))
-        .unwrap();
-        let (devices, _) = crate::cluster::devices::NodeDevices::from_device(&device);
-        cluster.set_devices_shared("n1", Some(Arc::new(devices)));
-        let slice: crate::model::dra::ResourceSlice = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "s"},
-            "spec": {"driver": "d", "pool": {"name": "n1"}, "nodeName": "n1",
-                     "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-a"}}}]}
-        }))
-        .unwrap();
-        let record = SliceRecord::from_slice(&slice).0;
-        cluster.set_resource_slice("s", Some(record.clone()));
-        cluster.set_dra_ownership(Some(Duration::ZERO));
-        let pool = DevicePool {
-            driver: Arc::from("d"),
-            pool: Arc::from("n1"),
-        };
+        let (cluster, pool, record) = one_gpu_pool(false);
         let rule = rule_for(&pool);
         let name = rule.metadata.name.clone().unwrap();
         cluster.set_device_taint_rule(&name, RuleRecord::from_rule(&rule));
@@ -464,13 +409,19 @@ mod tests {
         }
     }
 
-    /// n1 with one GPU that pool `d/n1` publishes, ownership on, no rule yet.
-    fn wanting_a_rule() -> (ClusterState, DevicePool) {
+    /// n1 (handed to DRA when `to_dra`) with one GPU that pool `d/n1` publishes (slice `s`,
+    /// returned), ownership on with no grace, no rule yet.
+    fn one_gpu_pool(to_dra: bool) -> (ClusterState, DevicePool, crate::cluster::dra::SliceRecord) {
         use crate::cluster::NodeRecord;
         use crate::cluster::dra::SliceRecord;
         let cluster = ClusterState::new();
+        let labels = if to_dra {
+            serde_json::json!({crate::model::dra::DEVICE_OWNER_LABEL: "dra"})
+        } else {
+            serde_json::json!({})
+        };
         let node: crate::model::node::Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n1", "uid": "u"}
+            "metadata": {"name": "n1", "uid": "u", "labels": labels}
         }))
         .unwrap();
         cluster.set_node("n1", Some(NodeRecord::from_node(&node)));
@@ -489,13 +440,14 @@ mod tests {
                      "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-a"}}}]}
         }))
         .unwrap();
-        cluster.set_resource_slice("s", Some(SliceRecord::from_slice(&slice).0));
+        let record = SliceRecord::from_slice(&slice).0;
+        cluster.set_resource_slice("s", Some(record.clone()));
         cluster.set_dra_ownership(Some(Duration::ZERO));
         let pool = DevicePool {
             driver: Arc::from("d"),
             pool: Arc::from("n1"),
         };
-        (cluster, pool)
+        (cluster, pool, record)
     }
 
     /// Trust IV §9: someone removes the managed-by label from the extender's rule. It is no
@@ -504,7 +456,7 @@ mod tests {
     /// in the gauge. Deleted: written anew.
     #[tokio::test]
     async fn an_edited_rule_is_reported_never_recreated_in_a_loop() {
-        let (cluster, pool) = wanting_a_rule();
+        let (cluster, pool, _) = one_gpu_pool(false);
         let mut rule = rule_for(&pool);
         let name = rule.metadata.name.clone().unwrap();
         rule.metadata.labels = None;
@@ -538,7 +490,7 @@ mod tests {
     /// 30 s (one write per backoff, not one per tick), counted in the gauge.
     #[tokio::test]
     async fn a_refused_write_backs_off_per_pool() {
-        let (cluster, _) = wanting_a_rule();
+        let (cluster, _, _) = one_gpu_pool(false);
         let api = Refused::default();
         let metrics = Metrics::new();
         let mut r = Reconciler::new(Duration::from_secs(1));
