@@ -1242,3 +1242,14 @@ def test_gpu_share_totals_reach_the_binary_and_the_status_policy_only_with_the_e
     off = objs(chart, {**values, "rbac": {"nodeWritePolicy": False}})
     assert not [o for o in off if o["kind"] == "ValidatingAdmissionPolicy"
                 and o["metadata"]["name"].endswith("-node-status-writes")]
+
+
+def test_kube_version_covers_every_api_the_default_render_uses(chart):
+    """The chart's default render carries ValidatingAdmissionPolicies (admissionregistration.k8s.io/v1,
+    served from Kubernetes 1.30): Chart.yaml's kubeVersion must not promise older releases, where
+    the install fails (found in trust IV; the chart said >=1.27)."""
+    text = (Path(__file__).resolve().parents[2] / "charts/device-numa-extender/Chart.yaml").read_text()
+    (floor,) = re.findall(r'^kubeVersion:\s*">=(\d+)\.(\d+)\.', text, re.M)
+    policies = [o for o in objs(chart) if o["kind"] == "ValidatingAdmissionPolicy"]
+    assert policies and all(o["apiVersion"] == "admissionregistration.k8s.io/v1" for o in policies)
+    assert (int(floor[0]), int(floor[1])) >= (1, 30), floor
