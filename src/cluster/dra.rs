@@ -706,6 +706,12 @@ impl DraIndex {
         }
     }
 
+    /// When the extender's rule `name` is taken to have been created.
+    #[cfg(test)]
+    pub(crate) fn rule_created(&self, name: &str) -> Option<SystemTime> {
+        self.rules.get(name).map(|r| r.created)
+    }
+
     /// The edited rules under the extender's names.
     pub fn defaced(&self) -> BTreeSet<Arc<str>> {
         self.defaced.clone()

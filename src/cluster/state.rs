@@ -531,6 +531,13 @@ impl ClusterState {
     }
 
     /// Claims with an allocation, and allocated devices no slice names.
+    /// When the extender's rule `name` is taken to have been created (its hand-over grace
+    /// counts from then).
+    #[cfg(test)]
+    pub(crate) fn dra_rule_created(&self, name: &str) -> Option<std::time::SystemTime> {
+        self.dra.lock().rule_created(name)
+    }
+
     pub fn dra_claim_counts(&self) -> (usize, usize) {
         self.dra.lock().claim_counts()
     }

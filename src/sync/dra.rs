@@ -267,12 +267,20 @@ impl Handler for DeviceTaintRuleHandler {
     }
     fn apply(&self, key: &str, old: Option<&RuleSeen>, new: &RuleSeen) {
         let was_ours = matches!(old, Some(RuleSeen::Ours(_)));
+        let was_defaced = matches!(old, Some(RuleSeen::Defaced));
         self.cluster
             .set_defaced_taint_rule(key, *new == RuleSeen::Defaced);
         let found = match new {
-            RuleSeen::Ours(r) => self
-                .cluster
-                .set_device_taint_rule(key, Some(RuleRecord::clone(r))),
+            RuleSeen::Ours(r) => {
+                let mut record = RuleRecord::clone(r);
+                if was_defaced {
+                    // Restored after an edit took our taint off the pool: DRA may have
+                    // allocated from it meanwhile, in memory. Its creation time says nothing
+                    // of that, so the hand-over grace starts again now.
+                    record.created = record.created.max(std::time::SystemTime::now());
+                }
+                self.cluster.set_device_taint_rule(key, Some(record))
+            }
             _ if was_ours => self.cluster.set_device_taint_rule(key, None),
             _ => return,
         };
@@ -289,5 +297,42 @@ impl Handler for DeviceTaintRuleHandler {
         );
         let found = self.cluster.set_device_taint_rule(key, None);
         conflicts(&self.metrics, found);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::dra::DevicePool;
+
+    /// A rule of ours edited out of its form (its taint taken off the pool) and then restored
+    /// is not in effect at once from its old creation time: DRA may hold an allocation made
+    /// meanwhile in memory, so the grace starts again.
+    #[test]
+    fn a_restored_rule_waits_out_the_grace_again() {
+        let cluster = Arc::new(ClusterState::new());
+        let handler = DeviceTaintRuleHandler::new(cluster.clone(), Metrics::new());
+        let pool = DevicePool {
+            driver: Arc::from("d"),
+            pool: Arc::from("p"),
+        };
+        let rule = crate::scheduler::dra_owner::rule_for(&pool);
+        let name = rule.metadata.name.clone().unwrap();
+        let ours = || {
+            let mut r = RuleRecord::from_rule(&rule).unwrap();
+            r.created = std::time::SystemTime::UNIX_EPOCH;
+            RuleSeen::Ours(Arc::new(r))
+        };
+        let created = |c: &ClusterState| c.dra_rule_created(&name);
+        handler.apply(&name, None, &ours());
+        assert_eq!(created(&cluster), Some(std::time::SystemTime::UNIX_EPOCH));
+        handler.apply(&name, Some(&ours()), &RuleSeen::Defaced);
+        assert_eq!(created(&cluster), None, "not ours while edited");
+        assert!(cluster.dra_ownership_plan().defaced.contains(&*name));
+        let before = std::time::SystemTime::now();
+        handler.apply(&name, Some(&RuleSeen::Defaced), &ours());
+        let restored = created(&cluster).unwrap();
+        assert!(restored >= before, "{restored:?} is the old creation time");
+        assert!(cluster.dra_ownership_plan().defaced.is_empty());
     }
 }
