@@ -677,23 +677,7 @@ async fn inspect_pod_refuses_where_filter_does_beside_dra() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     served.write_kubeconfig(&kubeconfig).unwrap();
-    let path = kubeconfig.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
-            .args(["inspect", "--kubeconfig"])
-            .arg(&path)
-            .args(["--pod", "ml/one", "-o", "json"])
-            .output()
-            .expect("run the binary")
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let found: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let found = crate::pending::inspect_pod_online(kubeconfig, "ml/one").await;
     assert_eq!(found["fits_on"], json!([]), "{found}");
     let reasons = found["reasons"].to_string();
     assert!(

@@ -370,23 +370,7 @@ async fn inspect_pod_through_a_kubeconfig_equals_the_cluster_file() {
     let served = fake.serve().await;
     let kubeconfig = dir.path().join("kubeconfig");
     served.write_kubeconfig(&kubeconfig).unwrap();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
-            .args(["inspect", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .args(["--pod", "ml/big", "-o", "json"])
-            .env_remove("KUBECONFIG")
-            .output()
-            .expect("run the binary")
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let from_kube: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let from_kube = inspect_pod_online(kubeconfig, "ml/big").await;
     assert_eq!(from_kube, from_file);
     assert_eq!(from_kube["preemption"][0]["node"], "a", "{from_kube:#}");
 
@@ -422,4 +406,27 @@ async fn inspect_pod_through_a_kubeconfig_equals_the_cluster_file() {
             "{arg}: {stderr}"
         );
     }
+}
+
+/// `inspect --kubeconfig <kubeconfig> --pod <pod> -o json` run as the binary (off the async
+/// runtime: the fake API server it asks runs on it), its JSON answer.
+pub(crate) async fn inspect_pod_online(kubeconfig: std::path::PathBuf, pod: &str) -> Value {
+    let pod = pod.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_device-numa-extender"))
+            .args(["inspect", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args(["--pod", &pod, "-o", "json"])
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("run the binary")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("inspect --pod -o json is JSON")
 }
